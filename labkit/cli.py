@@ -1,0 +1,51 @@
+"""``labkit``: one entry point; each chapter adds its verbs through ``register(subparsers)``.
+
+A :class:`~labkit.core.errors.LabkitError` becomes exit status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from labkit import __version__
+from labkit.core.errors import LabkitError
+
+# Each module here defines ``register(subparsers)``; its parsers set ``func(args) -> int``.
+CHAPTER_CLIS = (
+    "labkit.env.cli",
+    "labkit.report.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="labkit",
+        description="GPU Memory Lab: how GPU memory is spent and moved on this server.",
+    )
+    parser.add_argument("--version", action="version", version=f"labkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in CHAPTER_CLIS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except LabkitError as exc:
+        print(f"labkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"labkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

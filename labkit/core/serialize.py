@@ -1,0 +1,38 @@
+"""One helper turns labkit's dataclasses into JSON; the CLI's --json prints exactly that."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Recursively convert dataclasses, enums, paths, tuples and numpy scalars to JSON types.
+
+    Non-finite floats become None (JSON has no NaN/inf).
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.repr}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return to_jsonable(obj.value)
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return to_jsonable(obj.item())
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def dumps(obj: Any, *, indent: int | None = 2) -> str:
+    return json.dumps(to_jsonable(obj), indent=indent, sort_keys=False)

@@ -1,0 +1,34 @@
+"""``labkit env [--json]``: what this machine is."""
+
+from __future__ import annotations
+
+import argparse
+
+from labkit.core.serialize import dumps
+from labkit.core.table import render
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="what this machine is: GPUs, driver, torch/CUDA, CPU, NUMA, RAM",
+                       description="Describe this machine through NVML, torch and /proc. Works without a GPU.")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from labkit.core.machine import probe
+    from labkit.env.summary import machine_rows
+
+    m = probe()
+    if args.json:
+        print(dumps(m))
+        return 0
+    print(render(["field", "value"], machine_rows(m)))
+    for w in m.warnings:
+        print(f"warning: {w}")
+    for n in m.notes:
+        print(f"note: {n}")
+    if m.env:
+        print("\nenvironment (secret-looking values redacted):")
+        print(render(["variable", "value"], sorted(m.env.items())))
+    return 0
