@@ -80,6 +80,9 @@ def redact_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit; LABKIT_GIT_COMMIT names it where the tree travels without .git."""
+    if os.environ.get("LABKIT_GIT_COMMIT"):
+        return os.environ["LABKIT_GIT_COMMIT"]
     root = Path(labkit.__file__).resolve().parent.parent
     if not (root / ".git").exists():
         return None

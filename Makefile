@@ -1,0 +1,59 @@
+# GPU Memory Lab: two commands do all the set-up.
+#   make report   set up .venv, then execute every notebook into reports/<UTC time>-<host>/
+#   make test     set up .venv (+ test tools and Chromium), then run the whole test suite
+# Both are idempotent: a second run reinstalls nothing that is current.
+
+PYTHON ?= python3
+VENV ?= .venv
+PROFILE ?= full
+REPORT_ARGS ?=
+# CPU machines get this torch unless one is already installed. On a machine elsewhere, a CPU
+# build comes from PyTorch's index: make TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+CHROMIUM ?= /usr/bin/chromium
+
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.labkit-installed
+TEST_STAMP := $(VENV)/.labkit-test-installed
+
+.PHONY: setup report test lab clean-venv browser-deps
+
+setup: $(STAMP)
+
+# A GPU server's own CUDA build of torch is kept: when the system Python already has a CUDA torch,
+# the venv sees the system site-packages and pip finds torch satisfied instead of replacing it.
+$(VENV)/bin/python:
+	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then \
+	  echo "setup: using this machine's CUDA build of torch (venv with system site-packages)"; \
+	  $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	@$(PY) -c "import torch" 2>/dev/null || { echo "setup: installing $(TORCH_SPEC)"; \
+	  $(PIP) install $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"; }
+	$(PIP) install -e .
+	@touch $@
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -e ".[test]"
+	@touch $@
+
+browser-deps:
+	@test -x $(CHROMIUM) || { echo "setup: installing Debian's chromium for the browser test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+report: $(STAMP)
+	$(VENV)/bin/labkit report --profile $(PROFILE) $(REPORT_ARGS)
+
+test: $(TEST_STAMP) browser-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --no-browser
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,33 @@
+"""Which machine a notebook describes: this one (live) or the recorded GPU server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.core.errors import LabkitError
+from labkit.core.machine import MachineInfo, probe
+from labkit.core.provenance import describe
+
+SOURCES = ("auto", "live", "recorded")
+
+
+@dataclass
+class ServerView:
+    machine: MachineInfo
+    live: bool
+    origin: str  # 'measured here' or 'recorded on ...'
+    provenance: dict | None = None
+
+
+def this_server(source: str = "auto") -> ServerView:
+    """``auto``: live when this machine has an NVIDIA GPU, else the recorded GPU server."""
+    if source not in SOURCES:
+        raise LabkitError(f"source={source!r}: expected one of {', '.join(SOURCES)}")
+    if source in ("auto", "live"):
+        m = probe()
+        if m.gpus or source == "live":
+            return ServerView(m, True, "measured here")
+    from labkit.env.summary import load_recorded_machine
+
+    m, prov = load_recorded_machine()
+    return ServerView(m, False, describe(prov), prov)

@@ -1,0 +1,112 @@
+"""The lab's notebooks and their parameters: discovery, and refusing bad names before a run."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labkit.core.errors import LabkitError
+from labkit.core.paths import NOTEBOOKS_DIR
+
+
+@dataclass
+class Parameter:
+    name: str
+    type_name: str  # as papermill infers it from the annotation: 'bool', 'int', 'float', 'str', 'None' (unknown)
+    default: str
+
+
+def discover(directory: Path = NOTEBOOKS_DIR) -> dict[str, Path]:
+    """Notebook name (file name without .ipynb) -> path, in order."""
+    return {p.stem: p for p in sorted(Path(directory).glob("*.ipynb")) if not p.name.startswith(".")}
+
+
+def select(names: list[str] | None, directory: Path = NOTEBOOKS_DIR) -> dict[str, Path]:
+    found = discover(directory)
+    if not found:
+        raise LabkitError(f"no notebooks found in {directory}")
+    if not names:
+        return found
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise LabkitError(f"unknown notebook(s) {', '.join(unknown)}; known: {', '.join(found)}")
+    return {n: found[n] for n in names}
+
+
+def parameters(path: Path) -> dict[str, Parameter]:
+    """The parameters declared in a notebook's cell tagged 'parameters'."""
+    import papermill
+
+    try:
+        raw = papermill.inspect_notebook(str(path))
+    except Exception as exc:  # papermill raises plain exceptions for unreadable notebooks
+        raise LabkitError(f"{path}: cannot read parameters ({exc})") from None
+    return {name: Parameter(name, str(p.get("inferred_type_name", "None")), str(p.get("default")))
+            for name, p in raw.items()}
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """['smoke=true', 'n=3'] -> {'smoke': 'true', 'n': '3'}; refuses anything without '='."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise LabkitError(f"-p {item!r}: expected key=value with a Python identifier as key")
+        out[name] = value
+    return out
+
+
+def coerce(name: str, text: str, type_name: str) -> Any:
+    """Convert the text of ``-p name=text`` to the parameter's declared type."""
+    t = type_name.lower()
+    if t == "bool":
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise LabkitError(f"-p {name}={text}: {name} is a bool; use true or false")
+    if t == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise LabkitError(f"-p {name}={text}: {name} is an int") from None
+    if t == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise LabkitError(f"-p {name}={text}: {name} is a float") from None
+    if t == "str":
+        return text
+    try:  # no annotation: read a Python literal, else keep the text
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def resolve(selected: dict[str, Path], raw: dict[str, str], profile: str) -> dict[str, dict[str, Any]]:
+    """Per-notebook parameters: the profile's smoke flag plus every -p the notebook declares.
+
+    A -p name no selected notebook declares is refused, as is a notebook without a smoke flag.
+    """
+    if profile not in ("smoke", "full"):
+        raise LabkitError(f"--profile {profile!r}: expected smoke or full")
+    declared = {name: parameters(path) for name, path in selected.items()}
+    known = set().union(*(set(d) for d in declared.values()))
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise LabkitError(f"unknown parameter(s) {', '.join(unknown)} for notebook(s) {', '.join(selected)}; "
+                          f"declared: {', '.join(sorted(known)) or 'none'}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, params in declared.items():
+        if "smoke" not in params:
+            raise LabkitError(f"notebook {name}: its parameters cell declares no 'smoke' flag")
+        values: dict[str, Any] = {"smoke": profile == "smoke"}
+        for key, text in raw.items():
+            if key in params:
+                values[key] = coerce(key, text, params[key].type_name)
+        out[name] = values
+    return out

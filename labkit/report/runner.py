@@ -1,0 +1,211 @@
+"""``labkit report``: execute notebooks headless with papermill into a new report folder.
+
+The folder ``DIR/<UTC timestamp>-<host>/`` gets each executed notebook, its offline HTML,
+``summary.json`` (rewritten after every notebook, so an interrupted run is visibly incomplete)
+and ``index.html``. A failing notebook is recorded and the run goes on; the caller exits non-zero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.core.errors import LabkitError
+from labkit.core.paths import NOTEBOOKS_DIR
+from labkit.core.serialize import to_jsonable
+from labkit.report import compare as cmp
+from labkit.report import notebooks as nbs
+from labkit.report.record import RESULTS_ENV, read_results
+from labkit.report.render import index_html, notebook_html
+
+KERNEL = "python3"
+START_TIMEOUT_S = 180
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    status: str = "pending"  # pending | running | passed | failed
+    duration_s: float | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, dict] = field(default_factory=dict)
+    error: dict | None = None
+    ipynb: str | None = None
+    html: str | None = None
+
+
+@dataclass
+class ReportRun:
+    run_id: str
+    folder: Path
+    profile: str
+    command: str
+    started: str
+    state: str = "running"  # running | finished | interrupted
+    status: str = "running"  # passed | failed once finished
+    finished: str | None = None
+    environment: dict = field(default_factory=dict)
+    notebooks: list[NotebookRun] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        return [n.name for n in self.notebooks if n.status == "failed"]
+
+
+def _utc() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def new_run_folder(out_dir: Path) -> Path:
+    """A fresh folder ``<UTC timestamp>-<host>``; never reuses an existing one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
+    base = f"{_utc():%Y%m%dT%H%M%SZ}-{host}"
+    for i in range(1000):
+        folder = out_dir / (base if i == 0 else f"{base}-{i + 1}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise LabkitError(f"{out_dir}: could not create a new run folder")
+
+
+def _write_summary(run: ReportRun) -> None:
+    doc = to_jsonable(run)
+    doc.pop("folder", None)
+    tmp = run.folder / "summary.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(run.folder / "summary.json")
+    prev = cmp.previous_run(run.folder.parent, run.run_id)
+    comparison = cmp.compare(doc, prev[1] if prev else None)
+    (run.folder / "index.html").write_text(index_html(doc, comparison, prev[0] if prev else None), encoding="utf-8")
+
+
+class _Heartbeat:
+    """Prints elapsed time while a long notebook runs."""
+
+    def __init__(self, say: Callable[[str], None], name: str, every_s: float = 30.0) -> None:
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, args=(say, name, every_s), daemon=True)
+
+    def _loop(self, say, name, every_s) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(every_s):
+            say(f"      ... {name} still running ({time.monotonic() - t0:.0f} s)")
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+
+def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path) -> None:
+    import papermill
+
+    old = os.environ.get(RESULTS_ENV)
+    os.environ[RESULTS_ENV] = str(results_file)
+    try:
+        papermill.execute_notebook(str(src), str(dst), parameters=params, kernel_name=KERNEL,
+                                   start_timeout=START_TIMEOUT_S, cwd=str(src.parent),
+                                   progress_bar=False, log_output=False, report_mode=False)
+    finally:
+        if old is None:
+            os.environ.pop(RESULTS_ENV, None)
+        else:
+            os.environ[RESULTS_ENV] = old
+
+
+def _error_info(exc: BaseException) -> dict:
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        return {"cell": exc.cell_index, "exec_count": exc.exec_count, "ename": exc.ename, "evalue": exc.evalue}
+    return {"cell": None, "ename": type(exc).__name__, "evalue": str(exc)}
+
+
+def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only: list[str] | None = None,
+               params: list[str] | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
+               say: Callable[[str], None] = print) -> ReportRun:
+    """Run the selected notebooks. Bad names/parameters raise LabkitError before anything runs."""
+    selected = nbs.select(only, notebooks_dir)
+    per_nb = nbs.resolve(selected, nbs.parse_assignments(params or []), profile)
+
+    from labkit.core.provenance import header
+
+    out_dir = Path(out_dir)
+    folder = new_run_folder(out_dir)
+    command = " ".join(shlex.quote(a) for a in sys.argv)
+    run = ReportRun(run_id=folder.name, folder=folder, profile=profile, command=command,
+                    started=_utc().isoformat(timespec="seconds"), environment=header(command))
+    run.notebooks = [NotebookRun(name=n, parameters=per_nb[n]) for n in selected]
+    _write_summary(run)
+    say(f"labkit report: {len(selected)} notebook(s), profile {profile}, into {folder}")
+
+    def _on_term(signum, frame):  # make SIGTERM behave like Ctrl-C so the run is marked interrupted
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, _on_term) if threading.current_thread() is threading.main_thread() else None
+    t_run = time.monotonic()
+    try:
+        for i, nbr in enumerate(run.notebooks, 1):
+            src = selected[nbr.name]
+            dst = folder / src.name
+            say(f"[{i}/{len(run.notebooks)}] {nbr.name} ... (elapsed {time.monotonic() - t_run:.0f} s)")
+            nbr.status = "running"
+            _write_summary(run)
+            fd, results_file = tempfile.mkstemp(prefix=f"{nbr.name}-", suffix=".jsonl", dir=folder)
+            os.close(fd)
+            t0 = time.monotonic()
+            try:
+                with _Heartbeat(say, nbr.name):
+                    _execute(src, dst, nbr.parameters, Path(results_file))
+                nbr.status = "passed"
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # a notebook's failure is recorded; the run goes on
+                nbr.status = "failed"
+                nbr.error = _error_info(exc)
+            nbr.duration_s = round(time.monotonic() - t0, 2)
+            nbr.results = read_results(results_file)
+            os.unlink(results_file)
+            if dst.exists():
+                nbr.ipynb = dst.name
+                try:
+                    nbr.html = notebook_html(dst, folder / f"{nbr.name}.html").name
+                except Exception as exc:  # rendering must not hide the execution result
+                    nbr.error = nbr.error or {"cell": None, "ename": "RenderError", "evalue": str(exc)}
+                    if nbr.status == "passed":
+                        nbr.status = "failed"
+            mark = "passed" if nbr.status == "passed" else f"FAILED ({nbr.error.get('ename')}: {str(nbr.error.get('evalue'))[:200]})"
+            say(f"      {nbr.name}: {mark} in {nbr.duration_s:.1f} s")
+            _write_summary(run)
+        run.state = "finished"
+        run.status = "failed" if run.failed else "passed"
+    except KeyboardInterrupt:
+        run.state = "interrupted"
+        run.status = "failed"
+        for nbr in run.notebooks:
+            if nbr.status in ("pending", "running"):
+                nbr.status = "not run" if nbr.status == "pending" else "interrupted"
+        raise
+    finally:
+        run.finished = _utc().isoformat(timespec="seconds")
+        _write_summary(run)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        say(f"labkit report: {run.state}, {run.status}; index: {folder / 'index.html'}")
+    return run
