@@ -1,0 +1,221 @@
+"""Collective benchmark on ``torch.distributed``: all_reduce, all_gather, reduce_scatter, broadcast.
+
+Runs inside an initialised process group (see :mod:`labkit.comm.launch`); every rank calls
+:func:`bench_collectives` and gets the same rows. Sizes follow nccl-tests: ``bytes`` is the
+all-reduce/broadcast buffer, and for all_gather / reduce_scatter the *total* (gathered) buffer, each
+rank contributing ``bytes / world``. Times are the median over repeats of a timed loop (CUDA events
+on GPUs, ``perf_counter`` on CPUs), after warm-up, and the slowest rank's median is reported.
+``algbw = bytes / time`` and ``busbw = algbw * factor`` with nccl-tests' factors
+(:func:`labkit.core.collectives.bus_factor`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from labkit.core import collectives
+from labkit.core.errors import LabkitError
+from labkit.core.units import GiB, KiB, MiB, parse_bytes
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+@dataclass
+class CollectiveRow:
+    op: str
+    bytes: int  # as nccl-tests counts it
+    world: int
+    time_us: float  # median over repeats, slowest rank
+    algbw_GBps: float  # GB = 1e9 bytes
+    busbw_GBps: float
+    time_us_min: float
+    time_us_max: float
+    repeats: int
+    iters_per_repeat: int
+    predicted_us: float | None = None  # the topology model's prediction, when one exists
+    busbw_fraction_of_nominal: float | None = None
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    world: int
+    nodes: int
+    device: str
+    dtype: str
+    rows: list[CollectiveRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def size_ladder(lo: int | str = 4 * KiB, hi: int | str = 64 * MiB, factor: int = 2) -> list[int]:
+    """Sizes from ``lo`` to ``hi`` (bytes, inclusive), each ``factor`` times the previous one."""
+    lo_b, hi_b = parse_bytes(lo, what="smallest size"), parse_bytes(hi, what="largest size")
+    if lo_b < 1 or hi_b < lo_b:
+        raise LabkitError(f"size range {lo!r}..{hi!r} is empty: the smallest size must be >= 1 byte and <= the largest")
+    if factor < 2:
+        raise LabkitError(f"size factor must be >= 2, got {factor}")
+    out, s = [], lo_b
+    while s <= hi_b:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def parse_ops(text: str | Sequence[str] | None) -> list[str]:
+    if text is None or text == "all":
+        return list(OPS)
+    names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    bad = [n for n in names if n not in OPS]
+    if bad or not names:
+        raise LabkitError(f"--op {text!r}: unknown collective {bad or text}; choose from {', '.join(OPS)}")
+    return names
+
+
+def element_count(op: str, nbytes: int, world: int, elem_size: int) -> tuple[int, int]:
+    """(elements per rank's input, total bytes actually moved as nccl-tests counts them).
+
+    The size is rounded down so that it divides evenly among ``world`` ranks.
+    """
+    unit = elem_size * (world if op in ("all_gather", "reduce_scatter") else 1)
+    total = (nbytes // unit) * unit
+    if total == 0:
+        raise LabkitError(f"{op}: {nbytes} bytes is smaller than one element per rank ({unit} bytes)")
+    n = total // elem_size
+    return (n // world if op == "all_gather" else n), total
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def make_call(op: str, nbytes: int, world: int, device: str, dtype_name: str = "float32"):
+    """Allocate the buffers of one collective and return ``(call(async_op=False), bytes_counted)``."""
+    import torch
+
+    dist = _dist()
+    dtype = getattr(torch, dtype_name)
+    esz = torch.empty((), dtype=dtype).element_size()
+    n_in, total = element_count(op, nbytes, world, esz)
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if op == "all_reduce":
+        buf = torch.ones(n_in, dtype=dtype, device=device)
+        return (lambda async_op=False: dist.all_reduce(buf, async_op=async_op)), total
+    if op == "broadcast":
+        buf = torch.ones(n_in, dtype=dtype, device=device)
+        return (lambda async_op=False: dist.broadcast(buf, src=0, async_op=async_op)), total
+    if op == "all_gather":
+        inp = torch.ones(n_in, dtype=dtype, device=device)
+        out = torch.empty(n_in * world, dtype=dtype, device=device)
+        return (lambda async_op=False: ag(out, inp, async_op=async_op)), total
+    if op == "reduce_scatter":
+        inp = torch.ones(n_in, dtype=dtype, device=device)
+        out = torch.empty(n_in // world, dtype=dtype, device=device)
+        return (lambda async_op=False: rs(out, inp, async_op=async_op)), total
+    raise LabkitError(f"unknown collective {op!r}; choose from {', '.join(OPS)}")
+
+
+def default_iters(nbytes: int, is_cuda: bool) -> int:
+    """Ops per timed loop: several on GPUs so that a loop lasts well above event resolution."""
+    if not is_cuda:
+        return 1
+    if nbytes <= 4 * MiB:
+        return 20
+    if nbytes <= 256 * MiB:
+        return 10
+    return 3
+
+
+def time_op(call, device: str, *, warmup: int, repeats: int, iters: int) -> list[float]:
+    """Seconds per op for each repeat (each repeat a loop of ``iters`` ops)."""
+    import torch
+
+    dist = _dist()
+    for _ in range(warmup):
+        call()
+    out: list[float] = []
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            dist.barrier()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                call()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3 / iters)
+    else:
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            out.append((time.perf_counter() - t0) / iters)
+    return out
+
+
+def slowest_rank(value: float, device: str) -> float:
+    import torch
+
+    dist = _dist()
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def bench_collectives(ctx, ops: Sequence[str], sizes: Sequence[int], *, warmup: int = 3, repeats: int = 5,
+                      iters: int | None = None, dtype: str = "float32", max_bytes: int | None = None) -> BenchResult:
+    """Benchmark ``ops`` at ``sizes`` in the current process group; every rank returns the same result.
+
+    ``ctx`` is the :class:`~labkit.comm.launch.RankContext`. Sizes above ``max_bytes`` (default: a
+    quarter of the free GPU memory on CUDA, 1 GiB on CPU) are skipped with a note.
+    """
+    import torch
+
+    res = BenchResult(backend=ctx.backend, world=ctx.world, nodes=ctx.nodes, device=_device_name(ctx.device), dtype=dtype)
+    if max_bytes is None:
+        max_bytes = torch.cuda.mem_get_info()[0] // 4 if ctx.is_cuda else 1 * GiB
+    for op in parse_ops(list(ops)):
+        for nbytes in sizes:
+            if nbytes > max_bytes:
+                res.notes.append(f"{op} {nbytes} B skipped: above the {max_bytes} B limit for buffers here")
+                continue
+            call, total = make_call(op, nbytes, ctx.world, ctx.device, dtype)
+            k = iters or default_iters(total, ctx.is_cuda)
+            times = time_op(call, ctx.device, warmup=warmup, repeats=repeats, iters=k)
+            med = slowest_rank(statistics.median(times), ctx.device)
+            lo, hi = slowest_rank(min(times), ctx.device), slowest_rank(max(times), ctx.device)
+            res.rows.append(row_from_time(op, total, ctx.world, med, lo, hi, repeats, k))
+            del call
+        if ctx.is_cuda:
+            torch.cuda.empty_cache()
+    return res
+
+
+def row_from_time(op: str, nbytes: int, world: int, seconds: float, lo: float | None = None,
+                  hi: float | None = None, repeats: int = 1, iters: int = 1) -> CollectiveRow:
+    """A benchmark row from a measured time, with nccl-tests' algbw and busbw (GB = 1e9 B per second)."""
+    if seconds <= 0:
+        raise LabkitError(f"{op} {nbytes} B: time must be positive, got {seconds}")
+    return CollectiveRow(op=op, bytes=int(nbytes), world=world, time_us=seconds * 1e6,
+                         algbw_GBps=collectives.algbw(nbytes, seconds) / 1e9,
+                         busbw_GBps=collectives.busbw(op, nbytes, seconds, world) / 1e9,
+                         time_us_min=(lo if lo is not None else seconds) * 1e6,
+                         time_us_max=(hi if hi is not None else seconds) * 1e6, repeats=repeats, iters_per_repeat=iters)
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    import platform
+
+    return platform.processor() or "cpu"
