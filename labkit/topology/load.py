@@ -1,0 +1,118 @@
+"""Load a topology from this server (live), a saved file, or a bundled sample in ``data/topologies/``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.core import paths
+from labkit.core.errors import LabkitError
+from labkit.topology.model import Topology
+from labkit.topology.ncclxml import parse_nccl_xml
+from labkit.topology.p2ptable import P2PTable, looks_like_p2p_test, parse_p2p_test
+from labkit.topology.smi import parse_smi_text
+
+SMI, NCCL_XML, P2P_TEST = "nvidia-smi topo -m", "NCCL topology XML", "p2pBandwidthLatencyTest output"
+
+
+@dataclass
+class SampleInfo:
+    name: str
+    path: str
+    format: str        # SMI, NCCL_XML or P2P_TEST
+    origin: str | None  # its '# source:' line
+
+
+def _read(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LabkitError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise LabkitError(f"{path}: is a directory, not a topology file") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LabkitError(f"{path}: not a text file (not UTF-8)") from None
+
+
+def detect_format(text: str) -> str:
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#")).lstrip()
+    if body.startswith("<"):
+        return NCCL_XML
+    if looks_like_p2p_test(text):
+        return P2P_TEST
+    return SMI
+
+
+def _origin(text: str) -> str | None:
+    import re
+
+    m = re.search(r"source:\s*(.*?)(?:-->|$)", text, re.M)
+    return m.group(1).strip() if m else None
+
+
+def list_samples() -> list[SampleInfo]:
+    """The bundled samples (name = file name without extension), with format and source line."""
+    out = []
+    for p in sorted(paths.TOPOLOGIES_DIR.glob("*")):
+        if p.is_file() and p.suffix in (".txt", ".xml"):
+            text = _read(p)
+            out.append(SampleInfo(name=p.stem, path=str(p), format=detect_format(text), origin=_origin(text)))
+    return out
+
+
+def sample_path(name: str) -> Path:
+    for s in list_samples():
+        if s.name == name:
+            return Path(s.path)
+    names = ", ".join(s.name for s in list_samples())
+    raise LabkitError(f"no topology sample named {name!r}; samples: {names}")
+
+
+def parse_text(text: str, name: str, *, source: str | None = None, gpu_name: str | None = None) -> Topology:
+    fmt = detect_format(text)
+    if fmt == NCCL_XML:
+        return parse_nccl_xml(text, name, source=source, gpu_name=gpu_name)
+    if fmt == P2P_TEST:
+        raise LabkitError(f"{name}: is {P2P_TEST}: measured bandwidth with no link labels, not a topology; "
+                          f"read it with labkit.topology.load_p2p_table")
+    return parse_smi_text(text, name, source=source, gpu_name=gpu_name)
+
+
+def load_file(path: str | Path, *, gpu_name: str | None = None) -> Topology:
+    """``nvidia-smi topo -m`` text or an NCCL topology XML saved in a file."""
+    p = Path(path)
+    return parse_text(_read(p), str(p), source=f"file: {p}", gpu_name=gpu_name)
+
+
+def load_sample(name: str, *, gpu_name: str | None = None) -> Topology:
+    p = sample_path(name)
+    return parse_text(_read(p), name, source=f"sample: {name}", gpu_name=gpu_name)
+
+
+def load_live(*, use_smi: bool = True) -> Topology:
+    from labkit.topology.live import nvml_topology
+
+    return nvml_topology(use_smi=use_smi)
+
+
+def load_topology(source: str = "live", *, gpu_name: str | None = None) -> Topology:
+    """``"live"`` (this server, NVML), a sample name, or a path to a saved file."""
+    if source == "live":
+        return load_live()
+    if any(s.name == source for s in list_samples()):
+        return load_sample(source, gpu_name=gpu_name)
+    if Path(source).exists():
+        return load_file(source, gpu_name=gpu_name)
+    names = ", ".join(s.name for s in list_samples())
+    raise LabkitError(f"topology source {source!r} is neither 'live', a sample ({names}) nor an existing file")
+
+
+def load_p2p_table(source: str | Path) -> P2PTable:
+    """A p2pBandwidthLatencyTest output: a sample name or a file path."""
+    if any(s.name == str(source) for s in list_samples()):
+        p, src = sample_path(str(source)), f"sample: {source}"
+    else:
+        p, src = Path(source), f"file: {source}"
+    return parse_p2p_test(_read(p), str(source), source=src)
