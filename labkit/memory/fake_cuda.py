@@ -1,0 +1,271 @@
+"""Fake-GPU mode: reproduce on CPU fake tensors what a CUDA GPU would allocate.
+
+On a CPU-only build, backward on fake ``cuda`` tensors fails, so the step runs on fake ``cpu``
+tensors and the GPU's different choices are made deliberately:
+
+* **Autocast**: CPU autocast casts a different set of ops than CUDA autocast. :class:`CudaAutocast`
+  is a ``TorchFunctionMode`` that applies CUDA's lists (``ATen/autocast_mode.h``: lower-precision
+  ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
+  ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
+  of lower-precision copies of leaf weights, cleared when the outermost region exits.
+* **Attention**: the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``; a GPU runs the
+  flash kernel (16-bit inputs) or the memory-efficient kernel (float32). Both save the output and
+  a float32 logsumexp (not the attention matrix); the logsumexp is resized to the GPU kernel's
+  shape and the backward kernels' workspaces are added as transients.
+* **Allocator**: every storage rounds up to 512 bytes; cuBLAS keeps a workspace per handle and
+  stream (the forward thread and the autograd engine's device thread use different handles).
+* **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+MiB = 1 << 20
+
+# CUDA autocast op lists (torch ATen/autocast_mode.h), by Python-level function name.
+LOWER_PRECISION = frozenset({
+    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv",
+    "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
+    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+})
+FP32 = frozenset({
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+    "rsqrt", "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm",
+    "frobenius_norm", "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss",
+    "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    # composite ops that decompose into float32-list ops on CUDA (log_softmax + nll_loss)
+    "cross_entropy",
+})
+FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
+                                "linalg_matrix_norm", "sum"})
+PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+                     "index_put", "tensordot", "scatter_add"})
+_RIGHT = {"__rmatmul__": "matmul", "__rpow__": "pow"}
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__name__", "")
+    if name in _RIGHT:
+        return _RIGHT[name]
+    if name.startswith("__") and name.endswith("__"):
+        return name[2:-2]
+    return name
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """The GPU whose choices fake mode reproduces (defaults: an H200 with torch 2.11, CUDA 13)."""
+
+    name: str = "NVIDIA H200"
+    allocator_rounding: int = 512
+    cublas_workspace_bytes: int = 32 * MiB   # sm90 default CUBLAS_WORKSPACE_CONFIG :4096:8
+    cublas_handles: int = 2                   # forward thread + autograd device thread
+    flash_for_16bit: bool = True              # flash attention for fp16/bf16, head_dim <= 256
+    efficient_lse_block: int = 32             # mem-efficient kernel pads logsumexp to 32 rows
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cast(x: Any, dtype: torch.dtype, cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> Any:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == torch.float64 or x.dtype == dtype:
+        return x
+    if cache is not None and x.dtype == torch.float32 and x.requires_grad and x.is_leaf and not x._is_view():
+        hit = cache.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        y = x.to(dtype)
+        cache[id(x)] = (x, y)
+        return y
+    return x.to(dtype)
+
+
+def _map(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        return type(obj)(_map(o, fn) for o in obj)
+    return fn(obj)
+
+
+class CudaAutocast(TorchFunctionMode):
+    """CUDA autocast's casting rules applied to tensors of any device (see the module docstring)."""
+
+    def __init__(self, dtype: torch.dtype, state: "_AutocastState") -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.state = state
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        name = _op_name(func)
+        if name in LOWER_PRECISION:
+            c = self.state.cache
+            args = _map(args, lambda x: _cast(x, self.dtype, c))
+            kwargs = {k: _map(v, lambda x: _cast(x, self.dtype, c)) for k, v in kwargs.items()}
+        elif name in FP32:
+            low = (torch.float16, torch.bfloat16)
+            f = lambda x: _cast(x, torch.float32, None) if isinstance(x, torch.Tensor) and x.dtype in low else x  # noqa: E731
+            args = _map(args, f)
+            kwargs = {k: _map(v, f) for k, v in kwargs.items()}
+        elif name in FP32_SET_OPT_DTYPE:
+            first = args[0] if args else None
+            if (isinstance(first, torch.Tensor) and first.dtype in (torch.float16, torch.bfloat16)
+                    and kwargs.get("dtype") is None and not _has_positional_dtype(args)):
+                kwargs["dtype"] = torch.float32
+        elif name in PROMOTE:
+            fl = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if fl:
+                widest = max((a.dtype for a in fl), key=lambda d: torch.finfo(d).bits)
+                args = _map(args, lambda x: _cast(x, widest, None))
+        return func(*args, **kwargs)
+
+
+def _has_positional_dtype(args: tuple) -> bool:
+    return any(isinstance(a, torch.dtype) for a in args)
+
+
+class _AutocastState:
+    def __init__(self) -> None:
+        self.depth = 0
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+class CudaEmulator:
+    """Hooks for :class:`~labkit.memory.tracer.StorageTracker` that add the GPU's own allocations."""
+
+    def __init__(self, target: CudaTarget, policy: Any) -> None:
+        self.target = target
+        self.policy = policy
+        self.autocast_state = _AutocastState()
+        self._workspaces = 0
+        self._backward_thread_ws = False
+        self._tracker: Any = None
+        self._roles: Any = None
+        self._phase = ""
+
+    # -- autocast ----------------------------------------------------------------------------
+    def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
+        state = self.autocast_state
+
+        @contextlib.contextmanager
+        def region() -> Iterator[None]:
+            state.depth += 1
+            try:
+                if state.depth == 1:
+                    with CudaAutocast(dtype, state):
+                        yield
+                else:
+                    # nested (a checkpointed segment inside the forward): the outer mode is active;
+                    # in a recomputation during backward the outer region has exited: enter anew
+                    if _mode_active(CudaAutocast):
+                        yield
+                    else:
+                        with CudaAutocast(dtype, state):
+                            yield
+            finally:
+                state.depth -= 1
+                if state.depth == 0:
+                    state.cache.clear()
+
+        return region
+
+    def grad_scaler(self) -> Any:
+        return FakeGradScaler()
+
+    def attach(self, step: Any, tracker: Any, roles: Any) -> None:
+        self._tracker = tracker
+        self._roles = roles
+
+    # -- tracker hooks -----------------------------------------------------------------------
+    def before(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> tuple[tuple, dict]:
+        return args, kwargs
+
+    def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
+        name = getattr(func, "__name__", str(func))
+        base = name.split(".")[0]
+        if base in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"):
+            self._cublas(tracker)
+        elif base == "_scaled_dot_product_flash_attention_for_cpu":
+            self._sdpa_forward(args, out, tracker)
+        elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
+            self._sdpa_backward(args, out, tracker)
+
+    def _cublas(self, tracker: Any) -> None:
+        in_backward = tracker.phases[-1] == "backward"
+        if self._workspaces == 0 or (in_backward and not self._backward_thread_ws and self.target.cublas_handles > 1):
+            sid = tracker.hold(self.target.cublas_workspace_bytes)
+            if self._roles is not None:
+                self._roles.workspace.add(sid)
+            self._workspaces += 1
+            if in_backward:
+                self._backward_thread_ws = True
+
+    def _uses_flash(self, q: torch.Tensor) -> bool:
+        return self.target.flash_for_16bit and q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) <= 256
+
+    def _sdpa_forward(self, args: tuple, out: Any, tracker: Any) -> None:
+        q = args[0]
+        B, H, T = q.size(0), q.size(1), q.size(2)
+        lse = out[1]
+        if self._uses_flash(q):
+            tracker.resize(lse, B * H * T * 4)
+        else:
+            blk = self.target.efficient_lse_block
+            tracker.resize(lse, B * H * (math.ceil(T / blk) * blk) * 4)
+
+    def _sdpa_backward(self, args: tuple, out: Any, tracker: Any) -> None:
+        q = args[1]
+        B, H, T, D = q.size(0), q.size(1), q.size(2), q.size(3)
+        if self._uses_flash(q):
+            t_r = math.ceil(T / 128) * 128
+            d_r = math.ceil(D / 32) * 32
+            # softmax_d (B, H, T_rounded) and dq_accum (B, T_rounded, H, D_rounded) in float32
+            tracker.transient(B * H * t_r * 4 + B * t_r * H * d_r * 4)
+        else:
+            blk = self.target.efficient_lse_block
+            tracker.transient(B * H * (math.ceil(T / blk) * blk) * 4)
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.target.describe(), "cublas_workspaces": self._workspaces}
+
+
+def _mode_active(cls: type) -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return any(isinstance(m, cls) for m in _get_current_function_mode_stack())
+
+
+class FakeGradScaler:
+    """The memory of ``torch.amp.GradScaler`` on fake tensors: a scale, a growth tracker, an
+    in-place unscale of the gradients (no data-dependent skip: fake tensors have no values)."""
+
+    def __init__(self, init_scale: float = 2.0 ** 16) -> None:
+        self.init_scale = init_scale
+        self._scale: torch.Tensor | None = None
+        self._growth_tracker: torch.Tensor | None = None
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        if self._scale is None:
+            self._scale = torch.full((), self.init_scale, dtype=torch.float32)
+            self._growth_tracker = torch.full((), 0, dtype=torch.int32)
+        return loss * self._scale
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        assert self._scale is not None
+        inv = self._scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32)
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv)
+        optimizer.step()
+
+    def update(self) -> None:
+        pass

@@ -1,0 +1,285 @@
+"""Storage-level allocation tracking with a ``TorchDispatchMode``.
+
+Every ATen op's output storages are registered (size rounded as the target allocator would);
+a weak reference per storage reports the free. The tracker keeps the running total, a per-phase
+peak and an event log from which :func:`categorise` rebuilds the by-category breakdown at any
+moment (parameters, gradients, optimizer state, activations, temporaries, inputs, workspace).
+
+It works on real CUDA tensors, on CPU tensors and on fake tensors (``FakeTensorMode``); an
+*emulator* (``labkit.memory.fake_cuda``) can add what a GPU kernel allocates that the CPU
+kernel does not (attention logsumexp sizes, backward workspaces, cuBLAS workspaces).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs", "workspace")
+
+
+def round_up(nbytes: int, rounding: int) -> int:
+    """Bytes the caching allocator hands out for a request (0 stays 0: no block is allocated)."""
+    if nbytes <= 0:
+        return 0
+    return -(-nbytes // rounding) * rounding
+
+
+def storages_of(t: Any) -> list[torch.UntypedStorage]:
+    if not isinstance(t, torch.Tensor):
+        return []
+    try:
+        return [t.untyped_storage()]
+    except (NotImplementedError, RuntimeError):  # sparse, nested or functional wrappers
+        return []
+
+
+@dataclass
+class OpRecord:
+    """One op in the op log (CUDA diagnostics): tracked bytes and the allocator's view."""
+
+    index: int
+    name: str
+    phase: str
+    tracked_bytes: int
+    out_bytes: int
+    cuda_allocated: int | None = None
+    cuda_peak_in_op: int | None = None
+    shapes: str = ""
+
+
+class StorageTracker(TorchDispatchMode):
+    """Tracks live storages of ``device_type`` seen as op outputs; see the module docstring."""
+
+    def __init__(self, *, device_type: str | None = None, rounding: int = 512,
+                 emulator: Any = None, op_log: bool = False, cuda_op_stats: bool = False) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.rounding = rounding
+        self.emulator = emulator
+        self._ids: dict[int, tuple[weakref.ref, int]] = {}   # id(storage obj) -> (ref, storage id)
+        self.sizes: dict[int, int] = {}
+        self.live: set[int] = set()
+        self.events: list[tuple[int, int, int]] = []  # (storage id, +/- bytes, phase index)
+        self.phases: list[str] = []
+        self.phase_peaks: list[int] = []
+        self.phase_peak_event: list[int] = []
+        self.phase_start_event: list[int] = []
+        self.current = 0
+        self._next_id = 0
+        self.op_log_enabled = op_log
+        self.cuda_op_stats = cuda_op_stats
+        self.op_log: list[OpRecord] = []
+        self.op_count = 0
+        self.begin_phase("untracked")
+
+    # -- phases ------------------------------------------------------------------------------
+    def begin_phase(self, name: str) -> int:
+        self.phases.append(name)
+        self.phase_peaks.append(self.current)
+        self.phase_peak_event.append(len(self.events))
+        self.phase_start_event.append(len(self.events))
+        return len(self.phases) - 1
+
+    @property
+    def phase_index(self) -> int:
+        return len(self.phases) - 1
+
+    # -- registration ------------------------------------------------------------------------
+    def _bump(self) -> None:
+        i = self.phase_index
+        if self.current > self.phase_peaks[i]:
+            self.phase_peaks[i] = self.current
+            self.phase_peak_event[i] = len(self.events)
+
+    def _freed(self, sid: int, key: int) -> None:
+        self._ids.pop(key, None)
+        if sid in self.live:
+            self.live.discard(sid)
+            n = self.sizes[sid]
+            self.current -= n
+            self.events.append((sid, -n, self.phase_index))
+
+    def track(self, t: Any, *, nbytes: int | None = None) -> int:
+        """Register the storages of ``t`` (a tensor or a pytree of them); returns the bytes added."""
+        added = 0
+        for leaf in tree_leaves(t):
+            for st in storages_of(leaf):
+                if self.device_type is not None and st.device.type != self.device_type:
+                    continue
+                key = id(st)
+                known = self._ids.get(key)
+                if known is not None and known[0]() is st:
+                    continue
+                sid = self._next_id
+                self._next_id += 1
+                try:
+                    raw = st.nbytes() if nbytes is None else nbytes
+                except Exception:  # noqa: BLE001 - storages without a size
+                    continue
+                n = round_up(raw, self.rounding)
+                try:
+                    ref = weakref.ref(st, lambda _r, sid=sid, key=key: self._freed(sid, key))
+                except TypeError:
+                    continue
+                self._ids[key] = (ref, sid)
+                self.sizes[sid] = n
+                self.live.add(sid)
+                self.current += n
+                self.events.append((sid, n, self.phase_index))
+                self._bump()
+                added += n
+        return added
+
+    def storage_id(self, t: torch.Tensor) -> int | None:
+        for st in storages_of(t):
+            known = self._ids.get(id(st))
+            if known is not None and known[0]() is st:
+                return known[1]
+        return None
+
+    def resize(self, t: torch.Tensor, nbytes: int) -> None:
+        """Account the storage of ``t`` as ``nbytes`` (what the target kernel would allocate)."""
+        sid = self.storage_id(t)
+        if sid is None or sid not in self.live:
+            return
+        n = round_up(nbytes, self.rounding)
+        delta = n - self.sizes[sid]
+        if delta:
+            self.sizes[sid] = n
+            self.current += delta
+            self.events.append((sid, delta, self.phase_index))
+            self._bump()
+
+    def transient(self, nbytes: int) -> None:
+        """An allocation that lives only inside the current op (a kernel's workspace)."""
+        n = round_up(nbytes, self.rounding)
+        if n <= 0:
+            return
+        sid = self._next_id
+        self._next_id += 1
+        self.sizes[sid] = n
+        self.current += n
+        self.events.append((sid, n, self.phase_index))
+        self._bump()
+        self.current -= n
+        self.events.append((sid, -n, self.phase_index))
+
+    def hold(self, nbytes: int) -> int:
+        """A lasting allocation that is not a tensor storage (e.g. a cuBLAS workspace)."""
+        sid = self._next_id
+        self._next_id += 1
+        n = round_up(nbytes, self.rounding)
+        self.sizes[sid] = n
+        self.live.add(sid)
+        self.current += n
+        self.events.append((sid, n, self.phase_index))
+        self._bump()
+        return sid
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        stats = self.cuda_op_stats
+        if stats:
+            torch.cuda.reset_peak_memory_stats()
+        if self.emulator is not None:
+            args, kwargs = self.emulator.before(func, args, kwargs, self)
+        out = func(*args, **kwargs)
+        before = self.current
+        self.track(out)
+        if self.emulator is not None:
+            self.emulator.after(func, args, kwargs, out, self)
+        self.op_count += 1
+        if self.op_log_enabled:
+            rec = OpRecord(self.op_count, str(func), self.phases[-1], self.current, self.current - before,
+                           shapes=_shapes(args, out))
+            if stats:
+                st = torch.cuda.memory_stats()
+                rec.cuda_allocated = int(st.get("allocated_bytes.all.current", 0))
+                rec.cuda_peak_in_op = int(st.get("allocated_bytes.all.peak", 0))
+            self.op_log.append(rec)
+        return out
+
+
+def _shapes(args: Any, out: Any) -> str:
+    def fmt(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}"
+        return ""
+
+    ins = ",".join(s for s in (fmt(a) for a in tree_leaves(args)) if s)
+    outs = ",".join(s for s in (fmt(a) for a in tree_leaves(out)) if s)
+    return f"{ins} -> {outs}"
+
+
+@dataclass
+class Roles:
+    """Storage ids by role, collected at phase boundaries."""
+
+    parameters: set[int] = field(default_factory=set)
+    gradients: set[int] = field(default_factory=set)
+    optimizer_state: set[int] = field(default_factory=set)
+    inputs: set[int] = field(default_factory=set)
+    workspace: set[int] = field(default_factory=set)
+
+    def add(self, tracker: StorageTracker, role: str, tensors: Iterable[Any]) -> None:
+        target = getattr(self, role)
+        for t in tensors:
+            for leaf in tree_leaves(t):
+                if isinstance(leaf, torch.Tensor):
+                    sid = tracker.storage_id(leaf)
+                    if sid is not None:
+                        target.add(sid)
+
+
+def categorise(tracker: StorageTracker, roles: Roles, upto_event: int,
+               activation_phases: tuple[int, ...]) -> dict[str, int]:
+    """Bytes per category live just after event ``upto_event`` (exclusive end index).
+
+    Storages allocated during ``activation_phases`` (forward and loss of a step) that are not
+    parameters, gradients or optimizer state count as activations; others as temporaries.
+    """
+    live: dict[int, int] = {}
+    born: dict[int, int] = {}
+    for sid, delta, ph in tracker.events[:upto_event]:
+        if sid not in born:
+            born[sid] = ph
+        live[sid] = live.get(sid, 0) + delta
+    out = {c: 0 for c in CATEGORIES}
+    acts = set(activation_phases)
+    for sid, n in live.items():
+        if n <= 0:
+            continue
+        if sid in roles.parameters:
+            c = "parameters"
+        elif sid in roles.gradients:
+            c = "gradients"
+        elif sid in roles.optimizer_state:
+            c = "optimizer_state"
+        elif sid in roles.inputs:
+            c = "inputs"
+        elif sid in roles.workspace:
+            c = "workspace"
+        elif born[sid] in acts:
+            c = "activations"
+        else:
+            c = "temporaries"
+        out[c] += n
+    return out
+
+
+class Stopwatch:
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync
+
+    def now(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return time.perf_counter()

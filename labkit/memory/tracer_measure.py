@@ -1,0 +1,240 @@
+"""``measure_step``: run training steps under the storage tracker and report, per phase and
+category, current and peak bytes, on a real GPU (``cuda``), on the CPU (``cpu``), or in fake mode
+(``fake-cuda``: fake tensors, no memory used, predicting what a CUDA GPU would allocate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+from labkit.core.errors import LabkitError
+from labkit.memory.tracer import CATEGORIES, Roles, StorageTracker, Stopwatch, categorise
+
+DEVICES = ("fake-cuda", "cuda", "cpu")
+
+
+@dataclass
+class PhaseStats:
+    """One phase of one step. Bytes are tracked tensor storages (rounded to 512 B on CUDA targets)."""
+
+    step: int
+    phase: str
+    start_bytes: int
+    end_bytes: int
+    peak_bytes: int
+    peak_by_category: dict[str, int]
+    time_s: float | None = None
+    cuda_peak_allocated: int | None = None   # torch.cuda.max_memory_allocated within the phase
+    cuda_end_allocated: int | None = None
+
+
+@dataclass
+class MeasureReport:
+    """What ``measure_step`` found. ``peak_bytes`` is the highest total during the last (steady) step."""
+
+    device: str
+    policy: dict[str, Any]
+    steps: int
+    peak_bytes: int
+    peak_phase: str
+    by_phase: list[PhaseStats]            # the last (steady-state) step
+    by_category: dict[str, int]           # at the steady-state peak
+    init_bytes: int                       # after the model and batch are on the device
+    all_phases: list[PhaseStats] = field(default_factory=list)
+    cuda: dict[str, Any] | None = None     # allocator cross-check on a real GPU
+    emulation: dict[str, Any] | None = None
+    num_params: int = 0
+    step_time_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def phase_peaks(self) -> dict[str, int]:
+        return {p.phase: p.peak_bytes for p in self.by_phase}
+
+
+def _build_model(model: nn.Module | Callable[[], nn.Module], device: str) -> nn.Module:
+    if isinstance(model, nn.Module):
+        if device == "fake-cuda":
+            from torch._subclasses.fake_tensor import FakeCopyMode
+
+            # the active FakeTensorMode converts the copy's tensors (no real memory)
+            fake = torch._guards.detect_fake_mode()
+            with FakeCopyMode(fake):
+                m = copy.deepcopy(model)
+            return m
+        return model.to(device)
+    if not callable(model):
+        raise LabkitError(f"model must be an nn.Module or a zero-argument callable, got {type(model).__name__}")
+    # fake mode: the active FakeTensorMode makes every tensor the factory creates a fake CPU tensor
+    with torch.device("cpu" if device == "fake-cuda" else device):
+        m = model()
+    if not isinstance(m, nn.Module):
+        raise LabkitError(f"the model factory returned {type(m).__name__}, not an nn.Module")
+    return m
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 optimizer: str = "adamw", precision: str = "fp32", checkpointing: str = "none",
+                 device: str = "fake-cuda", steps: int = 2,
+                 call: Callable[[nn.Module, Any], Any] | None = None,
+                 target: Any = None, op_log: bool = False, timing: bool = False) -> MeasureReport:
+    """Run ``steps`` training steps and report per-phase, per-category memory.
+
+    ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
+    and materialised as fake tensors in fake mode, so no real memory is used). ``batch``: a tensor
+    or dict of tensors on the CPU, moved to the target device (faked in fake mode). ``loss_fn(output,
+    batch)`` defaults to ``output.loss``. ``target`` (fake mode): a
+    :class:`labkit.memory.fake_cuda.CudaTarget` describing the GPU's choices (default: H200,
+    torch 2.11). ``op_log`` keeps one record per op (on CUDA with the allocator's view: slow).
+    """
+    from labkit.workloads.harness import StepPolicy, TrainStep, move_batch
+
+    if device not in DEVICES:
+        raise LabkitError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if steps < 1:
+        raise LabkitError(f"steps must be >= 1, got {steps}")
+    policy = StepPolicy(precision=precision, optimizer=optimizer, checkpointing=checkpointing)
+    is_cuda = device == "cuda"
+    if is_cuda and not torch.cuda.is_available():
+        raise LabkitError("device 'cuda' asked for but torch sees no CUDA GPU here; use device='fake-cuda'")
+
+    stack = contextlib.ExitStack()
+    emulator = None
+    autocast = None
+    fused: bool | None = None
+    if device == "fake-cuda":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from labkit.memory.fake_cuda import CudaEmulator, CudaTarget
+
+        emulator = CudaEmulator(target or CudaTarget(), policy)
+        fake = FakeTensorMode(allow_non_fake_inputs=False)
+        stack.enter_context(fake)
+        if policy.autocast_dtype is not None:
+            autocast = emulator.autocast_factory(policy.autocast_dtype)
+        tracker = StorageTracker(device_type="meta", rounding=512, emulator=emulator, op_log=op_log)  # fake storages are meta
+        to_device: Callable[[torch.Tensor], torch.Tensor] = fake.from_tensor
+        device_type = "cpu"
+    elif is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        tracker = StorageTracker(device_type="cuda", rounding=512, op_log=op_log, cuda_op_stats=op_log)
+        to_device = lambda t: t.to("cuda", non_blocking=False)  # noqa: E731
+        device_type = "cuda"
+    else:
+        tracker = StorageTracker(device_type="cpu", rounding=1, op_log=op_log)
+        to_device = lambda t: t  # noqa: E731
+        device_type = "cpu"
+        fused = False
+
+    watch = Stopwatch(torch.cuda.synchronize if (is_cuda and timing) else None)
+    roles = Roles()
+    phases: list[PhaseStats] = []
+    step_no = 0
+    cuda_base = torch.cuda.memory_allocated() if is_cuda else 0
+
+    @contextlib.contextmanager
+    def on_phase(name: str) -> Iterator[None]:
+        idx = tracker.begin_phase(name)
+        start = tracker.current
+        if is_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        t0 = watch.now() if timing else None
+        yield
+        t1 = watch.now() if timing else None
+        if name in ("backward", "optimizer"):
+            roles.add(tracker, "gradients", [p.grad for p in step.model.parameters() if p.grad is not None])
+        if name == "optimizer":
+            roles.add(tracker, "optimizer_state", [v for st in step.optimizer.state.values() for v in st.values()])
+            if step.scaler is not None:
+                roles.add(tracker, "optimizer_state", [getattr(step.scaler, "_scale", None),
+                                                       getattr(step.scaler, "_growth_tracker", None)])
+        phases.append(PhaseStats(
+            step=step_no, phase=name, start_bytes=start, end_bytes=tracker.current,
+            peak_bytes=tracker.phase_peaks[idx], peak_by_category={},
+            time_s=(t1 - t0) if timing else None,
+            cuda_peak_allocated=(torch.cuda.max_memory_allocated() - cuda_base) if is_cuda else None,
+            cuda_end_allocated=(torch.cuda.memory_allocated() - cuda_base) if is_cuda else None,
+        ))
+        phases[-1]._index = idx  # type: ignore[attr-defined]
+
+    with stack:
+        with tracker:
+            with on_phase("init"):
+                m = _build_model(model, device)
+                dev_batch = move_batch(batch, to_device)
+                if device == "fake-cuda" or (isinstance(model, nn.Module) and device != "cpu"):
+                    tracker.track(list(m.parameters()) + list(m.buffers()))
+                tracker.track(_tensors(dev_batch))
+            roles.add(tracker, "parameters", list(m.parameters()) + list(m.buffers()))
+            roles.add(tracker, "inputs", _tensors(dev_batch))
+            init_bytes = tracker.current
+            if is_cuda:
+                init_cuda = torch.cuda.memory_allocated() - cuda_base
+            step = TrainStep(m, dev_batch, policy=policy, device_type=device_type if device != "fake-cuda" else "cpu",
+                             loss_fn=loss_fn, autocast=autocast, fused=fused, call=call,
+                             grad_scaler=emulator.grad_scaler() if (emulator and policy.precision == "amp-fp16") else None)
+            roles.add(tracker, "parameters", list(step.model.parameters()) + list(step.model.buffers()))
+            if emulator is not None:
+                emulator.attach(step, tracker, roles)
+            t_steps = []
+            for s in range(1, steps + 1):
+                step_no = s
+                t0 = watch.now() if timing else None
+                step.run(on_phase)
+                if timing:
+                    t_steps.append(watch.now() - t0)
+        num_params = sum(p.numel() for p in step.model.parameters())
+
+    # categories at each phase peak (event replay)
+    by_step: dict[int, list[int]] = {}
+    for p in phases:
+        by_step.setdefault(p.step, []).append(p._index)  # type: ignore[attr-defined]
+    for p in phases:
+        idx = p._index  # type: ignore[attr-defined]
+        acts = tuple(i for i in by_step[p.step] if tracker.phases[i] in ("forward", "loss"))
+        p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
+    last = [p for p in phases if p.step == steps]
+    top = max(last, key=lambda p: p.peak_bytes)
+    cuda_info = None
+    if is_cuda:
+        st = torch.cuda.memory_stats()
+        cuda_info = {
+            "steady_peak_allocated": max(p.cuda_peak_allocated or 0 for p in last),
+            "steady_phase_peaks": {p.phase: p.cuda_peak_allocated for p in last},
+            "init_allocated": init_cuda,
+            "base_allocated": cuda_base,
+            "reserved_peak": int(st.get("reserved_bytes.all.peak", 0)),
+            "reserved_current": int(st.get("reserved_bytes.all.current", 0)),
+            "num_alloc_retries": int(st.get("num_alloc_retries", 0)),
+            "num_ooms": int(st.get("num_ooms", 0)),
+        }
+    for p in phases:
+        if hasattr(p, "_index"):
+            del p._index  # type: ignore[attr-defined]
+    rep = MeasureReport(
+        device=device, policy={"precision": precision, "optimizer": optimizer, "checkpointing": checkpointing},
+        steps=steps, peak_bytes=top.peak_bytes, peak_phase=top.phase, by_phase=last,
+        by_category=top.peak_by_category, init_bytes=init_bytes, all_phases=phases, cuda=cuda_info,
+        emulation=emulator.describe() if emulator is not None else None, num_params=num_params,
+        step_time_s=(sorted(t_steps)[len(t_steps) // 2] if timing and t_steps else None),
+    )
+    if op_log:
+        rep.op_log = tracker.op_log  # type: ignore[attr-defined]
+    return rep
+
+
+__all__ = ["CATEGORIES", "DEVICES", "MeasureReport", "PhaseStats", "measure_step"]

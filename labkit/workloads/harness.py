@@ -1,0 +1,328 @@
+"""The training-step harness: one step of forward, loss, backward, optimizer step and zero_grad
+under a policy (precision, optimizer, activation checkpointing), for any ``nn.Module``.
+
+The harness does not measure anything itself: it calls ``on_phase(name)`` (a context-manager
+factory) around each phase, so the memory tracer (``labkit.memory``) or a timer can wrap it.
+
+Precision policies
+    ``fp32``      everything in float32.
+    ``amp-bf16``  float32 weights, forward and loss under bf16 autocast.
+    ``amp-fp16``  float32 weights, forward and loss under fp16 autocast, loss scaled by a GradScaler.
+    ``bf16``      the model's floating-point parameters cast to bfloat16 (optimizer state follows).
+
+Checkpointing policies (``torch.utils.checkpoint``, non-reentrant)
+    ``none``       keep every activation.
+    ``full``       every layer is a checkpoint segment: only layer inputs are kept.
+    ``every-K``    a checkpoint boundary every K layers: each run of K consecutive layers is
+                   recomputed as one segment (``every-1`` is ``full``; K near sqrt(L) gives the
+                   O(sqrt L) memory of segment checkpointing).
+    ``selective``  only the attention core is recomputed (``CausalSelfAttention.core`` in the
+                   reference GPT; the attention module of other models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+import torch.nn as nn
+
+from labkit.core.errors import LabkitError
+
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16")
+OPTIMIZERS = ("adamw", "adamw-foreach", "sgd")
+PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How one training step runs."""
+
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    checkpointing: str = "none"
+    lr: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise LabkitError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise LabkitError(f"optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        checkpoint_segment(self.checkpointing)  # validates
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(self.precision)
+
+
+def checkpoint_segment(mode: str) -> int | None:
+    """Segment length for a checkpointing policy: None for ``none``/``selective``, K for ``every-K``."""
+    if mode in ("none", "selective"):
+        return None
+    if mode == "full":
+        return 1
+    if mode.startswith("every-"):
+        try:
+            k = int(mode[len("every-"):])
+        except ValueError:
+            k = 0
+        if k >= 1:
+            return k
+    raise LabkitError(f"checkpointing {mode!r} is not one of none, full, every-K (K >= 1), selective")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpointing
+
+
+def find_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of repeated layers: the longest ``nn.ModuleList`` whose items share a class."""
+    best: nn.ModuleList | None = None
+    for mod in model.modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0:
+            if len({type(m) for m in mod}) == 1 and (best is None or len(mod) > len(best)):
+                best = mod
+    if best is None:
+        raise LabkitError(f"{type(model).__name__}: no nn.ModuleList of repeated layers to checkpoint")
+    return best
+
+
+class _Segment(nn.Module):
+    """Runs ``layers`` one after another inside one checkpoint (non-reentrant).
+
+    The autocast context (``autocast``) is re-entered inside the checkpointed function so that the
+    recomputation in backward runs under the same precision policy as the forward.
+    """
+
+    def __init__(self, layers: list[nn.Module], autocast: Callable[[], ContextManager]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self._autocast = autocast
+
+    def _run(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        with self._autocast():
+            for layer in self.layers:
+                out = layer(hidden, *args, **kwargs)
+                hidden = out[0] if isinstance(out, tuple) else out
+            return out
+
+    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        if not torch.is_grad_enabled():
+            return self._run(hidden, *args, **kwargs)
+        return checkpoint(self._run, hidden, *args, use_reentrant=False, **kwargs)
+
+
+class _PassThrough(nn.Module):
+    """Stands in for a layer that a preceding :class:`_Segment` already ran."""
+
+    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return hidden
+
+
+class _CheckpointedCall(nn.Module):
+    """Wraps one submodule (selective recomputation of the attention of a foreign model)."""
+
+    def __init__(self, inner: nn.Module, autocast: Callable[[], ContextManager]) -> None:
+        super().__init__()
+        self.inner = inner
+        self._autocast = autocast
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        with self._autocast():
+            return self.inner(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        if not torch.is_grad_enabled():
+            return self._run(*args, **kwargs)
+        return checkpoint(self._run, *args, use_reentrant=False, **kwargs)
+
+
+def apply_checkpointing(model: nn.Module, mode: str,
+                        autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> nn.Module:
+    """Rewrite ``model`` in place for a checkpointing policy; returns it.
+
+    Segments of K layers replace the model's layer list entries (the first layer of each segment
+    runs the whole segment, the others pass their input through), so the model's own forward loop
+    is unchanged. Layers must take the hidden state as first argument and return it (or a tuple
+    starting with it).
+    """
+    k = checkpoint_segment(mode)
+    if mode == "none":
+        return model
+    if mode == "selective":
+        from labkit.workloads.gpt import CausalSelfAttention
+
+        n = 0
+        for mod in model.modules():
+            if isinstance(mod, CausalSelfAttention):
+                mod.core = _make_checkpointed_core(mod.core, autocast)
+                n += 1
+        if n == 0:
+            layers = find_layers(model)
+            for layer in layers:
+                name = next((nm for nm in ("attn", "self_attn", "attention", "self_attention")
+                             if isinstance(getattr(layer, nm, None), nn.Module)), None)
+                if name is None:
+                    raise LabkitError(f"{type(layer).__name__}: no attention submodule (attn, self_attn, "
+                                      "attention) for selective checkpointing")
+                setattr(layer, name, _CheckpointedCall(getattr(layer, name), autocast))
+        return model
+    layers = find_layers(model)
+    originals = list(layers)
+    for start in range(0, len(originals), k):
+        layers[start] = _Segment(originals[start:start + k], autocast)
+        for j in range(start + 1, min(start + k, len(originals))):
+            layers[j] = _PassThrough()
+    return model
+
+
+def _make_checkpointed_core(core: Callable, autocast: Callable[[], ContextManager]) -> Callable:
+    from torch.utils.checkpoint import checkpoint
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            return core(q, k, v)
+
+    def checkpointed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return run(q, k, v)
+        return checkpoint(run, q, k, v, use_reentrant=False)
+
+    return checkpointed
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer, loss, batch
+
+
+def make_optimizer(params: list[torch.nn.Parameter], policy: StepPolicy, *, fused: bool | None = None
+                   ) -> torch.optim.Optimizer:
+    """AdamW (fused kernel by default, ``adamw-foreach`` for the multi-tensor one) or SGD with momentum."""
+    if policy.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=policy.lr, momentum=0.9)
+    if policy.optimizer == "adamw-foreach":
+        return torch.optim.AdamW(params, lr=policy.lr, foreach=True)
+    return torch.optim.AdamW(params, lr=policy.lr, fused=True if fused is None else fused)
+
+
+def default_loss(output: Any, batch: Any) -> torch.Tensor:
+    """``output.loss`` (the Hugging Face convention), else the second item of a ``(logits, loss)`` pair."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], torch.Tensor):
+        loss = output[1]
+    if loss is None:
+        raise LabkitError("the model's output has no .loss: pass loss_fn(output, batch)")
+    return loss
+
+
+def gpt_loss(output: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of the reference GPT's logits (in float32, as the model itself does)."""
+    logits = output[0] if isinstance(output, (tuple, list)) else output
+    return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), batch["targets"].view(-1))
+
+
+def gpt_batch(config: Any, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A CPU batch for the reference GPT: ``{"idx": ..., "targets": ...}`` of random token ids."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (batch_size, config.seq_len + 1), generator=g)
+    return {"idx": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous()}
+
+
+def gpt_call(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+    """Forward of the reference GPT on the token ids only (the loss is computed by :func:`gpt_loss`)."""
+    return model(batch["idx"])
+
+
+def move_batch(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: move_batch(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_batch(v, fn) for v in batch)
+    return batch
+
+
+def call_model(model: nn.Module, batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step
+
+
+@contextlib.contextmanager
+def _null_phase(name: str) -> Iterator[None]:
+    yield
+
+
+class TrainStep:
+    """One training step of ``model`` on ``batch`` (already on the target device) under ``policy``.
+
+    ``autocast`` is a zero-argument context-manager factory; by default ``torch.autocast`` on
+    ``device_type`` for the AMP policies (the fake-GPU mode passes its own emulation of CUDA autocast).
+    ``loss_fn(output, batch)`` defaults to :func:`default_loss`; ``call(model, batch)`` runs the
+    forward (default: ``model(**batch)`` for a dict). For the reference GPT use :func:`gpt_call`
+    and :func:`gpt_loss` so the cross-entropy is its own phase. The model is rewritten in place
+    for the checkpointing policy (and cast to bf16 for ``bf16``).
+    """
+
+    def __init__(self, model: nn.Module, batch: Any, *, policy: StepPolicy, device_type: str = "cuda",
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 autocast: Callable[[], ContextManager] | None = None,
+                 fused: bool | None = None, grad_scaler: Any = None,
+                 call: Callable[[nn.Module, Any], Any] | None = None) -> None:
+        self.policy = policy
+        self.call = call or call_model
+        self.batch = batch
+        self.loss_fn = loss_fn or default_loss
+        dt = policy.autocast_dtype
+        if autocast is None:
+            autocast = (lambda: torch.autocast(device_type, dtype=dt)) if dt is not None else contextlib.nullcontext
+        self.autocast = autocast
+        if policy.precision == "bf16":
+            model.to(torch.bfloat16)
+        self.model = apply_checkpointing(model, policy.checkpointing, autocast)
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise LabkitError(f"{type(model).__name__} has no trainable parameters")
+        self.optimizer = make_optimizer(params, policy, fused=fused)
+        self.scaler = grad_scaler
+        if policy.precision == "amp-fp16" and self.scaler is None:
+            self.scaler = torch.amp.GradScaler(device_type)
+        self.steps_done = 0
+
+    def run(self, on_phase: Callable[[str], ContextManager] = _null_phase) -> float | None:
+        """One step; returns the loss value when it can be read (not on fake tensors)."""
+        with self.autocast():
+            with on_phase("forward"):
+                out = self.call(self.model, self.batch)
+            with on_phase("loss"):
+                loss = self.loss_fn(out, self.batch)
+                del out
+        with on_phase("backward"):
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        with on_phase("optimizer"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        with on_phase("zero_grad"):
+            self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
+        del loss
+        return None
