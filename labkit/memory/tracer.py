@@ -51,6 +51,7 @@ class OpRecord:
     out_bytes: int
     cuda_allocated: int | None = None
     cuda_peak_in_op: int | None = None
+    cuda_before: int | None = None
     shapes: str = ""
 
 
@@ -187,8 +188,10 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         stats = self.cuda_op_stats
+        cuda_before = None
         if stats:
             torch.cuda.reset_peak_memory_stats()
+            cuda_before = torch.cuda.memory_allocated()
         if self.emulator is not None:
             args, kwargs = self.emulator.before(func, args, kwargs, self)
         out = func(*args, **kwargs)
@@ -204,6 +207,7 @@ class StorageTracker(TorchDispatchMode):
                 st = torch.cuda.memory_stats()
                 rec.cuda_allocated = int(st.get("allocated_bytes.all.current", 0))
                 rec.cuda_peak_in_op = int(st.get("allocated_bytes.all.peak", 0))
+                rec.cuda_before = cuda_before
             self.op_log.append(rec)
         return out
 
