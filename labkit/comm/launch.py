@@ -141,3 +141,13 @@ def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: 
         if not os.path.exists(result):
             raise RuntimeError("rank 0 finished without a result")
         return pickle.loads(Path(result).read_bytes())
+
+
+def shutdown() -> None:
+    """Destroy this process's process group if one is up (the CLI's last step under torchrun)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,157 @@
+"""``labkit comm bench`` and ``labkit comm buckets``: collectives and the DDP bucket sweep.
+
+Both start ``--world`` local processes (gloo on CPUs, nccl on GPUs), or, under
+``torchrun --nnodes N --nproc-per-node M -m labkit comm ...``, use torchrun's processes (``--world``
+is then ignored). Only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from labkit.core.serialize import dumps
+from labkit.core.table import render
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("comm", help="collective benchmark and DDP bucket sweep (gloo CPU processes or NCCL GPUs)",
+                       description="Measure collectives and DDP bucket sizes on torch.distributed.")
+    csub = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
+
+    b = csub.add_parser("bench", help="all_reduce / all_gather / reduce_scatter / broadcast over sizes",
+                        description="Collective benchmark: median of repeats after warm-up; algbw and busbw "
+                                    "(GB = 1e9 B/s) with nccl-tests' factors; bytes as nccl-tests counts them.")
+    b.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    b.add_argument("--world", type=int, default=2, help="local processes to spawn (ignored under torchrun)")
+    b.add_argument("--op", default="all", help="all_reduce, all_gather, reduce_scatter, broadcast, a comma list, or all")
+    b.add_argument("--min-bytes", default="4KiB", help="smallest size (default 4KiB)")
+    b.add_argument("--max-bytes", default=None, help="largest size (default 4MiB on gloo, 1GiB on nccl)")
+    b.add_argument("--factor", type=int, default=4, help="each size is this times the previous (default 4)")
+    b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--link-class", default=None, help="label of the links measured, for the alpha-beta fit "
+                                                       "(default: cpu-shm on gloo, gpu on nccl)")
+    b.add_argument("--json", action="store_true", help="print one JSON document")
+    b.set_defaults(func=run_bench)
+
+    k = csub.add_parser("buckets", help="DDP bucket_cap_mb sweep of the reference GPT",
+                        description="Real multi-process DDP training of a reference GPT for each bucket size "
+                                    "(MiB, as DDP's bucket_cap_mb), gradient_as_bucket_view off and on.")
+    k.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    k.add_argument("--world", type=int, default=2, help="local processes to spawn (ignored under torchrun)")
+    k.add_argument("--sizes", default="1,25,100", help="bucket sizes in MiB, comma separated (default 1,25,100)")
+    k.add_argument("--workload", default="tiny", help="reference workload (labkit.workloads; default tiny)")
+    k.add_argument("--batch-size", type=int, default=None, help="per-rank micro-batch (default: the workload's)")
+    k.add_argument("--steps", type=int, default=5, help="timed steps per point (default 5)")
+    k.add_argument("--warmup", type=int, default=2, help="untimed steps per point (default 2, at least 2)")
+    k.add_argument("--gradient-as-bucket-view", choices=("off", "on", "both"), default="both")
+    k.add_argument("--amp", default=None, help="autocast dtype on CUDA, e.g. bfloat16 (default: none)")
+    k.add_argument("--json", action="store_true", help="print one JSON document")
+    k.set_defaults(func=run_buckets)
+    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+def _bench_rank(ctx, ops, sizes, warmup, repeats):
+    from labkit.comm.bench import bench_collectives
+
+    return bench_collectives(ctx, ops, sizes, warmup=warmup, repeats=repeats)
+
+
+def _buckets_rank(ctx, kwargs):
+    from labkit.comm.ddp import sweep_buckets
+
+    return sweep_buckets(ctx, **kwargs)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from labkit.comm.bench import parse_ops, size_ladder
+    from labkit.comm.fit import fit_all
+    from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
+    from labkit.comm.predict import attach_predictions
+    from labkit.core.errors import LabkitError
+    from labkit.core.units import fmt_bytes
+
+    ops = parse_ops(args.op)
+    if args.repeats < 1 or args.warmup < 0:
+        raise LabkitError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    max_b = args.max_bytes or ("1GiB" if args.backend == "nccl" else "4MiB")
+    sizes = size_ladder(args.min_bytes, max_b, args.factor)
+    if not under_torchrun():
+        check_backend(args.backend, args.world)
+    res = run_ranks(_bench_rank, ops, sizes, args.warmup, args.repeats, backend=args.backend, world=args.world)
+    shutdown()
+    if res is None:  # not rank 0 under torchrun
+        return 0
+    link = args.link_class or ("cpu-shm" if args.backend == "gloo" else "gpu")
+    attach_predictions(res)
+    fits = []
+    for f in _safe_fits(fit_all, res.rows, link):
+        fits.append(f)
+    if args.json:
+        print(dumps({"bench": res, "fits": fits}))
+        return 0
+    print(f"{res.backend}, world {res.world} ({res.nodes} node(s)), {res.device}, {res.dtype}; "
+          "bytes as nccl-tests counts them, GB/s = 1e9 B/s")
+    print(render(["op", "bytes", "size", "time_us", "algbw_GBps", "busbw_GBps", "spread_us", "model_us"],
+                 [[r.op, r.bytes, fmt_bytes(r.bytes), f"{r.time_us:.1f}", f"{r.algbw_GBps:.3f}", f"{r.busbw_GBps:.3f}",
+                   f"{r.time_us_min:.0f}-{r.time_us_max:.0f}",
+                   "" if r.predicted_us is None else f"{r.predicted_us:.1f}"] for r in res.rows]))
+    if fits:
+        print("\nalpha-beta fit (t = alpha + bytes / algbw), link class " + link)
+        print(render(["op", "alpha_us", "algbw_GBps", "busbw_GBps", "max_rel_err"],
+                     [[f.op, f"{f.alpha_us:.1f}", f"{f.algbw_GBps:.3f}", f"{f.busbw_GBps:.3f}", f"{f.max_rel_error:.0%}"]
+                      for f in fits]))
+    for n in res.notes:
+        print(f"note: {n}")
+    return 0
+
+
+def _safe_fits(fit_all, rows, link):
+    from labkit.core.errors import LabkitError
+
+    out = []
+    ops = dict.fromkeys(r.op for r in rows)
+    for op in ops:
+        try:
+            out += fit_all([r for r in rows if r.op == op], link)
+        except LabkitError:
+            pass  # too few sizes, or times that do not grow with size: no fit for that collective
+    return out
+
+
+def run_buckets(args: argparse.Namespace) -> int:
+    from labkit.comm.ddp import parse_bucket_sizes
+    from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
+    from labkit.core.errors import LabkitError
+    from labkit.core.units import fmt_bytes
+    from labkit.workloads import get_workload
+
+    sizes = parse_bucket_sizes(args.sizes)
+    get_workload(args.workload)
+    if args.steps < 1:
+        raise LabkitError(f"--steps must be >= 1, got {args.steps}")
+    gav = {"off": (False,), "on": (True,), "both": (False, True)}[args.gradient_as_bucket_view]
+    if not under_torchrun():
+        check_backend(args.backend, args.world)
+    kwargs = dict(workload=args.workload, batch_size=args.batch_size, sizes_mb=sizes, gradient_as_bucket_view=gav,
+                  warmup=args.warmup, steps=args.steps, amp=args.amp)
+    res = run_ranks(_buckets_rank, kwargs, backend=args.backend, world=args.world)
+    shutdown()
+    if res is None:
+        return 0
+    if args.json:
+        print(dumps(res))
+        return 0
+    print(f"{res.backend}, world {res.world}, workload {res.workload} (batch {res.batch_size} per rank), "
+          f"{fmt_bytes(res.param_bytes)} of fp32 gradients per step")
+    print(render(["bucket_cap_mb", "grad_as_bucket_view", "buckets", "step_ms", "p10-p90", "exposed_ms", "peak_alloc"],
+                 [["no_sync" if r.bucket_cap_mb is None else f"{r.bucket_cap_mb:g}", "on" if r.gradient_as_bucket_view else "off",
+                   r.num_buckets, f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.2f}-{r.step_ms_p90:.2f}",
+                   "" if r.exposed_ms is None else f"{r.exposed_ms:+.2f}",
+                   "" if r.peak_allocated_bytes is None else fmt_bytes(r.peak_allocated_bytes)] for r in res.rows]))
+    best = res.best()
+    print(f"best: bucket_cap_mb={best.bucket_cap_mb:g} (gradient_as_bucket_view "
+          f"{'on' if best.gradient_as_bucket_view else 'off'}), {best.step_ms_median:.2f} ms per step")
+    for n in res.notes:
+        print(f"note: {n}")
+    return 0
