@@ -15,6 +15,7 @@ from labkit.core.errors import LabkitError
 # Each module here defines ``register(subparsers)``; its parsers set ``func(args) -> int``.
 CHAPTER_CLIS = (
     "labkit.env.cli",
+    "labkit.memory.cli_measure",
     "labkit.report.cli",
 )
 

@@ -3,3 +3,28 @@ phase-by-phase tracer that measures real or fake-GPU steps (measure).
 
 Two engineers own parts of this package; each adds its public names below.
 """
+
+# Lazily imported public names (name -> module), so that importing labkit.memory does not import
+# torch. One __getattr__ serves the whole package: add lazy names to this dict, don't define another.
+_LAZY_NAMES = {
+    # measure (the tracer)
+    "measure_step": "labkit.memory.tracer_measure",
+    "MeasureReport": "labkit.memory.tracer_measure",
+    "PhaseStats": "labkit.memory.tracer_measure",
+    "StorageTracker": "labkit.memory.tracer",
+    "CudaTarget": "labkit.memory.fake_cuda",
+    "phase_snapshots": "labkit.memory.phases",
+    "PhaseSnapshots": "labkit.memory.phases",
+    "profiler_memory_timeline": "labkit.memory.phases",
+    "load_recorded_peaks": "labkit.memory.tracer_recorded",
+    "RecordedCase": "labkit.memory.tracer_recorded",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module-level lazy attribute access (PEP 562)
+    mod = _LAZY_NAMES.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'labkit.memory' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)

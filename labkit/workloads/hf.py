@@ -67,6 +67,7 @@ def hf_gpt2_factory(spec: HFGPT2Spec) -> Callable[[], torch.nn.Module]:
         n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, n_positions=spec.n_positions,
         vocab_size=spec.vocab_size, resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
         attn_pdrop=spec.dropout, use_cache=False,
+        bos_token_id=min(50256, spec.vocab_size - 1), eos_token_id=min(50256, spec.vocab_size - 1),
     )
     cfg._attn_implementation = "sdpa"
 

@@ -1,0 +1,110 @@
+"""Recorded GPU peaks (``data/measurements/measure/``) and the fake-mode predictions made for them.
+
+``reference_peaks.json`` holds one row per case (written by ``benchmarks/gpu/record_measure.py``):
+workload name, model kind, config, batch, sequence, precision, checkpointing, optimizer, the steady
+step's ``peak_allocated`` (``torch.cuda.max_memory_allocated``) and ``peak_reserved``, per-phase
+peaks, by-category bytes, and ``fake_inputs``: what :func:`predict_case` needs to rerun the case in
+fake mode on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labkit.core.errors import LabkitError
+
+
+def measure_dir() -> Path:
+    from labkit.core.paths import MEASUREMENTS_DIR
+
+    return MEASUREMENTS_DIR / "measure"
+
+
+@dataclass
+class RecordedCase:
+    """One recorded GPU step (bytes as recorded on the GPU)."""
+
+    name: str
+    model: str                      # "labkit-gpt" or "hf-gpt2"
+    config: dict[str, Any]
+    batch: int
+    seq: int
+    precision: str
+    checkpointing: str
+    optimizer: str
+    peak_allocated: int
+    peak_reserved: int | None
+    phase_peaks_allocated: dict[str, int]
+    by_category: dict[str, int]
+    tracker_peak: int
+    num_params: int
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    """A fake-mode prediction beside the recorded peak."""
+
+    name: str
+    recorded_peak: int
+    predicted_peak: int
+    error_pct: float                # (predicted - recorded) / recorded * 100
+    predicted_phase: str
+    phase_errors_pct: dict[str, float]
+
+
+def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
+    """The recorded cases of ``reference_peaks.json`` (default: the lab's recorded H200 run)."""
+    from labkit.core.provenance import load_measurement
+
+    path = Path(path) if path is not None else measure_dir() / "reference_peaks.json"
+    doc = load_measurement(path, kind="measure_peaks")
+    out = []
+    for r in doc["data"]["cases"]:
+        try:
+            out.append(RecordedCase(
+                name=r["name"], model=r["model"], config=dict(r["config"]), batch=int(r["batch"]), seq=int(r["seq"]),
+                precision=r["precision"], checkpointing=r["checkpointing"], optimizer=r["optimizer"],
+                peak_allocated=int(r["peak_allocated"]),
+                peak_reserved=None if r.get("peak_reserved") is None else int(r["peak_reserved"]),
+                phase_peaks_allocated={k: int(v) for k, v in (r.get("phase_peaks_allocated") or {}).items()},
+                by_category={k: int(v) for k, v in (r.get("by_category") or {}).items()},
+                tracker_peak=int(r.get("tracker_peak", 0)), num_params=int(r.get("num_params", 0)),
+                provenance=doc["provenance"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LabkitError(f"{path}: case {r.get('name', '?')!r} is malformed ({exc})") from None
+    return out
+
+
+def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
+    """(model factory, CPU batch, extra measure_step kwargs) that rebuild a recorded case."""
+    if case.model == "labkit-gpt":
+        from labkit.workloads.gpt import GPT, GPTConfig
+        from labkit.workloads.harness import gpt_batch, gpt_call, gpt_loss
+
+        cfg = GPTConfig(**case.config)
+        return (lambda: GPT(cfg)), gpt_batch(cfg, case.batch), {"loss_fn": gpt_loss, "call": gpt_call}
+    if case.model == "hf-gpt2":
+        from labkit.workloads.hf import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
+
+        spec = HFGPT2Spec(**case.config)
+        return hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, case.batch, case.seq), {}
+    raise LabkitError(f"recorded case {case.name!r}: unknown model kind {case.model!r}")
+
+
+def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
+    """Rerun a recorded case in fake mode (no GPU) and compare with its recorded peak."""
+    from labkit.memory.tracer_measure import measure_step
+
+    factory, batch, kw = case_inputs(case)
+    rep = measure_step(factory, batch, precision=case.precision, checkpointing=case.checkpointing,
+                       optimizer=case.optimizer, device="fake-cuda", steps=2, target=target, **kw)
+    err = 100.0 * (rep.peak_bytes - case.peak_allocated) / case.peak_allocated
+    phase_err = {}
+    for p in rep.by_phase:
+        real = case.phase_peaks_allocated.get(p.phase)
+        if real:
+            phase_err[p.phase] = 100.0 * (p.peak_bytes - real) / real
+    return Prediction(case.name, case.peak_allocated, rep.peak_bytes, err, rep.peak_phase, phase_err)
