@@ -17,6 +17,7 @@ CHAPTER_CLIS = (
     "labkit.env.cli",
     "labkit.memory.cli_measure",
     "labkit.report.cli",
+    "labkit.allocator.cli",
 )
 
 

@@ -1,0 +1,143 @@
+"""``labkit alloc``: replay a memory snapshot under any allocator configuration, compare, diagnose OOMs.
+
+    labkit alloc replay TRACE [--conf "expandable_segments:True,..."] [--cap-bytes N] [--json]
+    labkit alloc compare TRACE --conf A --conf B ... [--cap-bytes N] [--json]
+    labkit alloc doctor (--oom-text FILE | --stats FILE | --snapshot FILE) [--json]
+
+TRACE is a ``torch.cuda.memory._snapshot()`` pickle (optionally gzip'd) recorded with
+``torch.cuda.memory._record_memory_history()`` on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from labkit.core.errors import LabkitError
+from labkit.core.serialize import dumps
+
+REPLAY_KEYS = ("allocated_peak_bytes", "reserved_peak_bytes", "segments_peak", "num_device_alloc",
+               "num_alloc_retries", "num_ooms")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("alloc", help="replay memory snapshots under allocator configurations; the OOM doctor",
+                       description="A faithful simulator of PyTorch's CUDA caching allocator: replay a snapshot's "
+                                   "requests under any PYTORCH_ALLOC_CONF, compare configurations, diagnose OOMs.")
+    s = p.add_subparsers(dest="alloc_command", metavar="VERB")
+    r = s.add_parser("replay", help="replay TRACE under one configuration")
+    r.add_argument("trace", help="snapshot pickle (.pickle or .pickle.gz) with trace history")
+    r.add_argument("--conf", default="", help='PYTORCH_ALLOC_CONF value, e.g. "expandable_segments:True" (default: none)')
+    r.add_argument("--cap-bytes", type=str, default=None, help="memory cap like set_per_process_memory_fraction "
+                   "(bytes or e.g. 40GiB)")
+    r.add_argument("--device", type=int, default=None, help="which device's trace (default: the first with one)")
+    r.add_argument("--json", action="store_true", help="print one JSON document")
+    r.set_defaults(func=run_replay)
+    c = s.add_parser("compare", help="replay TRACE under several configurations (a table)")
+    c.add_argument("trace")
+    c.add_argument("--conf", action="append", default=None,
+                   help='a configuration (repeat); "" or default for the default. Default: a standard set')
+    c.add_argument("--cap-bytes", type=str, default=None)
+    c.add_argument("--device", type=int, default=None)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=run_compare)
+    d = s.add_parser("doctor", help="diagnose an out-of-memory case")
+    d.add_argument("--oom-text", help="file holding the OOM error message")
+    d.add_argument("--stats", help="JSON: memory_stats() dict, a list of them, or {'ranks': [...]} ")
+    d.add_argument("--snapshot", help="snapshot pickle (.pickle / .pickle.gz)")
+    d.add_argument("--no-sim", action="store_true", help="do not check with the simulator")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=run_doctor)
+    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
+
+
+def _cap(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from labkit.core.units import parse_bytes
+
+    v = parse_bytes(text, what="--cap-bytes")
+    if v <= 0:
+        raise LabkitError(f"--cap-bytes must be positive, got {text!r}")
+    return v
+
+
+def _trace(path: str, device: int | None):
+    from labkit.allocator.replay import load_trace
+
+    return load_trace(path, device)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from labkit.allocator.replay import replay
+    from labkit.core.units import fmt_bytes
+
+    tr = _trace(args.trace, args.device)
+    r = replay(tr, args.conf, cap_bytes=_cap(args.cap_bytes))
+    if args.json:
+        doc = {k: getattr(r, k) for k in REPLAY_KEYS}
+        doc.update({"trace": r.trace, "config": r.config, "cap_bytes": r.cap_bytes, "requests": r.requests,
+                    "events": r.events, "inactive_split_peak_bytes": r.inactive_split_peak_bytes,
+                    "recorded_conf": tr.recorded_conf, "source": "model: labkit allocator simulator"})
+        print(dumps(doc))
+        return 0
+    print(f"{r.trace}: {r.requests} requests ({r.events} trace events), recorded under "
+          f"{tr.recorded_conf or 'default'}; replayed under {r.config}"
+          + (f", cap {fmt_bytes(r.cap_bytes)}" if r.cap_bytes else "") + " (simulated)")
+    rows = [("allocated peak", fmt_bytes(r.allocated_peak_bytes)), ("reserved peak", fmt_bytes(r.reserved_peak_bytes)),
+            ("segments peak", str(r.segments_peak)), ("device allocations", str(r.num_device_alloc)),
+            ("alloc retries", str(r.num_alloc_retries)), ("OOMs", str(r.num_ooms))]
+    from labkit.core.table import render
+
+    print(render(["quantity", "value"], rows))
+    for o in r.ooms[:3]:
+        print(f"OOM at request {o.index}: {o.message}")
+    return 0
+
+
+DEFAULT_COMPARE = ("", "expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:512",
+                   "roundup_power2_divisions:4", "expandable_segments:True,roundup_power2_divisions:4")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from labkit.allocator.replay import compare
+    from labkit.core.table import render
+    from labkit.core.units import fmt_bytes
+
+    confs = ["" if c in ("default",) else c for c in (args.conf or DEFAULT_COMPARE)]
+    tr = _trace(args.trace, args.device)
+    res = compare(tr, confs, cap_bytes=_cap(args.cap_bytes))
+    if args.json:
+        print(dumps([{"config": r.config, **{k: getattr(r, k) for k in REPLAY_KEYS}} for r in res]))
+        return 0
+    base = res[0].reserved_peak_bytes or 1
+    rows = [(r.config, fmt_bytes(r.allocated_peak_bytes), fmt_bytes(r.reserved_peak_bytes),
+             f"{100 * (r.reserved_peak_bytes / base - 1):+.1f}%", str(r.segments_peak), str(r.num_device_alloc),
+             str(r.num_alloc_retries), str(r.num_ooms)) for r in res]
+    print(f"{tr.name}: {tr.n_ids} requests, recorded under {tr.recorded_conf or 'default'} (figures: simulated)")
+    print(render(["configuration", "allocated peak", "reserved peak", "vs first", "segments", "device allocs",
+                  "retries", "OOMs"], rows))
+    return 0
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from labkit.allocator.doctor import diagnose, format_diagnosis, load_stats_file
+
+    if not (args.oom_text or args.stats or args.snapshot):
+        raise LabkitError("alloc doctor: give --oom-text FILE, --stats FILE or --snapshot FILE")
+    text = None
+    if args.oom_text:
+        try:
+            text = Path(args.oom_text).read_text()
+        except FileNotFoundError:
+            raise LabkitError(f"{args.oom_text}: no such file") from None
+    stats = load_stats_file(args.stats) if args.stats else None
+    d = diagnose(oom_text=text, stats=stats, snapshot=args.snapshot, check_with_simulator=not args.no_sim)
+    if args.json:
+        print(dumps(d))
+    else:
+        print(format_diagnosis(d))
+    sys.stdout.flush()
+    return 0
