@@ -1,0 +1,113 @@
+"""Communication buffers, the CUDA context and the caching allocator's overhead.
+
+Inside PyTorch's allocator (counted by ``max_memory_allocated``):
+
+* DDP buckets: a gradient-sized flat copy, persistent (none with ``gradient_as_bucket_view``);
+* ZeRO-1/2 reduce-scatter and all-gather buckets (``bucket_bytes`` each, transient);
+* ZeRO-3 / FSDP2 gathered parameters: the root unit (embeddings, final norm, head) stays gathered
+  from forward to backward, one block is gathered and the next one prefetched (two blocks), and a
+  block's unsharded gradients wait for their reduce-scatter (in the reduce dtype);
+* tensor parallelism: the output of the all-reduce (or all-gather with SP) of one activation;
+* context parallelism: the gathered keys and values of the full sequence;
+* pipeline parallelism: one receive buffer for activations and one for gradients;
+* cuBLAS workspace: 32 MiB on sm90 (``CUBLAS_WORKSPACE_CONFIG`` default ``:4096:8``).
+
+Outside it (visible to ``nvidia-smi`` / ``mem_get_info``, not to ``memory_allocated``): the CUDA
+context and NCCL's own buffers per communicator. Their defaults and the allocator's overhead
+(reserved / allocated at the peak) come from the recordings under ``data/measurements/``
+(see :data:`DEFAULTS_SOURCE`); ``tests/memory/test_estimate_measured.py`` recomputes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.memory.estimate.activations import dims
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
+from labkit.memory.estimate.states import Bytes, ParamCounts
+
+MiB = 1024**2
+
+# Measured defaults (see DEFAULTS_SOURCE). Bytes are ints.
+CUDA_CONTEXT_BYTES = 520 * MiB
+NCCL_BYTES_PER_COMMUNICATOR = 300 * MiB
+ALLOCATOR_OVERHEAD = 0.10
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+DEFAULTS_SOURCE = "provisional: to be replaced by the recorded H200 runs"
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Terms that do not follow from the model: measured defaults, overridable."""
+
+    cuda_context: int = CUDA_CONTEXT_BYTES
+    nccl_per_communicator: int = NCCL_BYTES_PER_COMMUNICATOR
+    allocator_overhead: float = ALLOCATOR_OVERHEAD   # reserved = allocated x (1 + this) at the peak
+    cublas_workspace: int = CUBLAS_WORKSPACE_BYTES
+
+
+def communicators(par: ParallelSpec) -> int:
+    """NCCL communicators a rank belongs to (one per parallel dimension of size > 1; hybrid shard
+    has a sharding and a replication group)."""
+    n = sum(1 for k in (par.tp, par.pp, par.cp) if k > 1)
+    dpg = par.dp * par.cp if par.cp > 1 else par.dp
+    if dpg > 1:
+        n += 1
+        if par.zero and par.shard_size is not None and par.shard_size < par.dp * par.cp:
+            n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class CommBuffers:
+    """Bytes inside the allocator, by when they are alive."""
+
+    persistent: int        # DDP buckets
+    forward: int           # transient at the forward peak
+    backward: int          # transient at the backward peak
+    optimizer: int         # transient at the optimizer step
+    gathered_after_forward: int  # ZeRO-3: params still gathered between forward and backward
+
+
+def comm_buffers(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, pc: ParamCounts,
+                 stage: int) -> CommBuffers:
+    x = dims(m, par, train)
+    persistent = fwd = bwd = opt = after_fwd = 0
+    dp_group = par.dp * par.cp
+    local = pc.total
+    if dp_group > 1 or par.zero:
+        if par.zero == 0 and dp_group > 1:
+            if train.framework == "pytorch" and not par.ddp_bucket_view:
+                persistent += local * by.grad
+        elif par.zero in (1, 2):
+            bwd += par.bucket_bytes
+            opt += par.bucket_bytes
+        elif par.zero == 3:
+            cw = by.compute_weight
+            root = (pc.embedding + pc.head) * cw
+            block = pc.layer * cw
+            if par.reshard_after_forward:
+                fwd += root + 2 * block
+                after_fwd = root
+                bwd_params = root + 2 * block
+            else:
+                fwd += root + pc.layers * block
+                after_fwd = root + pc.layers * block
+                bwd_params = after_fwd
+            reduce_bytes = 4 if (by.master or by.grad == 4) else by.grad
+            unsharded_grads = pc.layer * by.grad + (pc.layer * reduce_bytes if reduce_bytes != by.grad else 0)
+            bwd += bwd_params + unsharded_grads
+    if par.tp > 1:
+        t_out = x.s * x.b * x.h * by.act
+        fwd += t_out
+        bwd += t_out
+    if par.cp > 1:
+        kv_full = 2 * x.s * par.cp * x.b * max(x.kv // x.t, 1) * x.d * by.act
+        fwd += kv_full
+        bwd += 2 * kv_full  # gathered K, V and their gradients
+    if par.pp > 1:
+        p2p = x.s * x.b * x.h * by.act // x.t_sp
+        fwd += p2p
+        bwd += 2 * p2p
+    return CommBuffers(persistent=int(persistent), forward=int(fwd), backward=int(bwd), optimizer=int(opt),
+                       gathered_after_forward=int(after_fwd))

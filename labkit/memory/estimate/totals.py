@@ -1,0 +1,185 @@
+"""Per-GPU totals: for every pipeline stage, what is alive at the forward, backward and optimizer
+peaks of a steady-state step (step 2 onwards: optimizer states exist), which phase wins, and the
+breakdown there; the most loaded GPU is the stage with the largest total.
+
+Timeline of one stage with ``k`` micro-batches in flight (1 without pipelining), ``A`` the
+activations of one micro-batch, ``S`` the persistent states:
+
+* forward peak (loss of the newest micro-batch): ``S + G0 + k A + logits(forward) + transients``;
+* backward, at its start: ``S + G0 + k A + logits(backward)`` or the recompute/gradient work of the
+  last layer; at its end: ``S + all grads + (k - 1) A`` (activations freed layer by layer while
+  gradients appear: the peak is at one of the two ends);
+* optimizer step: ``S + all grads + the optimizer's temporaries`` (foreach AdamW: one
+  ``sqrt(v)`` list as large as the parameters it updates).
+
+``G0`` is the gradients already present: all of them when earlier micro-batches of the step have
+run their backward (gradient accumulation, or a pipeline with more micro-batches than in flight),
+or when the framework keeps a persistent gradient buffer (Megatron); none otherwise
+(``zero_grad(set_to_none=True)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
+from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
+from labkit.memory.estimate.states import ModelStates, model_states, precision_bytes, stage_params, total_params
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead")
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass
+class StageEstimate:
+    """One pipeline stage's GPU (every TP/DP rank of the stage holds the same)."""
+
+    stage: int
+    layers: int
+    in_flight: float
+    peak_phase: str
+    per_gpu_bytes: dict[str, int]       # the CATEGORIES and total, at the peak
+    peak_allocated: int                 # what max_memory_allocated would show
+    peak_reserved: int                  # with the allocator's overhead
+    phases: dict[str, int]              # allocated bytes at each phase's peak
+    steady_bytes: int                   # allocated between steps
+    params_local: int                   # parameters on this GPU before ZeRO sharding
+
+
+@dataclass
+class Estimate:
+    """Bytes on the most loaded GPU and on every pipeline stage."""
+
+    model: dict
+    parallel: dict
+    train: dict
+    params_total: int
+    micro_batches: int
+    per_gpu_bytes: dict[str, int]
+    peak_phase: str
+    most_loaded_stage: int
+    peak_allocated: int
+    peak_reserved: int
+    steady_bytes: int
+    by_stage: list[StageEstimate]
+    model_states: dict[str, int]        # persistent weights, grads, optimizer (ZeRO accounting), most loaded GPU
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.per_gpu_bytes["total"]
+
+
+def _optimizer_temp(n_opt: float, train: TrainSpec, by) -> float:
+    if train.optimizer != "adamw" or train.optimizer_impl == "fused":
+        return 0.0
+    elem = 4 if by.master else by.states / 2
+    if train.optimizer_impl == "foreach":
+        return n_opt * elem
+    return 0.0  # for-loop: one parameter's temporary at a time (small next to the rest)
+
+
+def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int, oh: Overheads,
+                   by=None, la=None) -> StageEstimate:
+    by = by or precision_bytes(train)
+    la = la or layer_activations(m, par, train, by)
+    pc = stage_params(m, par, stage)
+    ms = model_states(pc.total, par, train, by)
+    sa = stage_activations(m, par, train, by, stage, la)
+    last = stage == par.pp - 1
+    lg = logits_bytes(m, par, train, by) if last else None
+    cb = comm_buffers(m, par, train, by, pc, stage)
+    n_micro = micro_batches(par, train)
+    k = in_flight(par, stage, n_micro)
+    A = sa.layers + sa.embedding + sa.head
+    autocast = by.autocast * (pc.layer_matmul * pc.layers + pc.head_matmul) if by.autocast else 0
+    persistent_grads = train.framework == "megatron"
+    g0 = ms.grads if (persistent_grads or n_micro > math.ceil(k)) else 0
+    held = lg.held if lg else 0
+    ws = oh.cublas_workspace
+
+    def cat(params, grads, acts, logits, comm, extra_opt=0.0):
+        return {"params": params, "grads": grads, "optimizer": ms.optimizer + extra_opt, "activations": acts,
+                "logits": logits, "comm_buffers": comm, "context": ws}
+
+    fwd = cat(ms.params + k * autocast, g0, k * A, (k - 1) * held + (lg.forward_peak if lg else 0),
+              cb.persistent + cb.forward)
+    # backward starts with the loss's backward (last stage), then the last layer's recompute and work
+    bwd_loss = cat(ms.params + k * autocast, g0, k * A, (k - 1) * held + (lg.backward_peak if lg else 0),
+                   cb.persistent + cb.backward)
+    bwd_layer = cat(ms.params + k * autocast, g0, k * A + sa.recompute_work + sa.backward_work, (k - 1) * held,
+                    cb.persistent + cb.backward)
+    bwd_end = cat(ms.params + (k - 1) * autocast, ms.grads, (k - 1) * A + sa.backward_work, (k - 1) * held,
+                  cb.persistent + cb.backward)
+    n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
+    opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
+    cands = {"forward": fwd, "backward": max(bwd_loss, bwd_layer, bwd_end, key=lambda c: sum(c.values())), "optimizer": opt}
+    phases = {p: int(sum(c.values())) for p, c in cands.items()}
+    phase = max(PHASES, key=lambda p: phases[p])
+    peak = {kk: int(v) for kk, v in cands[phase].items()}
+    allocated = sum(peak.values())
+    overhead = int(allocated * oh.allocator_overhead)
+    peak["comm_buffers"] += oh.nccl_per_communicator * communicators(par)
+    peak["context"] += oh.cuda_context
+    peak["overhead"] = overhead
+    peak["total"] = sum(peak[c] for c in CATEGORIES)
+    steady = int(ms.params + ms.optimizer + cb.persistent + ws + (ms.grads if persistent_grads else 0))
+    return StageEstimate(stage=stage, layers=pc.layers, in_flight=k, peak_phase=phase, per_gpu_bytes=peak,
+                         peak_allocated=allocated, peak_reserved=allocated + overhead, phases=phases,
+                         steady_bytes=steady, params_local=pc.total)
+
+
+def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: TrainSpec | None = None,
+             overheads: Overheads | None = None) -> Estimate:
+    """The analytical per-GPU memory of one training step. Raises LabkitError for impossible
+    configurations (heads not divisible by tp, layers by pp x vpp, batch by micro-batch x dp...)."""
+    par = parallel or ParallelSpec()
+    train = train or TrainSpec()
+    validate(model, par, train)
+    oh = overheads or Overheads()
+    by = precision_bytes(train)
+    la = layer_activations(model, par, train, by)
+    stages = [estimate_stage(model, par, train, s, oh, by, la) for s in _stages_to_compute(par)]
+    worst = max(stages, key=lambda s: s.per_gpu_bytes["total"])
+    ms = model_states(worst.params_local, par, train, by)
+    notes = []
+    if train.framework == "pytorch" and par.tp > 1 and not par.vocab_parallel:
+        notes.append("embeddings and LM head replicated over tp: every TP rank computes the full logits")
+    if by.autocast:
+        notes.append("autocast keeps a 16-bit copy of every matmul weight per micro-batch in flight (counted in params)")
+    return Estimate(
+        model=_asdict(model), parallel=_asdict(par), train=_asdict(train), params_total=total_params(model),
+        micro_batches=micro_batches(par, train), per_gpu_bytes=dict(worst.per_gpu_bytes), peak_phase=worst.peak_phase,
+        most_loaded_stage=worst.stage, peak_allocated=worst.peak_allocated, peak_reserved=worst.peak_reserved,
+        steady_bytes=worst.steady_bytes, by_stage=stages,
+        model_states={"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer, "total": ms.total},
+        notes=notes)
+
+
+def _stages_to_compute(par: ParallelSpec) -> list[int]:
+    """Stage 0 (embeddings, most micro-batches in flight), the last (head, logits), and for long
+    pipelines one middle stage stands for the others (they are identical but for in-flight counts,
+    which fall with the stage index)."""
+    if par.pp == 1:
+        return [0]
+    if par.pp == 2:
+        return [0, 1]
+    return list(range(par.pp))
+
+
+def _asdict(obj) -> dict:
+    return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
+
+
+def model_states_only(n_params: int, parallel: ParallelSpec | None = None, train: TrainSpec | None = None) -> ModelStates:
+    """Weights, gradients and optimizer states of ``n_params`` parameters per GPU (what the ZeRO and
+    DeepSpeed tables compare): the parameters are divided by tp x pp first, then ZeRO-sharded."""
+    par = parallel or ParallelSpec()
+    train = train or TrainSpec()
+    from labkit.core.errors import LabkitError
+
+    if n_params < 1:
+        raise LabkitError(f"--params must be positive, got {n_params}")
+    return model_states(n_params / (par.tp * par.pp), par, train)
