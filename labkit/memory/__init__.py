@@ -18,6 +18,19 @@ _LAZY_NAMES = {
     "profiler_memory_timeline": "labkit.memory.phases",
     "load_recorded_peaks": "labkit.memory.tracer_recorded",
     "RecordedCase": "labkit.memory.tracer_recorded",
+    # estimate (the analytical model, presets, planner)
+    "ModelSpec": "labkit.memory.estimate",
+    "ParallelSpec": "labkit.memory.estimate",
+    "TrainSpec": "labkit.memory.estimate",
+    "Overheads": "labkit.memory.estimate",
+    "Estimate": "labkit.memory.estimate",
+    "StageEstimate": "labkit.memory.estimate",
+    "ModelStates": "labkit.memory.estimate",
+    "estimate": "labkit.memory.estimate",
+    "model_states": "labkit.memory.estimate",
+    "model_states_only": "labkit.memory.estimate",
+    "total_params": "labkit.memory.estimate",
+    "CATEGORIES": "labkit.memory.estimate",
 }
 
 
