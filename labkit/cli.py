@@ -16,7 +16,9 @@ from labkit.core.errors import LabkitError
 CHAPTER_CLIS = (
     "labkit.env.cli",
     "labkit.memory.cli_measure",
+    "labkit.topology.cli",
     "labkit.report.cli",
+    "labkit.comm.cli",
     "labkit.allocator.cli",
 )
 

@@ -414,9 +414,9 @@ def measure_numa(gpus: list[int], size: int, repeats: int = 5) -> tuple[list[Cop
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
             if r.returncode != 0 or not res.exists():
                 return out, f"child bound to NUMA node {node} failed (exit {r.returncode}): {r.stderr.strip()[-300:]}"
-            for d in json.loads(res.read_text()):
-                pts = [Point(**p) for p in d.pop("points")]
-                out.append(CopyResult(points=pts, **d))
+            from labkit.topology.recorded import copy_result_from_json
+
+            out += [copy_result_from_json(d) for d in json.loads(res.read_text())]
     return out, None
 
 

@@ -1,0 +1,51 @@
+"""What ``benchmarks/gpu/record_topology.py`` recorded, read back from ``data/measurements/topology/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from labkit.core import paths
+from labkit.core.provenance import load_measurement
+from labkit.topology.measure import CopyResult, LinkMeasurements, Point, Skipped
+from labkit.topology.p2ptable import P2PTable
+
+
+def measurements_dir() -> Path:
+    return paths.MEASUREMENTS_DIR / "topology"
+
+
+def copy_result_from_json(d: dict[str, Any]) -> CopyResult:
+    d = dict(d)
+    pts = [Point(**p) for p in d.pop("points")]
+    return CopyResult(points=pts, **d)
+
+
+def links_from_json(d: dict[str, Any]) -> LinkMeasurements:
+    return LinkMeasurements(
+        gpus=d["gpus"], device_copy=[copy_result_from_json(x) for x in d.get("device_copy", [])],
+        host=[copy_result_from_json(x) for x in d.get("host", [])], numa=[copy_result_from_json(x) for x in d.get("numa", [])],
+        p2p=P2PTable(**d["p2p"]) if d.get("p2p") else None, skipped=[Skipped(**s) for s in d.get("skipped", [])],
+        method=d.get("method", ""))
+
+
+def recorded_links(folder: str | Path | None = None) -> tuple[LinkMeasurements, dict[str, Any]] | None:
+    """(measurements, provenance) from ``links.json``, or None when nothing was recorded."""
+    p = Path(folder or measurements_dir()) / "links.json"
+    if not p.exists():
+        return None
+    doc = load_measurement(p, "topology.links")
+    return links_from_json(doc["data"]), doc["provenance"]
+
+
+def recorded_p2p(folder: str | Path | None = None) -> tuple[P2PTable, dict[str, Any]] | None:
+    p = Path(folder or measurements_dir()) / "p2p_matrix.json"
+    if not p.exists():
+        return None
+    doc = load_measurement(p, "topology.p2p")
+    return P2PTable(**doc["data"]), doc["provenance"]
+
+
+def recorded_topology_text(folder: str | Path | None = None) -> Path | None:
+    p = Path(folder or measurements_dir()) / "nvidia_smi_topo.txt"
+    return p if p.exists() else None

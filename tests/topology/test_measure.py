@@ -1,0 +1,49 @@
+"""Link measurement without a GPU: every part is skipped with a reason; the recording script dry-runs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from labkit.core.provenance import load_measurement
+from labkit.topology.measure import CopyResult, Point, _expand, cuda_unavailable_reason, measure_links
+from labkit.topology.recorded import copy_result_from_json, links_from_json
+from labkit.core.serialize import to_jsonable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_without_gpu_every_part_is_skipped_with_a_reason():
+    why = cuda_unavailable_reason()
+    m = measure_links(smoke=True)
+    if why is None:  # a GPU machine: something was measured
+        assert m.device_copy and m.host
+        return
+    assert not m.device_copy and not m.host and m.p2p is None
+    assert {s.part for s in m.skipped} >= {"device copy", "P2P matrix"}
+    assert all(s.reason == why for s in m.skipped)
+
+
+def test_cpulist_expansion():
+    assert _expand("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert _expand("") == []
+
+
+def test_copy_result_round_trip():
+    r = CopyResult("host->device", 1, "pinned", [Point(1024, 1e-6, 1.024e9, [1e-6, 1e-6])], numa_node=0, gpu_numa_node=1,
+                   note="remote")
+    back = copy_result_from_json(json.loads(json.dumps(to_jsonable(r))))
+    assert back == r and back.peak_Bps == 1.024e9
+
+
+def test_record_script_dry_run(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_topology.py", "--out", str(tmp_path), "--smoke"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# ")  # the reproducibility header first
+    doc = load_measurement(tmp_path / "links.json", "topology.links")
+    m = links_from_json(doc["data"])
+    if cuda_unavailable_reason():
+        assert "skipped" in r.stdout and m.skipped
