@@ -18,6 +18,14 @@ class ServerView:
     origin: str  # 'measured here' or 'recorded on ...'
     provenance: dict | None = None
 
+    @property
+    def label(self) -> str:
+        """A short source label for figure titles."""
+        if self.live:
+            return "measured here"
+        p = self.provenance or {}
+        return f"recorded on {p.get('gpu_name')}, {str(p.get('date'))[:10]}"
+
 
 def this_server(source: str = "auto") -> ServerView:
     """``auto``: live when this machine has an NVIDIA GPU, else the recorded GPU server."""

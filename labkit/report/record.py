@@ -31,7 +31,7 @@ _session: dict[str, Result] = {}
 
 
 def record(name: str, value: float | int | str, unit: str = "", *, source: str,
-           tolerance: float | None = None) -> Result:
+           tolerance: float | None = None) -> None:
     """Record a key result. ``source`` says where the number comes from: 'measured here',
     'model', 'recorded on <GPU>, <date>' or 'sample: <name>'."""
     if not name or not isinstance(name, str):
@@ -50,7 +50,6 @@ def record(name: str, value: float | int | str, unit: str = "", *, source: str,
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(asdict(r)) + "\n")
-    return r
 
 
 def recorded() -> dict[str, Result]:

@@ -1,0 +1,107 @@
+"""The report runner on small throwaway notebooks: passing, failing, bad input, comparison."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.core import LabkitError
+from labkit.report import runner
+from labkit.report.runner import run_report
+
+
+def _notebook(path: Path, body: str, params: str = "smoke: bool = False\nscale: float = 1.0") -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture
+def nbdir(tmp_path):
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    _notebook(d / "a_ok.ipynb", "from labkit.report import record\n"
+                                "record('answer', 42.0 * scale, 'widgets', source='model')\n"
+                                "record('label', 'smoke' if smoke else 'full', source='model')")
+    _notebook(d / "b_fails.ipynb", "x = 1\nraise ValueError('planted failure')")
+    _notebook(d / "c_after.ipynb", "from labkit.report import record\nrecord('ran', 1, 'flag', source='measured here')")
+    return d
+
+
+def _quiet(msg):
+    pass
+
+
+def test_failure_is_recorded_and_the_others_still_run(nbdir, tmp_path):
+    out = tmp_path / "reports"
+    run = run_report(out_dir=out, notebooks_dir=nbdir, params=["scale=2"], say=_quiet)
+    assert [n.status for n in run.notebooks] == ["passed", "failed", "passed"]
+    assert run.failed == ["b_fails"] and run.state == "finished" and run.status == "failed"
+    summary = json.loads((run.folder / "summary.json").read_text())
+    a, b, c = summary["notebooks"]
+    assert a["results"]["answer"]["value"] == 84.0 and a["results"]["answer"]["unit"] == "widgets"
+    assert a["results"]["label"]["value"] == "smoke" and a["parameters"] == {"smoke": True, "scale": 2.0}
+    assert b["error"]["ename"] == "ValueError" and "planted failure" in b["error"]["evalue"]
+    assert b["error"]["cell"] is not None
+    assert c["results"]["ran"]["value"] == 1
+    for nb in (a, b, c):  # every notebook is rendered, the failed one too
+        assert (run.folder / nb["html"]).exists() and (run.folder / nb["ipynb"]).exists()
+    index = (run.folder / "index.html").read_text()
+    assert "b_fails" in index and "planted failure" in index and "failed" in index
+    assert summary["environment"]["labkit"]
+
+
+def test_runs_never_overwrite_and_compare_with_previous(nbdir, tmp_path):
+    out = tmp_path / "reports"
+    first = run_report(out_dir=out, notebooks_dir=nbdir, only=["a_ok"], say=_quiet)
+    second = run_report(out_dir=out, notebooks_dir=nbdir, only=["a_ok"], params=["scale=1.5"], say=_quiet)
+    assert first.folder != second.folder and first.folder.exists()
+    index = (second.folder / "index.html").read_text()
+    assert first.run_id in index  # compared with the previous run
+    assert "+50.0%" in index and "changed" in index  # 42 -> 63 is flagged beyond the 10% tolerance
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"only": ["nope"]}, "unknown notebook"),
+    ({"params": ["colour=red"]}, "unknown parameter"),
+    ({"params": ["scale=big"]}, "scale is a float"),
+    ({"params": ["smoke"]}, "expected key=value"),
+    ({"profile": "huge"}, "smoke or full"),
+])
+def test_bad_input_is_refused_before_anything_runs(nbdir, tmp_path, kwargs, match):
+    out = tmp_path / "reports"
+    with pytest.raises(LabkitError, match=match):
+        run_report(out_dir=out, notebooks_dir=nbdir, say=_quiet, **kwargs)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_interrupted_run_is_marked_incomplete(nbdir, tmp_path, monkeypatch):
+    calls = []
+    real = runner._execute
+
+    def flaky(src, dst, params, results_file):
+        calls.append(src.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst, params, results_file)
+
+    monkeypatch.setattr(runner, "_execute", flaky)
+    out = tmp_path / "reports"
+    with pytest.raises(KeyboardInterrupt):
+        run_report(out_dir=out, notebooks_dir=nbdir, say=_quiet)
+    folder = next(out.iterdir())
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["state"] == "interrupted"
+    assert [n["status"] for n in summary["notebooks"]] == ["passed", "interrupted", "not run"]
+    assert "incomplete" in (folder / "index.html").read_text()
+
+
+def test_html_report_loads_nothing_from_the_network(nbdir, tmp_path):
+    import re
+
+    run = run_report(out_dir=tmp_path / "r", notebooks_dir=nbdir, only=["a_ok"], say=_quiet)
+    html = (run.folder / "a_ok.html").read_text()
+    assert not re.findall(r"<(?:script|link|img)[^>]+(?:src|href)=[\"']?https?:", html)
