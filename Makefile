@@ -53,7 +53,7 @@ test: $(TEST_STAMP) browser-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --no-browser
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean-venv:
 	rm -rf $(VENV)
