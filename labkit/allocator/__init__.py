@@ -1,1 +1,25 @@
-"""The CUDA caching allocator chapter: a faithful simulator, snapshot replay, experiments, OOM doctor."""
+"""The CUDA caching allocator chapter: a faithful simulator, snapshot replay, experiments, OOM doctor.
+
+Public names (other chapters and notebooks use only these):
+
+* :func:`parse_alloc_conf`, :class:`AllocatorConfig`: ``PYTORCH_ALLOC_CONF`` strings.
+* :class:`CachingAllocatorSim`: the allocator itself, request by request.
+* :func:`read_snapshot`, :func:`compile_trace`, :func:`replay`, :func:`compare`: snapshot files and replays.
+* :func:`diagnose`, :func:`parse_oom_message`: the OOM doctor.
+* :mod:`labkit.allocator.synthetic`: modelled request streams; :mod:`labkit.allocator.recorded`: the
+  recorded H200 results.
+"""
+
+from labkit.allocator.config import AllocatorConfig, parse_alloc_conf, round_size
+from labkit.allocator.doctor import Diagnosis, Finding, diagnose, format_diagnosis
+from labkit.allocator.oom_message import OOMMessage, parse_oom_message
+from labkit.allocator.replay import ReplayResult, compare, load_trace, replay, replay_with_sim
+from labkit.allocator.simulator import CachingAllocatorSim
+from labkit.allocator.snapshot import Snapshot, read_snapshot
+from labkit.allocator.trace import Trace, TraceBuilder, compile_trace
+
+__all__ = [
+    "AllocatorConfig", "CachingAllocatorSim", "Diagnosis", "Finding", "OOMMessage", "ReplayResult", "Snapshot",
+    "Trace", "TraceBuilder", "compare", "compile_trace", "diagnose", "format_diagnosis", "load_trace",
+    "parse_alloc_conf", "parse_oom_message", "read_snapshot", "replay", "replay_with_sim", "round_size",
+]

@@ -645,7 +645,9 @@ class CachingAllocatorSim:
             if block.prev is not None:
                 block.prev.next = bf
             block.prev = bf
+            block.addr = u_addr
             self.by_addr[bf.addr] = bf
+            self.by_addr[u_addr] = block
             self._insert(bf)
         after = block.size - (before + u_size)
         if after > 0:
@@ -658,10 +660,6 @@ class CachingAllocatorSim:
             block.next = af
             self.by_addr[af.addr] = af
             self._insert(af)
-        if before > 0:
-            del self.by_addr[block.addr]
-            block.addr = u_addr
-            self.by_addr[u_addr] = block
         block.size = u_size
         block.mapped = False
         self._try_merge(block, block.prev)
@@ -784,6 +782,25 @@ class CachingAllocatorSim:
         self.ooms.append(OOMEvent(index, orig_size, alloc_size, a, r, msg))
         if self.rec is not None:
             self.rec.append({"action": "oom", "device_free": 0, "size": size, "stream": 0})
+
+    # -------------------------------------------------------------- self-checks (tests)
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the block structures disagree with each other or with the stats."""
+        for pool in (self.small, self.large):
+            for k in pool.keys:
+                b = self.by_addr.get(k & A48)
+                assert b is not None and b.size == ((k >> 48) & A48) and b.mapped and not b.allocated, k
+            for k in pool.unmapped:
+                b = self.by_addr.get(k & A48)
+                assert b is not None and not b.mapped, k
+        mapped = 0
+        for addr, b in self.by_addr.items():
+            assert b.addr == addr
+            if b.next is not None:
+                assert b.next.prev is b and b.next.addr == b.addr + b.size
+            if b.mapped:
+                mapped += b.size
+        assert mapped == self.total_allocated == self.S[RESERVED_BYTES], (mapped, self.total_allocated)
 
     # -------------------------------------------------------------- reporting
     def memory_stats(self) -> dict[str, int]:
