@@ -1,0 +1,149 @@
+"""``labkit estimate``: per-GPU memory of a training configuration, from the analytical model."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from labkit.core.errors import LabkitError
+from labkit.core.serialize import dumps
+from labkit.core.table import render
+from labkit.core.units import GB, GiB, fmt_bytes
+
+DIMS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate", help="per-GPU memory of a training configuration (analytical model: DP/ZeRO, TP+SP, PP, CP)",
+        description="Bytes on the most loaded GPU (params, grads, optimizer, activations, logits, comm buffers, "
+                    "context, allocator overhead) at the peak of a steady-state training step, and per pipeline stage. "
+                    "Give the model by --model PRESET or by its dimensions; --params N with --model-states-only gives "
+                    "the ZeRO/DeepSpeed model-states figures.")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", metavar="PRESET", help="a preset name (see --list-models); dimension flags override it")
+    m.add_argument("--list-models", action="store_true", help="list the model presets and exit")
+    for d in DIMS:
+        m.add_argument(f"--{d.replace('_', '-')}", type=int, dest=d)
+    m.add_argument("--gated", action="store_true", default=None, help="gated (SwiGLU) MLP")
+    m.add_argument("--untied", action="store_true", help="untied input and output embeddings")
+    m.add_argument("--params", type=float, help="parameter count (with --model-states-only)")
+    m.add_argument("--model-states-only", action="store_true", help="weights + grads + optimizer states only")
+    t = p.add_argument_group("training")
+    t.add_argument("--micro-batch", type=int, default=1)
+    t.add_argument("--global-batch", type=int)
+    t.add_argument("--dropout", type=float, default=0.0)
+    t.add_argument("--precision", default="bf16-mixed",
+                   choices=("fp32", "amp-bf16", "amp-fp16", "bf16-mixed", "fp16-mixed", "bf16"))
+    t.add_argument("--fp32-grads", action="store_true", help="fp32 gradient accumulation (Megatron: 18 B/param)")
+    t.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "adam8bit"))
+    t.add_argument("--optimizer-impl", default="foreach", choices=("foreach", "fused", "for-loop"))
+    t.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    t.add_argument("--recompute-every", type=int, default=1, help="with --recompute full: segments of K layers")
+    t.add_argument("--no-flash", action="store_true", help="math attention (keeps the s x s scores)")
+    t.add_argument("--keep-logits", action="store_true", help="the training loop holds the logits through backward")
+    t.add_argument("--framework", default="pytorch", choices=("pytorch", "megatron"))
+    q = p.add_argument_group("parallelism")
+    for d in ("tp", "pp", "dp", "cp"):
+        q.add_argument(f"--{d}", type=int, default=1)
+    q.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    q.add_argument("--sp", action="store_true", help="sequence parallelism (with --tp > 1)")
+    q.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    q.add_argument("--schedule", choices=("1f1b", "gpipe", "interleaved"), help="default 1f1b (interleaved with --vpp)")
+    q.add_argument("--no-vocab-parallel", action="store_true", help="embeddings and LM head replicated over tp")
+    q.add_argument("--shard-size", type=int, help="ZeRO/FSDP sharding group (hybrid shard)")
+    q.add_argument("--no-reshard", action="store_true", help="ZeRO-3: keep gathered params from forward to backward")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=run)
+
+
+def _model(args):
+    from labkit.memory.estimate import ModelSpec
+    from labkit.memory.presets import get_preset
+
+    given = {d: getattr(args, d) for d in DIMS if getattr(args, d) is not None}
+    if args.gated:
+        given["gated_mlp"] = True
+    if args.untied:
+        given["tied_embeddings"] = False
+    if args.model:
+        return dataclasses.replace(get_preset(args.model), **given)
+    missing = [f"--{d}" for d in ("layers", "hidden", "heads", "vocab") if d not in given]
+    if missing:
+        raise LabkitError(f"give --model PRESET or the dimensions: missing {' '.join(missing)}")
+    return ModelSpec(**given)
+
+
+def build(args):
+    from labkit.memory.estimate import ParallelSpec, TrainSpec
+
+    schedule = args.schedule or ("interleaved" if (args.vpp or 1) > 1 else "1f1b")
+    par = ParallelSpec(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, zero=args.zero, sp=args.sp, vpp=args.vpp,
+                       schedule=schedule, vocab_parallel=not args.no_vocab_parallel, shard_size=args.shard_size,
+                       reshard_after_forward=not args.no_reshard)
+    train = TrainSpec(micro_batch=args.micro_batch, global_batch=args.global_batch, precision=args.precision,
+                      optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
+                      recompute_every=args.recompute_every, flash=not args.no_flash, dropout=args.dropout,
+                      fp32_grad_accum=args.fp32_grads, keep_logits=args.keep_logits, framework=args.framework)
+    return par, train
+
+
+def _row(name, n):
+    return [name, str(int(n)), fmt_bytes(n), f"{n / GB:.2f} GB"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from labkit.memory.estimate import CATEGORIES, estimate, model_states_only
+
+    if args.list_models:
+        from labkit.memory.presets import presets
+
+        from labkit.memory.estimate import total_params
+
+        rows = [[p.name, p.family, f"{total_params(p.model) / 1e9:.3f}", p.model.layers, p.model.hidden, p.model.heads,
+                 p.model.kv, p.model.ffn_size, p.model.vocab, p.model.seq] for p in presets().values()]
+        print(render(["preset", "family", "params (1e9)", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq"], rows))
+        return 0
+    par, train = build(args)
+    if args.model_states_only:
+        if args.params is not None:
+            n = int(args.params)
+        else:
+            from labkit.memory.estimate import total_params
+
+            n = total_params(_model(args))
+        ms = model_states_only(n, par, train)
+        doc = {"params": n, "per_gpu_bytes": {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer,
+                                              "total": ms.total},
+               "parallel": dataclasses.asdict(par), "train": dataclasses.asdict(train)}
+        if args.json:
+            print(dumps(doc))
+        else:
+            print(f"model states of {n:,} parameters per GPU (tp={par.tp}, pp={par.pp}, ZeRO-{par.zero} over "
+                  f"{par.shard_group if par.zero else 1}, {train.precision}, {train.optimizer}):")
+            print(render(["part", "bytes", "GiB-based", "GB-based"],
+                         [_row(k, v) for k, v in doc["per_gpu_bytes"].items()]))
+        return 0
+    if args.params is not None:
+        raise LabkitError("--params only goes with --model-states-only (activations need the dimensions)")
+    model = _model(args)
+    est = estimate(model, par, train)
+    if args.json:
+        print(dumps(est))
+        return 0
+    print(f"{model.name}: {est.params_total / 1e9:.3f} x 1e9 parameters; tp={par.tp} pp={par.pp} dp={par.dp} "
+          f"cp={par.cp} ZeRO-{par.zero}{' +SP' if par.sp else ''}; {train.precision}, {train.optimizer}, "
+          f"recompute {train.recompute}; micro-batch {train.micro_batch} x {est.micro_batches} per step")
+    print(f"most loaded GPU: pipeline stage {est.most_loaded_stage}, peak in {est.peak_phase} "
+          f"(allocated {fmt_bytes(est.peak_allocated)}, with allocator overhead {fmt_bytes(est.peak_reserved)})\n")
+    print(render(["part", "bytes", "GiB-based", "GB-based"],
+                 [_row(c, est.per_gpu_bytes[c]) for c in CATEGORIES + ("total",)]))
+    if len(est.by_stage) > 1:
+        print()
+        rows = [[s.stage, s.layers, f"{s.in_flight:g}", s.peak_phase, fmt_bytes(s.per_gpu_bytes["activations"]),
+                 fmt_bytes(s.per_gpu_bytes["total"])] for s in est.by_stage]
+        print(render(["stage", "layers", "in flight", "peak phase", "activations", "total"], rows))
+    for n in est.notes:
+        print(f"note: {n}")
+    print(f"(1 GiB = {GiB} B, 1 GB = {GB} B; model, not a measurement)")
+    return 0

@@ -1,0 +1,93 @@
+"""``labkit estimate``: JSON shape, invalid combinations exit 2 with the reason, presets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from labkit.cli import main
+from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
+from labkit.memory.presets import get_preset, presets
+
+KEYS = {"params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead", "total"}
+
+
+def run(capsys, *args):
+    rc = main(["estimate", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_document(capsys):
+    rc, out, _ = run(capsys, "--layers", "12", "--hidden", "768", "--heads", "12", "--seq", "1024", "--vocab", "50257",
+                     "--micro-batch", "4", "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "32", "--sp",
+                     "--recompute", "selective", "--precision", "bf16-mixed", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert set(doc["per_gpu_bytes"]) == KEYS
+    assert doc["per_gpu_bytes"]["total"] == sum(v for k, v in doc["per_gpu_bytes"].items() if k != "total")
+    assert [s["stage"] for s in doc["by_stage"]] == [0, 1]
+    assert doc["micro_batches"] == 32 // (4 * 2)
+    # the CLI prints what the API computes
+    e = estimate(ModelSpec(layers=12, hidden=768, heads=12, seq=1024, vocab=50257),
+                 ParallelSpec(tp=2, pp=2, dp=2, sp=True), TrainSpec(micro_batch=4, global_batch=32, recompute="selective"))
+    assert doc["per_gpu_bytes"] == e.per_gpu_bytes
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--heads", "12", "--tp", "5"], "--heads 12 is not divisible by --tp 5"),
+    (["--layers", "12", "--pp", "5"], "--layers 12 is not divisible by --pp 5"),
+    (["--pp", "2", "--vpp", "4"], "--pp 2 x --vpp 4"),
+    (["--dp", "3", "--global-batch", "16"], "--global-batch 16 is not divisible"),
+    (["--sp"], "--sp needs --tp > 1"),
+    (["--precision", "fp8"], None),
+])
+def test_invalid_combinations_exit_2(capsys, args, reason):
+    base = {"--layers": "12", "--hidden": "768", "--heads": "12", "--vocab": "50257", "--micro-batch": "2"}
+    flags = []
+    it = iter(args)
+    for a in it:
+        if a == "--sp":
+            flags.append(a)
+        else:
+            base[a] = next(it)
+    argv = [x for kv in base.items() for x in kv] + flags
+    try:
+        rc, _, err = run(capsys, *argv)
+    except SystemExit as exc:  # argparse rejects an unknown choice
+        rc, err = exc.code, capsys.readouterr().err
+    assert rc == 2
+    if reason:
+        assert reason in err
+
+
+def test_model_states_only(capsys):
+    rc, out, _ = run(capsys, "--params", "7.5e9", "--dp", "64", "--zero", "3", "--model-states-only", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["per_gpu_bytes"]["total"] == pytest.approx(1.875e9, rel=1e-6)
+    rc, _, err = run(capsys, "--params", "7.5e9")
+    assert rc == 2 and "--model-states-only" in err
+
+
+def test_human_output_and_presets(capsys):
+    rc, out, _ = run(capsys, "--model", "llama2-7b", "--tp", "2", "--pp", "2", "--global-batch", "8")
+    assert rc == 0 and "most loaded GPU" in out and "GiB" in out and "GB" in out
+    rc, out, _ = run(capsys, "--list-models")
+    assert rc == 0 and "llama3-70b" in out
+    rc, _, err = run(capsys, "--model", "no-such-model")
+    assert rc == 2 and "unknown model preset" in err
+
+
+def test_presets_match_published_counts():
+    from labkit.memory.estimate import total_params
+
+    checked = 0
+    for p in presets().values():
+        if p.params:
+            assert total_params(p.model) == p.params, p.name
+            checked += 1
+    assert checked >= 6
+    assert get_preset("gpt3-175b").layers == 96
+    assert abs(total_params(get_preset("gpt3-175b")) / 1e9 - 175) < 1
