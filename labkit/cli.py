@@ -16,6 +16,7 @@ from labkit.core.errors import LabkitError
 CHAPTER_CLIS = (
     "labkit.env.cli",
     "labkit.memory.cli_measure",
+    "labkit.memory.cli_estimate",
     "labkit.topology.cli",
     "labkit.report.cli",
     "labkit.comm.cli",
