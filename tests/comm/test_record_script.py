@@ -1,0 +1,34 @@
+"""The GPU recording script dry-runs on CPU (gloo ranks, CUDA parts skipped with a reason)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from labkit.comm.timeline import load_trace
+from labkit.core.provenance import load_measurement
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_record_comm_smoke(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_comm.py", "--out", str(tmp_path), "--smoke"],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "FAILED" not in r.stdout
+    assert "SKIP pinned vs pageable: needs a CUDA GPU" in r.stdout
+    assert "SKIP DataParallel vs DDP: needs 2 CUDA GPUs" in r.stdout
+    kinds = {"comm_collectives.json": "comm.collectives", "comm_launch_overhead.json": "comm.launch_overhead",
+             "comm_buckets.json": "comm.buckets", "comm_ddp_timeline.json": "comm.timeline",
+             "comm_async_overlap.json": "comm.async_overlap", "comm_buffer_reuse.json": "comm.buffer_reuse"}
+    for name, kind in kinds.items():
+        doc = load_measurement(tmp_path / name, kind)
+        assert doc["provenance"]["backend"] == "gloo" and doc["provenance"]["world"] == 2
+    rows = load_measurement(tmp_path / "comm_collectives.json")["data"]["bench"]["rows"]
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    tl = load_measurement(tmp_path / "comm_ddp_timeline.json")["data"]
+    assert load_trace(tmp_path / tl["trace_file"])["traceEvents"]
+    assert tl["timeline"]["n_comm_ops"] >= 1
