@@ -149,6 +149,10 @@ def _from_oom(m: OOMMessage) -> list[Finding]:
                             "before raising, the allocator already released every whole cached segment and retried; "
                             "what stays reserved sits in segments that still hold live tensors"],
                            FIXES["fragmentation"]))
+        if L and P + R > 0.9 * L:
+            out.append(Finding("too_large", "Even without fragmentation the device would be nearly full",
+                               [f"allocated {fmt_bytes(P)} + request {fmt_bytes(R)} = {fmt_bytes(P + R)}, "
+                                f"{100 * (P + R) / L:.0f}% of {lim}"], FIXES["too_large"]))
     elif not out:
         out.append(Finding("too_large", "The device is nearly full",
                            [f"allocated {fmt_bytes(P)}, reserved-unallocated {fmt_bytes(U)}, request {fmt_bytes(R)}, "

@@ -1,0 +1,87 @@
+import gzip
+import pickle
+
+import pytest
+
+from labkit.allocator import compile_trace, read_snapshot, replay
+from labkit.allocator.synthetic import to_snapshot, training_like
+from labkit.core.errors import LabkitError
+
+
+@pytest.fixture(scope="module")
+def snap_dict():
+    return to_snapshot(training_like(steps=3), "")
+
+
+def test_reads_pickle_and_gzip(tmp_path, snap_dict):
+    p1 = tmp_path / "s.pickle"
+    p1.write_bytes(pickle.dumps(snap_dict))
+    p2 = tmp_path / "s.pickle.gz"
+    p2.write_bytes(gzip.compress(pickle.dumps(snap_dict)))
+    a, b = read_snapshot(p1), read_snapshot(p2)
+    assert a.device_traces == b.device_traces and len(a.segments) == len(snap_dict["segments"])
+
+
+def test_truncated_files_are_refused(tmp_path, snap_dict):
+    raw = pickle.dumps(snap_dict)
+    (tmp_path / "cut.pickle").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(LabkitError, match="truncated"):
+        read_snapshot(tmp_path / "cut.pickle")
+    gz = gzip.compress(raw)
+    (tmp_path / "cut.pickle.gz").write_bytes(gz[: len(gz) // 2])
+    with pytest.raises(LabkitError, match="truncated"):
+        read_snapshot(tmp_path / "cut.pickle.gz")
+
+
+@pytest.mark.parametrize("payload, why", [
+    (b"", "empty"),
+    (b"hello, not a pickle", "not a pickle"),
+    (pickle.dumps([1, 2, 3]), "holds a list"),
+    (pickle.dumps({"a": 1}), "no 'segments'"),
+    (pickle.dumps({"segments": [{"address": "x"}]}), "segment 0 is malformed"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "teleport"}]]}), "not a trace entry"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": "big"}]]}), "non-integer"),
+])
+def test_malformed_snapshots_get_a_clear_error(tmp_path, payload, why):
+    p = tmp_path / "bad.pickle"
+    p.write_bytes(payload)
+    with pytest.raises(LabkitError, match=why):
+        read_snapshot(p)
+
+
+def test_pickles_with_objects_are_not_executed(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    p = tmp_path / "evil.pickle"
+    p.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": Evil()}))
+    with pytest.raises(LabkitError, match="refusing to load"):
+        read_snapshot(p)
+
+
+def test_missing_file_and_no_history(tmp_path):
+    with pytest.raises(LabkitError, match="no such"):
+        read_snapshot(tmp_path / "nope.pickle")
+    with pytest.raises(LabkitError, match="no trace history"):
+        compile_trace(read_snapshot({"segments": [], "device_traces": [[]]}))
+
+
+def test_ring_buffer_overflow_is_reported_incomplete(snap_dict):
+    full = compile_trace(read_snapshot(snap_dict))
+    assert full.complete
+    cut = dict(snap_dict, device_traces=[snap_dict["device_traces"][0][100:]])
+    tr = compile_trace(read_snapshot(cut))
+    assert not tr.complete and "before the history starts" in tr.incomplete_reason
+    with pytest.raises(LabkitError, match="incomplete"):
+        replay(tr, "")
+
+
+def test_program_requests_are_separated_from_allocator_actions(snap_dict):
+    tr = compile_trace(read_snapshot(snap_dict))
+    actions = [e["action"] for e in snap_dict["device_traces"][0]]
+    assert tr.n_ids == actions.count("alloc")
+    assert len(tr.segment_oracle) == actions.count("segment_alloc")
+    # alloc sizes are the program's requested sizes, not the rounded block sizes
+    req = [e["size"] for e in snap_dict["device_traces"][0] if e["action"] == "alloc"]
+    assert [op[2] for op in tr.ops if op[0] == 0] == req
