@@ -72,6 +72,12 @@ class CudaTarget:
     cublas_handles: int = 2                   # forward thread + autograd device thread
     flash_for_16bit: bool = True              # flash attention for fp16/bf16, head_dim <= 256
     efficient_lse_block: int = 32             # mem-efficient kernel pads logsumexp to 32 rows
+    emulate_kernels: bool = True              # False: count exactly what the CPU kernels allocate
+
+    @classmethod
+    def plain(cls) -> "CudaTarget":
+        """No kernel emulation (autocast still follows CUDA's lists): for checking the fake machinery."""
+        return cls(name="plain (CPU kernels)", cublas_workspace_bytes=0, emulate_kernels=False)
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,6 +196,8 @@ class CudaEmulator:
         return args, kwargs
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
+        if not self.target.emulate_kernels:
+            return
         name = getattr(func, "__name__", str(func))
         base = name.split(".")[0]
         if base in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"):

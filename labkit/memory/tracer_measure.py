@@ -90,7 +90,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  optimizer: str = "adamw", precision: str = "fp32", checkpointing: str = "none",
                  device: str = "fake-cuda", steps: int = 2,
                  call: Callable[[nn.Module, Any], Any] | None = None,
-                 target: Any = None, op_log: bool = False, timing: bool = False) -> MeasureReport:
+                 target: Any = None, op_log: bool = False, timing: bool = False,
+                 rounding: int | None = None) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -99,6 +100,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     batch)`` defaults to ``output.loss``. ``target`` (fake mode): a
     :class:`labkit.memory.fake_cuda.CudaTarget` describing the GPU's choices (default: H200,
     torch 2.11). ``op_log`` keeps one record per op (on CUDA with the allocator's view: slow).
+    ``rounding``: bytes each storage is rounded up to (default 512 for cuda and fake-cuda, 1 for cpu).
     """
     from labkit.workloads.harness import StepPolicy, TrainStep, move_batch
 
@@ -125,20 +127,20 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         stack.enter_context(fake)
         if policy.autocast_dtype is not None:
             autocast = emulator.autocast_factory(policy.autocast_dtype)
-        tracker = StorageTracker(device_type="meta", rounding=512, emulator=emulator, op_log=op_log)  # fake storages are meta
+        tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log)  # fake storages are meta
         to_device: Callable[[torch.Tensor], torch.Tensor] = fake.from_tensor
         device_type = "cpu"
     elif is_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        tracker = StorageTracker(device_type="cuda", rounding=512, op_log=op_log, cuda_op_stats=op_log)
+        tracker = StorageTracker(device_type="cuda", rounding=rounding or 512, op_log=op_log, cuda_op_stats=op_log)
         to_device = lambda t: t.to("cuda", non_blocking=False)  # noqa: E731
         device_type = "cuda"
     else:
-        tracker = StorageTracker(device_type="cpu", rounding=1, op_log=op_log)
+        tracker = StorageTracker(device_type="cpu", rounding=rounding or 1, op_log=op_log)
         to_device = lambda t: t  # noqa: E731
         device_type = "cpu"
-        fused = False
+        fused = None  # fused AdamW has a CPU kernel too
 
     watch = Stopwatch(torch.cuda.synchronize if (is_cuda and timing) else None)
     roles = Roles()

@@ -1,0 +1,113 @@
+"""Fake mode: its machinery is exact on CPU kernels, and its CUDA emulation does what CUDA does."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from labkit.memory.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
+from labkit.memory.tracer import StorageTracker
+from labkit.memory.tracer_measure import measure_step
+from labkit.workloads import GPT
+from labkit.workloads.gpt import GPTConfig
+from labkit.workloads.harness import StepPolicy, gpt_batch, gpt_call, gpt_loss
+
+CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, seq_len=64, vocab_size=256)
+
+
+@pytest.mark.parametrize("ck", ["none", "full", "selective"])
+def test_fake_mode_counts_exactly_what_real_cpu_kernels_allocate(ck):
+    kw = dict(loss_fn=gpt_loss, call=gpt_call, checkpointing=ck)
+    real = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), device="cpu", rounding=512, **kw)
+    fake = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), device="fake-cuda", target=CudaTarget.plain(), **kw)
+    assert fake.phase_peaks == real.phase_peaks
+    assert fake.by_category == real.by_category
+    assert fake.peak_bytes == real.peak_bytes
+
+
+def _autocast(dtype=torch.bfloat16):
+    state = _AutocastState()
+    return CudaAutocast(dtype, state), state
+
+
+def test_cuda_autocast_lists():
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    mode, state = _autocast()
+    with mode:
+        y = lin(x)                                   # linear: lower precision
+        assert y.dtype == torch.bfloat16
+        n = F.layer_norm(y, (8,))                    # layer_norm: float32 on CUDA (bf16 on CPU autocast)
+        assert n.dtype == torch.float32
+        assert torch.pow(y, 3.0).dtype == torch.float32      # pow: float32 list
+        assert (y ** 2).dtype == torch.float32
+        assert F.softmax(y, -1).dtype == torch.float32       # softmax: float32 via dtype=
+        assert y.sum().dtype == torch.float32                # sum: float32 via dtype=
+        assert F.gelu(y).dtype == torch.bfloat16             # not listed: runs in its input's dtype
+        assert (y @ y.t()).dtype == torch.bfloat16           # __matmul__ -> matmul
+        assert torch.addmm(lin.bias, x, lin.weight.t()).dtype == torch.bfloat16
+        q = torch.randn(1, 2, 4, 8)
+        assert F.scaled_dot_product_attention(q, q, q).dtype == torch.bfloat16
+        assert F.cross_entropy(y, torch.zeros(4, dtype=torch.long)).dtype == torch.float32
+    # the CPU's own autocast disagrees on layer_norm: the reason for the emulation
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.layer_norm(lin(x), (8,)).dtype == torch.bfloat16
+
+
+def test_weight_casts_are_cached_until_the_region_exits():
+    lin = torch.nn.Linear(64, 64)
+    emu = CudaEmulator(CudaTarget(), StepPolicy(precision="amp-bf16"))
+    region = emu.autocast_factory(torch.bfloat16)
+    tr = StorageTracker(rounding=1, op_log=True)
+    x = torch.randn(2, 64)
+    with tr:
+        with region():
+            lin(x)
+            lin(x)
+            assert len(emu.autocast_state.cache) == 2       # weight and bias, cast once
+            with region():                                   # nested: same cache
+                lin(x)
+            assert len(emu.autocast_state.cache) == 2
+        assert emu.autocast_state.cache == {}
+    casts = [r for r in tr.op_log if "_to_copy" in r.name and "bfloat16[64, 64]" in r.shapes]
+    assert len(casts) == 1
+
+
+def test_attention_logsumexp_and_workspace_emulation():
+    def run(dtype, target):
+        emu = CudaEmulator(target, StepPolicy())
+        tr = StorageTracker(device_type="meta", rounding=512, emulator=emu)
+        with FakeTensorMode():
+            with tr:
+                q = torch.randn(4, 8, 1000, 64, dtype=dtype, requires_grad=True)
+                out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+                after_fwd = tr.current
+                out.sum().backward()
+        return after_fwd, tr
+
+    lse_flash = 4 * 8 * 1000 * 4
+    lse_eff = 4 * 8 * 1024 * 4                       # padded to 32 rows
+    q32 = 4 * 8 * 1000 * 64 * 4
+    fwd32, _ = run(torch.float32, CudaTarget())
+    fwd32_plain, _ = run(torch.float32, CudaTarget.plain())
+    assert fwd32 - fwd32_plain == lse_eff - lse_flash
+    fwd16, tr16 = run(torch.bfloat16, CudaTarget())
+    fwd16_plain, tr16_plain = run(torch.bfloat16, CudaTarget.plain())
+    assert fwd16 == fwd16_plain                     # flash: logsumexp (B, H, T) on both
+    # flash backward's float32 dq accumulator (B, T rounded to 128, H, D) is a transient of the backward
+    sizes16 = sorted(d for _, d, _ in tr16.events if d > 0)
+    assert max(sizes16) >= 4 * 1024 * 8 * 64 * 4
+    assert max(sizes16) > max(d for _, d, _ in tr16_plain.events)
+    assert fwd32 >= 2 * q32
+
+
+def test_fake_prediction_of_a_large_model_uses_no_memory():
+    import resource
+
+    cfg = GPTConfig(n_layer=4, n_head=16, n_embd=2048, seq_len=2048, vocab_size=50304)
+    rep = measure_step(lambda: GPT(cfg), gpt_batch(cfg, 8), loss_fn=gpt_loss, call=gpt_call,
+                       precision="amp-bf16", device="fake-cuda")
+    assert rep.peak_bytes > 10 * 2**30                                  # >10 GiB predicted
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 8 * 2**20   # KiB: well under 8 GiB used
+    assert rep.by_category["parameters"] >= cfg.num_params * 4
+    assert rep.by_category["optimizer_state"] >= 2 * cfg.num_params * 4
