@@ -132,16 +132,21 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
 
 
 def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: TrainSpec | None = None,
-             overheads: Overheads | None = None) -> Estimate:
+             overheads: Overheads | None = None, *, all_stages: bool = True) -> Estimate:
     """The analytical per-GPU memory of one training step. Raises LabkitError for impossible
-    configurations (heads not divisible by tp, layers by pp x vpp, batch by micro-batch x dp...)."""
+    configurations (heads not divisible by tp, layers by pp x vpp, batch by micro-batch x dp...).
+
+    ``all_stages=False`` computes only the first and last pipeline stages (one of them is always the
+    most loaded: middle stages hold the same layers with fewer micro-batches in flight and neither
+    the embeddings nor the head); the planner uses it."""
     par = parallel or ParallelSpec()
     train = train or TrainSpec()
     validate(model, par, train)
     oh = overheads or Overheads()
     by = precision_bytes(train)
     la = layer_activations(model, par, train, by)
-    stages = [estimate_stage(model, par, train, s, oh, by, la) for s in _stages_to_compute(par)]
+    which = _stages_to_compute(par) if all_stages else sorted({0, par.pp - 1})
+    stages = [estimate_stage(model, par, train, s, oh, by, la) for s in which]
     worst = max(stages, key=lambda s: s.per_gpu_bytes["total"])
     ms = model_states(worst.params_local, par, train, by)
     notes = []
@@ -159,13 +164,6 @@ def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: Trai
 
 
 def _stages_to_compute(par: ParallelSpec) -> list[int]:
-    """Stage 0 (embeddings, most micro-batches in flight), the last (head, logits), and for long
-    pipelines one middle stage stands for the others (they are identical but for in-flight counts,
-    which fall with the stage index)."""
-    if par.pp == 1:
-        return [0]
-    if par.pp == 2:
-        return [0, 1]
     return list(range(par.pp))
 
 

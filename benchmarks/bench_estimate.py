@@ -1,0 +1,76 @@
+"""Speed targets of the analytical memory model and the planner.
+
+    PYTHONPATH=. python benchmarks/bench_estimate.py [--repeat 7] [--json]
+
+1. One estimate (Llama-2-70B, tp=8 pp=4 dp=2 with SP, 16 micro-batches, every pipeline stage)
+   under 1 ms, so the notebook's widgets redraw well inside 100 ms.
+2. The planner's full search for a 70B model (Llama-2-70B) on 64 GPUs (8 x 8 H100, global batch
+   512) under 1 s.
+Medians over --repeat runs; measured on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labkit.core.provenance import format_header, header  # noqa: E402
+from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate  # noqa: E402
+from labkit.memory.planner import h100_cluster, plan  # noqa: E402
+from labkit.memory.presets import get_preset  # noqa: E402
+
+TARGET_ESTIMATE_S = 1e-3
+TARGET_PLAN_S = 1.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    print(format_header(header()), flush=True)
+    m = get_preset("llama2-70b")
+    par = ParallelSpec(tp=8, pp=4, dp=2, sp=True)
+    train = TrainSpec(micro_batch=1, global_batch=32, recompute="selective")
+    estimate(m, par, train)
+    per_est = []
+    for _ in range(args.repeat):
+        n = 500
+        t = time.perf_counter()
+        for _ in range(n):
+            estimate(m, par, train)
+        per_est.append((time.perf_counter() - t) / n)
+    cl = h100_cluster(64)
+    plan(m, cl, 512)
+    per_plan = []
+    considered = 0
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        p = plan(m, cl, 512)
+        per_plan.append(time.perf_counter() - t)
+        considered = p.considered
+    est_med, plan_med = statistics.median(per_est), statistics.median(per_plan)
+    res = {
+        "estimate_median_s": est_med, "estimate_target_s": TARGET_ESTIMATE_S, "estimate_ok": est_med < TARGET_ESTIMATE_S,
+        "plan_median_s": plan_med, "plan_target_s": TARGET_PLAN_S, "plan_ok": plan_med < TARGET_PLAN_S,
+        "plan_layouts_considered": considered,
+    }
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"one estimate (llama2-70b, tp8 pp4 dp2 +SP, 4 stages): median {est_med * 1e3:.3f} ms "
+              f"(target < {TARGET_ESTIMATE_S * 1e3:.0f} ms) {'OK' if res['estimate_ok'] else 'MISSED'}")
+        print(f"planner, llama2-70b on 64 GPUs, {considered} layouts: median {plan_med:.3f} s "
+              f"(target < {TARGET_PLAN_S:.0f} s) {'OK' if res['plan_ok'] else 'MISSED'}")
+    return 0 if res["estimate_ok"] and res["plan_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
