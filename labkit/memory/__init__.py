@@ -31,6 +31,17 @@ _LAZY_NAMES = {
     "model_states_only": "labkit.memory.estimate",
     "total_params": "labkit.memory.estimate",
     "CATEGORIES": "labkit.memory.estimate",
+    "get_preset": "labkit.memory.presets",
+    "presets": "labkit.memory.presets",
+    "Preset": "labkit.memory.presets",
+    "plan": "labkit.memory.planner",
+    "explain": "labkit.memory.planner",
+    "Plan": "labkit.memory.planner",
+    "Candidate": "labkit.memory.planner",
+    "Cluster": "labkit.memory.planner",
+    "LinkSpec": "labkit.memory.planner",
+    "cluster_from_topology": "labkit.memory.planner",
+    "uniform_cluster": "labkit.memory.planner",
 }
 
 
