@@ -1,0 +1,68 @@
+"""Speed target (issue 5): a fake-mode prediction of a 1.5B-parameter GPT-2 training step in under
+30 s on the 2-core CPU machine (no GPU, no real memory).
+
+    .venv/bin/python benchmarks/bench_tracer.py [--repeats 3] [--batch 4] [--model hf|labkit]
+
+One prediction is ``measure_step(device="fake-cuda", steps=2)``: model construction on fake
+tensors, two full training steps (AdamW, amp-bf16), the steady-state peak of the second. The median
+over repeats is quoted. The tracer's overhead on a real GPU step is recorded by
+``benchmarks/gpu/record_measure.py`` (``tracer_overhead.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from labkit.core.provenance import format_header, header
+
+TARGET_S = 30.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--precision", default="amp-bf16")
+    ap.add_argument("--checkpointing", default="none")
+    ap.add_argument("--model", choices=("hf", "labkit"), default="hf",
+                    help="hf: transformers GPT2LMHeadModel gpt2-xl; labkit: the reference GPT at gpt2-xl size")
+    args = ap.parse_args(argv)
+    print(format_header(header()), flush=True)
+
+    from labkit.memory.tracer_measure import measure_step
+
+    if args.model == "hf":
+        from labkit.workloads.hf import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
+
+        spec = HFGPT2Spec.named("gpt2-xl", n_positions=args.seq)
+        factory, batch, kw = hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, args.batch, args.seq), {}
+        what = f"HF GPT2LMHeadModel gpt2-xl ({spec.num_params / 1e9:.2f}B parameters)"
+    else:
+        from labkit.workloads.gpt import GPT, GPTConfig
+        from labkit.workloads.harness import gpt_batch, gpt_call, gpt_loss
+
+        cfg = GPTConfig(n_layer=48, n_head=25, n_embd=1600, seq_len=args.seq, vocab_size=50304)
+        factory, batch, kw = (lambda: GPT(cfg)), gpt_batch(cfg, args.batch), {"loss_fn": gpt_loss, "call": gpt_call}
+        what = f"labkit GPT at gpt2-xl size ({cfg.num_params / 1e9:.2f}B parameters)"
+    print(f"# {what}, batch {args.batch} x {args.seq}, {args.precision}, checkpointing {args.checkpointing}, "
+          f"AdamW, 2 steps, device fake-cuda", flush=True)
+    times = []
+    for i in range(args.repeats):
+        t = time.perf_counter()
+        rep = measure_step(factory, batch, precision=args.precision, checkpointing=args.checkpointing,
+                           device="fake-cuda", steps=2, **kw)
+        times.append(time.perf_counter() - t)
+        print(f"run {i + 1}: {times[-1]:.2f} s, predicted peak {rep.peak_bytes / 2**30:.2f} GiB (2^30 B) "
+              f"in {rep.peak_phase}", flush=True)
+    med = statistics.median(times)
+    ok = med < TARGET_S
+    print(f"median {med:.2f} s over {len(times)} runs (target < {TARGET_S:.0f} s): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Bokeh figures for the measured-memory chapter (notebook 04). No computation here: the inputs
+are ``labkit.memory`` reports (or their recorded JSON rows) and already-computed numbers.
+
+Every figure takes a ``source`` string (``measured here``, ``recorded on <GPU>, <date>``, ``model``)
+and shows it in its title.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+GIB = float(1 << 30)
+CATEGORY_COLORS = {
+    "parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer_state": "#2ca02c", "activations": "#d62728",
+    "temporaries": "#9467bd", "inputs": "#8c564b", "workspace": "#7f7f7f",
+}
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj[key] if isinstance(obj, Mapping) else getattr(obj, key)
+
+
+def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int = 760, height: int = 330):
+    """Per-phase memory as a timeline: for each phase (in order) a bar from its start to its peak,
+    the categories live at the peak stacked inside it, and the bytes at its end as a line.
+    ``phases``: ``PhaseStats`` objects or dicts (step, phase, start_bytes, peak_bytes, end_bytes,
+    peak_by_category)."""
+    from bokeh.models import ColumnDataSource, HoverTool, Legend
+    from bokeh.plotting import figure
+
+    labels = [f"{_get(p, 'step')}:{_get(p, 'phase')}" for p in phases]
+    cats = [c for c in CATEGORY_COLORS if any((_get(p, "peak_by_category") or {}).get(c, 0) for p in phases)]
+    data: dict[str, list] = {"x": labels}
+    for c in cats:
+        data[c] = [(_get(p, "peak_by_category") or {}).get(c, 0) / GIB for p in phases]
+    data["peak"] = [_get(p, "peak_bytes") / GIB for p in phases]
+    data["start"] = [_get(p, "start_bytes") / GIB for p in phases]
+    data["end"] = [_get(p, "end_bytes") / GIB for p in phases]
+    src = ColumnDataSource(data)
+    fig = figure(x_range=labels, width=width, height=height, title=f"{title} ({source})",
+                 y_axis_label="GiB (2^30 bytes)", toolbar_location="right")
+    renderers = fig.vbar_stack(cats, x="x", width=0.7, source=src, color=[CATEGORY_COLORS[c] for c in cats],
+                               fill_alpha=0.75) if cats else []
+    line = fig.line("x", "end", source=src, color="black", line_width=2)
+    fig.scatter("x", "peak", source=src, size=8, color="black", marker="triangle")
+    legend = Legend(items=[(c.replace("_", " "), [r]) for c, r in zip(cats, renderers)] + [("bytes at phase end", [line])],
+                    location="center")
+    fig.add_layout(legend, "right")
+    fig.add_tools(HoverTool(tooltips=[("phase", "@x"), ("start", "@start{0.000} GiB"), ("peak", "@peak{0.000} GiB"),
+                                      ("end", "@end{0.000} GiB")]))
+    fig.xaxis.major_label_orientation = 0.9
+    return fig
+
+
+def sweep_bars(labels: Sequence[str], peak_bytes: Sequence[float], step_times_s: Sequence[float | None], *,
+               title: str, source: str, baseline: int = 0, width: int = 760, height: int = 300):
+    """Peak memory (bars, GiB) and step time overhead vs the first point (line, %) per policy."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    base_t = step_times_s[baseline]
+    over = [None if (t is None or not base_t) else 100.0 * (t - base_t) / base_t for t in step_times_s]
+    src = ColumnDataSource({"x": list(labels), "gib": [b / GIB for b in peak_bytes],
+                            "ms": [None if t is None else t * 1e3 for t in step_times_s], "over": over})
+    f1 = figure(x_range=list(labels), width=width // 2, height=height, title=f"{title}: peak ({source})",
+                y_axis_label="peak allocated, GiB (2^30 bytes)")
+    f1.vbar(x="x", top="gib", width=0.7, source=src, color="#1f77b4")
+    f1.add_tools(HoverTool(tooltips=[("policy", "@x"), ("peak", "@gib{0.00} GiB")]))
+    f2 = figure(x_range=list(labels), width=width // 2, height=height, title=f"step time vs {labels[baseline]} ({source})",
+                y_axis_label="extra step time, %")
+    f2.vbar(x="x", top="over", width=0.7, source=src, color="#d62728")
+    f2.add_tools(HoverTool(tooltips=[("policy", "@x"), ("step", "@ms{0.0} ms"), ("overhead", "@over{0.0}%")]))
+    for f in (f1, f2):
+        f.xaxis.major_label_orientation = 0.9
+    return row(f1, f2)
+
+
+def category_bars(labels: Sequence[str], by_category: Sequence[Mapping[str, int]], *, title: str, source: str,
+                  width: int = 760, height: int = 320):
+    """Stacked bytes per category (at each case's peak) for several cases, e.g. precision policies."""
+    from bokeh.models import ColumnDataSource, Legend
+    from bokeh.plotting import figure
+
+    cats = [c for c in CATEGORY_COLORS if any(b.get(c, 0) for b in by_category)]
+    data: dict[str, list] = {"x": list(labels)}
+    for c in cats:
+        data[c] = [b.get(c, 0) / GIB for b in by_category]
+    fig = figure(x_range=list(labels), width=width, height=height, title=f"{title} ({source})",
+                 y_axis_label="GiB (2^30 bytes) at the peak")
+    rs = fig.vbar_stack(cats, x="x", width=0.7, source=ColumnDataSource(data),
+                        color=[CATEGORY_COLORS[c] for c in cats], fill_alpha=0.8)
+    fig.add_layout(Legend(items=[(c.replace("_", " "), [r]) for c, r in zip(cats, rs)]), "right")
+    return fig
+
+
+def prediction_scatter(names: Iterable[str], recorded: Sequence[int], predicted: Sequence[int], *, title: str,
+                       source: str, band_pct: float = 5.0, width: int = 520, height: int = 480):
+    """Predicted vs recorded peak per case, with the identity line and a +-band_pct band."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    names = list(names)
+    r = [x / GIB for x in recorded]
+    p = [x / GIB for x in predicted]
+    err = [100.0 * (b - a) / a for a, b in zip(r, p)]
+    hi = max(r + p) * 1.08 if r else 1.0
+    fig = figure(width=width, height=height, title=f"{title} ({source})", x_axis_label="recorded peak, GiB (2^30)",
+                 y_axis_label="fake-mode prediction, GiB (2^30)", x_range=(0, hi), y_range=(0, hi))
+    fig.line([0, hi], [0, hi], color="black")
+    fig.varea(x=[0, hi], y1=[0, hi * (1 - band_pct / 100)], y2=[0, hi * (1 + band_pct / 100)], fill_alpha=0.15,
+              color="green", legend_label=f"within {band_pct:g}%")
+    fig.scatter("r", "p", size=8, source=ColumnDataSource({"r": r, "p": p, "name": names, "err": err}))
+    fig.add_tools(HoverTool(tooltips=[("case", "@name"), ("recorded", "@r{0.000} GiB"), ("predicted", "@p{0.000} GiB"),
+                                      ("error", "@err{+0.0}%")]))
+    fig.legend.location = "top_left"
+    return fig
