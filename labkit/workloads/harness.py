@@ -259,6 +259,29 @@ def call_model(model: nn.Module, batch: Any) -> Any:
     return model(batch)
 
 
+def cast_floating(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast floating-point parameters and buffers to ``dtype`` in place, keeping tied parameters tied.
+
+    Unlike ``model.to(dtype)`` this replaces Parameter objects instead of swapping their contents,
+    which also works on fake tensors.
+    """
+    done: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None or not p.is_floating_point() or p.dtype == dtype:
+                continue
+            new = done.get(id(p))
+            if new is None:
+                with torch.no_grad():
+                    new = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                done[id(p)] = new
+            mod._parameters[name] = new
+        for name, b in list(mod._buffers.items()):
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                mod._buffers[name] = b.to(dtype)
+    return model
+
+
 # ---------------------------------------------------------------------------------------------
 # The step
 
@@ -293,7 +316,7 @@ class TrainStep:
             autocast = (lambda: torch.autocast(device_type, dtype=dt)) if dt is not None else contextlib.nullcontext
         self.autocast = autocast
         if policy.precision == "bf16":
-            model.to(torch.bfloat16)
+            cast_floating(model, torch.bfloat16)
         self.model = apply_checkpointing(model, policy.checkpointing, autocast)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
