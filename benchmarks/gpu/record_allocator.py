@@ -1,6 +1,7 @@
 """Record the CUDA caching allocator's real behaviour: traces, stats, experiments, real OOMs.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_allocator.py --out DIR [--smoke] [--budget-s 170]
+        [--parts all|fidelity|experiments] [--fid workload:config,...]
 
 Every allocator configuration runs in a FRESH process (``PYTORCH_ALLOC_CONF`` is read once, at CUDA
 initialisation). Parts, in order of importance:
@@ -177,16 +178,26 @@ def _set_cap(cap_bytes: int) -> dict:
     return {"memory_fraction": frac, "cap_bytes": int(frac * total)}
 
 
-def child_oom(args) -> int:
+def _fresh_case() -> None:
+    """Between OOM cases in one process: nothing live, cache empty, stats and history reset."""
+    import gc
+
     import torch
 
-    if not _cuda():
-        log(f"oom case {args.case}: skipped, needs CUDA (set_per_process_memory_fraction and real OOM messages)")
-        return 0
-    out = Path(args.out)
-    dev = torch.device("cuda", 0)
-    torch.cuda.init()
-    case = args.case
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(0)
+    torch.cuda.reset_accumulated_memory_stats(0)
+    try:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    except TypeError:
+        torch.cuda.memory._record_memory_history(False)
+
+
+def _oom_case(case: str, out: Path, dev, smoke: bool) -> None:
+    import torch
+
+    _fresh_case()
     if case == "too_large":
         _start_history(10_000)
         extra = _set_cap(4 * GiB)
@@ -227,7 +238,7 @@ def child_oom(args) -> int:
         per_step: list[int] = []
         exc = None
         try:
-            leak_loop(dev, max_steps=200, batch=2, smoke=args.smoke,
+            leak_loop(dev, max_steps=200, batch=2, smoke=smoke,
                       on_step=lambda s: per_step.append(int(torch.cuda.memory_allocated(dev))))
         except torch.OutOfMemoryError as e:
             exc = e
@@ -236,6 +247,26 @@ def child_oom(args) -> int:
         _oom_record(out, case, exc, extra)
     else:
         raise SystemExit(f"unknown case {case}")
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+
+def child_oom(args) -> int:
+    """One or more OOM cases (comma-separated) in this process, one after the other, reset in between."""
+    import torch
+
+    if not _cuda():
+        log(f"oom case(s) {args.case}: skipped, needs CUDA (set_per_process_memory_fraction and real OOM messages)")
+        return 0
+    out = Path(args.out)
+    dev = torch.device("cuda", 0)
+    torch.cuda.init()
+    for case in args.case.split(","):
+        t0 = time.perf_counter()
+        try:
+            _oom_case(case, out, dev, args.smoke)
+        except Exception as exc:  # one case failing must not lose the others
+            log(f"oom case {case}: failed: {type(exc).__name__}: {exc}")
+        log(f"oom case {case}: {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -481,19 +512,31 @@ def parent(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ngpu = _gpu_count()
-    slots = max(1, min(ngpu, 2))
+    # memory statistics do not depend on timing (no cross-stream frees in these workloads), so several
+    # children may share a GPU; the other-process experiment runs alone afterwards
+    slots = max(1, args.concurrency if ngpu else 1)
     log(f"{ngpu} GPU(s) visible; {slots} run(s) at a time; budget {args.budget_s:.0f} s; out {out}")
 
-    jobs = [("fid", w, c) for w in WORKLOADS for c in RECORDED_CONFIGS]
-    if args.smoke:
-        jobs = [("fid", w, c) for w in WORKLOADS for c in list(RECORDED_CONFIGS)[:2]]
-    jobs += [("oom", case, conf) for case, conf in (("too_large", ""), ("fragmentation", ""),
-                                                      ("fragmentation_expandable", "expandable_segments:True"),
-                                                      ("leak", ""))]
-    jobs += [("empty_cache", "", "")]
+    parts = set(args.parts.split(","))
+    jobs: list[tuple[str, str, str]] = []
+    if args.fid:
+        for item in args.fid.split(","):
+            w, _, c = item.partition(":")
+            if w not in WORKLOADS or c not in RECORDED_CONFIGS:
+                raise SystemExit(f"--fid {item!r}: expected workload:config from {list(WORKLOADS)} x {list(RECORDED_CONFIGS)}")
+            jobs.append(("fid", w, c))
+    elif "fidelity" in parts or "all" in parts:
+        jobs = [("fid", w, c) for w in WORKLOADS for c in RECORDED_CONFIGS]
+        if args.smoke:
+            jobs = [("fid", w, c) for w in WORKLOADS for c in list(RECORDED_CONFIGS)[:2]]
+    if "experiments" in parts or "all" in parts:
+        # several OOM cases share one process (reset between them): process start-up is most of the cost
+        jobs = [("oom", "too_large,fragmentation,leak", ""),
+                ("oom", "fragmentation_expandable", "expandable_segments:True"),
+                ("empty_cache", "", "")] + jobs
 
     def run_job(i: int, job) -> int:
-        gpu = (i % slots) if ngpu else None
+        gpu = (i % ngpu) if ngpu else None
         remaining = deadline - time.time()
         if remaining < 8:
             log(f"skipped {job}: out of time budget")
@@ -513,11 +556,15 @@ def parent(args) -> int:
             if slots > 1:
                 time.sleep(0.05)
         codes = [f.result() for f in futs]
-    if time.time() < deadline - 20:
+    if not ("experiments" in parts or "all" in parts):
+        pass
+    elif time.time() < deadline - 20:
         parent_other_process(args, deadline)
     else:
         log("other-process experiment: skipped, out of time budget")
-    if time.time() < deadline - 15:
+    if not ("experiments" in parts or "all" in parts):
+        pass
+    elif time.time() < deadline - 15:
         parent_imbalance(args, deadline)
     else:
         log("imbalance experiment: skipped, out of time budget")
@@ -531,6 +578,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder for the JSON results and gzip'd traces")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes; on a CPU-only machine, check the orchestration")
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop starting new runs after this many seconds")
+    ap.add_argument("--concurrency", type=int, default=3, help="children running at once (they may share a GPU)")
+    ap.add_argument("--parts", default="all", help="comma list of: all, fidelity, experiments (default all)")
+    ap.add_argument("--fid", default="", help="only these fidelity runs: workload:config,... (overrides --parts fidelity)")
     ap.add_argument("--child", choices=["fidelity", "oom", "holder", "victim", "empty_cache", "rank"])
     ap.add_argument("--workload")
     ap.add_argument("--config")
