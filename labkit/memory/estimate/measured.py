@@ -38,6 +38,8 @@ class Comparison:
     per_rank_peaks: list[int]
     model_phases: dict[str, int]
     measured_phases: dict[str, int]
+    tracer_peak: int | None = None       # the tracer's tensor-only peak of the same step (single-GPU cases)
+    tracer_error_pct: float | None = None  # model's tensors (peak minus workspace) vs the tracer's peak
 
 
 def gpt_model_spec(cfg: dict[str, Any], name: str = "gpt") -> ModelSpec:
@@ -154,8 +156,13 @@ def tracer_specs(case: Any) -> tuple[ModelSpec, ParallelSpec, TrainSpec]:
 
 
 def compare_tracer_case(case: Any) -> Comparison:
+    from labkit.memory.estimate.buffers import Overheads
+
     m, par, train = tracer_specs(case)
-    est = estimate(m, par, train)
+    oh = Overheads()
+    est = estimate(m, par, train, oh)
+    tracer = int(case.tracker_peak) or None
+    tensors = est.peak_allocated - oh.workspace
     measured = int(case.peak_allocated)
     ph = dict(case.phase_peaks_allocated or {})
     merged = {"forward": max(ph.get("forward", 0), ph.get("loss", 0)), "backward": ph.get("backward", 0),
@@ -164,7 +171,8 @@ def compare_tracer_case(case: Any) -> Comparison:
                       model_peak=est.peak_allocated, error_pct=(est.peak_allocated - measured) / measured * 100,
                       measured_phase=max(merged, key=merged.get) if ph else None, model_phase=est.peak_phase,
                       measured_reserved=case.peak_reserved, per_rank_peaks=[measured],
-                      model_phases=est.by_stage[0].phases, measured_phases=merged)
+                      model_phases=est.by_stage[0].phases, measured_phases=merged, tracer_peak=tracer,
+                      tracer_error_pct=(tensors - tracer) / tracer * 100 if tracer else None)
 
 
 def compare_tracer(path: str | Path | None = None) -> list[Comparison]:
@@ -201,3 +209,15 @@ def context_from_parallel(directory: str | Path | None = None) -> dict[str, int]
     if not ctx:
         raise LabkitError(f"{d}/summary.json: no GPU context figures")
     return {"cuda_context": int(statistics.median(ctx)), "nccl_per_communicator": int(statistics.median(nccl))}
+
+
+def workspace_from_tracer(path: str | Path | None = None) -> int:
+    """Bytes the allocator hands out beyond the tensors the tracer sees (cuBLAS/cuBLASLt workspaces,
+    kernel scratch): the median over the lab GPT's recorded cases of CUDA peak - tracked peak."""
+    from labkit.memory.tracer_recorded import load_recorded_peaks
+
+    diffs = [c.peak_allocated - c.tracker_peak for c in load_recorded_peaks(path)
+             if c.model == "labkit-gpt" and c.tracker_peak]
+    if not diffs:
+        raise LabkitError("no recorded cases with both a CUDA and a tracked peak")
+    return int(statistics.median(diffs))

@@ -94,24 +94,30 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     n_micro = micro_batches(par, train)
     k = in_flight(par, stage, n_micro)
     A = sa.layers + sa.embedding + sa.head
-    autocast = by.autocast * (pc.layer_matmul * pc.layers + pc.head_matmul) if by.autocast else 0
+    # Autocast caches a 16-bit copy of every matmul weight until the forward's autocast region ends;
+    # the linears save them for backward, except inside fully recomputed layers (there only the
+    # segment being recomputed holds copies again).
+    ac_all = by.autocast * (pc.layer_matmul * pc.layers + pc.head_matmul)
+    full_rc = train.recompute == "full"
+    ac_held = by.autocast * pc.head_matmul if full_rc else ac_all
+    ac_segment = by.autocast * pc.layer_matmul * min(train.recompute_every, pc.layers) if full_rc else 0
     persistent_grads = train.framework == "megatron"
     g0 = ms.grads if (persistent_grads or n_micro > math.ceil(k)) else 0
     held = lg.held if lg else 0
-    ws = oh.cublas_workspace
+    ws = oh.workspace
 
     def cat(params, grads, acts, logits, comm, extra_opt=0.0):
         return {"params": params, "grads": grads, "optimizer": ms.optimizer + extra_opt, "activations": acts,
                 "logits": logits, "comm_buffers": comm, "context": ws}
 
-    fwd = cat(ms.params + k * autocast, g0, k * A, (k - 1) * held + (lg.forward_peak if lg else 0),
+    fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A, (k - 1) * held + (lg.forward_peak if lg else 0),
               cb.persistent + cb.forward)
     # backward starts with the loss's backward (last stage), then the last layer's recompute and work
-    bwd_loss = cat(ms.params + k * autocast, g0, k * A, (k - 1) * held + (lg.backward_peak if lg else 0),
+    bwd_loss = cat(ms.params + k * ac_held, g0, k * A, (k - 1) * held + (lg.backward_peak if lg else 0),
                    cb.persistent + cb.backward)
-    bwd_layer = cat(ms.params + k * autocast, g0, k * A + sa.recompute_work + sa.backward_work, (k - 1) * held,
+    bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0, k * A + sa.recompute_work + sa.backward_work, (k - 1) * held,
                     cb.persistent + cb.backward)
-    bwd_end = cat(ms.params + (k - 1) * autocast, ms.grads, (k - 1) * A + sa.backward_work, (k - 1) * held,
+    bwd_end = cat(ms.params + (k - 1) * ac_held, ms.grads, (k - 1) * A + sa.backward_work, (k - 1) * held,
                   cb.persistent + cb.backward)
     n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
@@ -153,7 +159,7 @@ def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: Trai
     if train.framework == "pytorch" and par.tp > 1 and not par.vocab_parallel:
         notes.append("embeddings and LM head replicated over tp: every TP rank computes the full logits")
     if by.autocast:
-        notes.append("autocast keeps a 16-bit copy of every matmul weight per micro-batch in flight (counted in params)")
+        notes.append("autocast keeps a 16-bit copy of every matmul weight from forward to backward (counted in params)")
     return Estimate(
         model=_asdict(model), parallel=_asdict(par), train=_asdict(train), params_total=total_params(model),
         micro_batches=micro_batches(par, train), per_gpu_bytes=dict(worst.per_gpu_bytes), peak_phase=worst.peak_phase,
