@@ -36,7 +36,9 @@ class ReplayResult:
     timeline: list[Sample] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict, repr=False)
     wall_s: float = 0.0
-    events_per_s: float = 0.0
+    events_per_s: float = 0.0  # trace events per wall-clock second
+    cpu_s: float = 0.0
+    events_per_cpu_s: float = 0.0  # per second of this process's CPU time (fairer on a shared machine)
 
     @property
     def fragmentation_peak_bytes(self) -> int:
@@ -74,19 +76,22 @@ def replay(trace: Trace | str | Path | Snapshot | dict, conf: str | AllocatorCon
                           "max_entries in torch.cuda.memory._record_memory_history(), starting before the work.")
     cfg = conf if isinstance(conf, AllocatorConfig) else parse_alloc_conf(conf)
     oracle = None
-    if tr.segment_oracle and tr.recorded_conf is not None:
+    if (tr.segment_oracle or tr.map_oracle) and tr.recorded_conf is not None:
         try:
             if _same_config(cfg, parse_alloc_conf(tr.recorded_conf)):
                 oracle = tr.segment_oracle
         except LabkitError:
             oracle = None
     sim = CachingAllocatorSim(cfg, cap_bytes=cap_bytes, device_bytes=device_bytes,
-                              device_total_bytes=device_total_bytes, address_oracle=oracle)
+                              device_total_bytes=device_total_bytes, address_oracle=oracle,
+                              map_oracle=tr.map_oracle if oracle is not None else None)
     every = max(1, len(tr.ops) // timeline_points) if timeline_points else 0
     samples: list[Sample] = []
     t0 = time.perf_counter()
+    c0 = time.process_time()
     fits = run_ops(sim, tr.ops, tr.n_ids, every=every, samples=samples, force_generic=force_generic)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     st = sim.memory_stats()
     return ReplayResult(
         trace=tr.name, config=cfg.label, cap_bytes=cap_bytes,
@@ -96,7 +101,8 @@ def replay(trace: Trace | str | Path | Snapshot | dict, conf: str | AllocatorCon
         inactive_split_peak_bytes=st["inactive_split_bytes.all.peak"], reserved_end_bytes=st["reserved_bytes.all.current"],
         allocated_end_bytes=st["allocated_bytes.all.current"], recorded_oom_requests_that_fit=fits,
         ooms=sim.ooms[:20], timeline=samples, stats=st, wall_s=wall,
-        events_per_s=tr.events / wall if wall > 0 else float("inf"))
+        events_per_s=tr.events / wall if wall > 0 else float("inf"), cpu_s=cpu,
+        events_per_cpu_s=tr.events / cpu if cpu > 0 else float("inf"))
 
 
 def replay_with_sim(trace: Trace, conf: str | AllocatorConfig | None = None, **kw) -> CachingAllocatorSim:
@@ -104,9 +110,10 @@ def replay_with_sim(trace: Trace, conf: str | AllocatorConfig | None = None, **k
     tr = load_trace(trace)
     cfg = conf if isinstance(conf, AllocatorConfig) else parse_alloc_conf(conf)
     oracle = None
-    if tr.segment_oracle and tr.recorded_conf is not None and _same_config(cfg, parse_alloc_conf(tr.recorded_conf)):
+    if (tr.segment_oracle or tr.map_oracle) and tr.recorded_conf is not None \
+            and _same_config(cfg, parse_alloc_conf(tr.recorded_conf)):
         oracle = tr.segment_oracle
-    sim = CachingAllocatorSim(cfg, address_oracle=oracle, **kw)
+    sim = CachingAllocatorSim(cfg, address_oracle=oracle, map_oracle=tr.map_oracle if oracle is not None else None, **kw)
     blocks: list = [None] * tr.n_ids
     sim.addresses = [0] * tr.n_ids  # type: ignore[attr-defined]
     for idx, (op, ident, size, stream) in enumerate(tr.ops):

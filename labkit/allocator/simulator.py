@@ -123,7 +123,7 @@ class CachingAllocatorSim:
 
     def __init__(self, config: AllocatorConfig = DEFAULT, *, cap_bytes: int | None = None,
                  device_bytes: int | None = None, device_total_bytes: int = 150_000_000_000,
-                 address_oracle: list[tuple[int, int]] | None = None) -> None:
+                 address_oracle: list[tuple[int, int]] | None = None, map_oracle: list[int] | None = None) -> None:
         self.config = config
         self.expandable = config.expandable_segments
         self.max_split = config.max_split_size
@@ -153,6 +153,7 @@ class CachingAllocatorSim:
         self._next_va = 1 << 40
         self._oracle: list[tuple[int, int]] | None = list(address_oracle or [])
         self._oracle_i = 0
+        self._map_oracle = list(map_oracle or [])
         self.ooms: list[OOMEvent] = []
         self.expandable_segments: list[ExpandableSegment] = []
         self._round_cache: dict[int, int] = {}
@@ -566,7 +567,14 @@ class CachingAllocatorSim:
         page = kSmallBuffer if pool.small else kLargeBuffer
         space = self.device_total + self.device_total // 8
         es_size = page * ((space + page - 1) // page)
-        base = self._new_address(es_size, page)
+        base = None
+        for a in self._map_oracle:  # the recording's base: its first mapping outside every known range
+            if not any(e.base <= a < e.base + e.size for e in self.expandable_segments) and a not in self.by_addr:
+                base = a
+                break
+        if base is None:
+            self._map_oracle = []
+            base = self._new_address(es_size, page)
         es = ExpandableSegment(base, es_size, page, stream)
         self.expandable_segments.append(es)
         cand = Block(base, es_size, stream, pool)
@@ -858,6 +866,9 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
     rnd = sim.round
     malloc, free = sim.malloc, sim.free
     plain = sim._plain and not force_generic
+    # Without pending frees (record_stream), active == allocation and active_bytes == allocated_bytes at
+    # every moment; the fast path then skips those two stats and copies them at the end.
+    mirror = plain and not sim.pending and all(o[0] != FREE_REQ for o in ops)
     fits = 0
     for idx, (op, ident, size, stream) in enumerate(ops):
         if op == ALLOC:
@@ -920,24 +931,25 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
                     S[j] = v
                     if v > S[j + 1]:
                         S[j + 1] = v
-                    v = S[12] + 1
-                    S[12] = v
-                    if v > S[13]:
-                        S[13] = v
-                    j = 12 + p
-                    v = S[j] + 1
-                    S[j] = v
-                    if v > S[j + 1]:
-                        S[j + 1] = v
-                    v = S[36] + bs
-                    S[36] = v
-                    if v > S[37]:
-                        S[37] = v
-                    j = 36 + p
-                    v = S[j] + bs
-                    S[j] = v
-                    if v > S[j + 1]:
-                        S[j + 1] = v
+                    if not mirror:
+                        v = S[12] + 1
+                        S[12] = v
+                        if v > S[13]:
+                            S[13] = v
+                        j = 12 + p
+                        v = S[j] + 1
+                        S[j] = v
+                        if v > S[j + 1]:
+                            S[j + 1] = v
+                        v = S[36] + bs
+                        S[36] = v
+                        if v > S[37]:
+                            S[37] = v
+                        j = 36 + p
+                        v = S[j] + bs
+                        S[j] = v
+                        if v > S[j + 1]:
+                            S[j + 1] = v
                     v = S[48] + size
                     S[48] = v
                     if v > S[49]:
@@ -1005,10 +1017,11 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
             elif d_size < 0:
                 S[42] += d_size
                 S[42 + p] += d_size
-            S[12] -= 1
-            S[12 + p] -= 1
-            S[36] -= bs
-            S[36 + p] -= bs
+            if not mirror:
+                S[12] -= 1
+                S[12 + p] -= 1
+                S[36] -= bs
+                S[36 + p] -= bs
             r = b.requested
             S[48] -= r
             S[48 + p] -= r
@@ -1032,5 +1045,8 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
             samples.append(Sample(idx, S[ALLOCATED_BYTES], S[RESERVED_BYTES]))
     if samples is not None and every:
         samples.append(Sample(len(ops), S[ALLOCATED_BYTES], S[RESERVED_BYTES]))
+    if mirror:
+        S[ACTIVE:ACTIVE + 6] = S[ALLOCATION:ALLOCATION + 6]
+        S[ACTIVE_BYTES:ACTIVE_BYTES + 6] = S[ALLOCATED_BYTES:ALLOCATED_BYTES + 6]
     sim.live_blocks = blocks  # type: ignore[attr-defined]
     return fits

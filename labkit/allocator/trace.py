@@ -45,6 +45,7 @@ class Trace:
     device: int = 0
     streams: list[int] = field(default_factory=lambda: [0])
     segment_oracle: list[tuple[int, int]] = field(default_factory=list)  # (size, address) of segment_alloc
+    map_oracle: list[int] = field(default_factory=list)  # address of each segment_map (expandable segments)
     recorded_addresses: list[int] = field(default_factory=list)  # address each alloc id got when recorded
 
     @property
@@ -103,6 +104,7 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
     seg_starts: list[int] = []  # sorted starts of segments created inside the trace
     seg_size: dict[int, int] = {}
     oracle: list[tuple[int, int]] = []
+    maps: list[int] = []
     rec_addr: list[int] = []
     problems: list[str] = []
     n = 0
@@ -152,6 +154,8 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
             addr, size = e["addr"], e["size"]
             if a == "segment_alloc":
                 oracle.append((size, addr))
+            else:
+                maps.append(addr)
             j = bisect_right(seg_starts, addr) - 1
             if j >= 0 and seg_starts[j] + seg_size[seg_starts[j]] == addr and a == "segment_map":
                 seg_size[seg_starts[j]] += size  # grows a mapped range
@@ -187,7 +191,7 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
                 break
     t = Trace(name=snap.source, ops=ops, n_ids=n, events=N, complete=not problems,
               incomplete_reason=problems[0] if problems else "", recorded_conf=snap.alloc_conf(), device=device,
-              streams=streams, segment_oracle=oracle, recorded_addresses=rec_addr)
+              streams=streams, segment_oracle=oracle, map_oracle=maps, recorded_addresses=rec_addr)
     return t
 
 

@@ -1,0 +1,78 @@
+"""Speed of the allocator replay: trace events per second (target: >= 500,000 on the 2-core CPU machine).
+
+    PYTHONPATH=. python benchmarks/bench_allocator.py [--trace FILE] [--repeat 7] [--json]
+
+The trace is a recorded H200 snapshot from data/traces/ when present (else a modelled recording of a
+training-shaped stream). "events" are the snapshot's trace entries (alloc, free_requested,
+free_completed, segment_*), the unit the target is stated in; reading and compiling the file is timed
+separately. Medians over --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labkit.allocator import compile_trace, read_snapshot, replay  # noqa: E402
+from labkit.allocator.synthetic import to_snapshot, training_like  # noqa: E402
+from labkit.core.paths import TRACES_DIR  # noqa: E402
+from labkit.core.provenance import format_header, header  # noqa: E402
+
+CONFS = ("", "roundup_power2_divisions:4", "max_split_size_mb:128", "expandable_segments:True")
+TARGET = 500_000
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", help="snapshot file (default: the largest recorded trace in data/traces/)")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    print(format_header(header()), flush=True)
+    try:
+        import os
+
+        print(f"# load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (other work slows the wall-clock rate)")
+    except OSError:
+        pass
+    path = Path(args.trace) if args.trace else None
+    if path is None:
+        found = sorted(TRACES_DIR.glob("trace__*__default.pickle.gz"), key=lambda p: p.stat().st_size)
+        path = found[-1] if found else None
+    t0 = time.perf_counter()
+    if path is not None:
+        snap = read_snapshot(path)
+        source = f"recorded trace {path.name}"
+    else:
+        snap = read_snapshot(to_snapshot(training_like(steps=60), ""))
+        source = "model: synthetic training-shaped stream recorded by the simulator"
+    t1 = time.perf_counter()
+    tr = compile_trace(snap)
+    t2 = time.perf_counter()
+    print(f"# trace: {source}: {tr.events} events, {tr.n_ids} requests; read {t1 - t0:.3f} s, "
+          f"compile {t2 - t1:.3f} s ({tr.events / (t2 - t1):,.0f} events/s)")
+    rows = []
+    for conf in CONFS:
+        runs = [replay(tr, conf) for _ in range(args.repeat)]
+        rates = [r.events_per_s for r in runs]
+        cpu_rates = [r.events_per_cpu_s for r in runs]
+        med = statistics.median(rates)
+        cmed = statistics.median(cpu_rates)
+        rows.append({"config": conf or "default", "median_events_per_s": med, "min": min(rates), "max": max(rates),
+                     "median_events_per_cpu_s": cmed, "meets_target": med >= TARGET})
+        print(f"{conf or 'default':32s} median {med:10,.0f} events/s wall (min {min(rates):,.0f}, max {max(rates):,.0f});"
+              f" {cmed:10,.0f} per CPU-second  {'OK' if med >= TARGET else 'below target'}", flush=True)
+    if args.json:
+        print(json.dumps({"trace": source, "events": tr.events, "target": TARGET, "results": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

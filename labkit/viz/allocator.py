@@ -1,0 +1,112 @@
+"""Figures for the allocator notebook: allocated vs reserved over time, the segment map, what-if bars,
+and the simulator-vs-real fidelity chart. No computation here: the numbers come from
+``labkit.allocator``. Every title names its source."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
+GiB = 1024**3
+MiB = 1024**2
+STATE_COLORS = {"active_allocated": "#d62728", "active_awaiting_free": "#ff7f0e", "inactive": "#9ecae1"}
+
+
+def _get(r, k):
+    return r[k] if isinstance(r, dict) else getattr(r, k)
+
+
+def timeline_figure(series: dict[str, Sequence], *, title: str, x_label: str = "request index",
+                    x_key: str = "index", width: int = 760, height: int = 340):
+    """Allocated (dashed) and reserved (solid) GiB over time, one colour per series label.
+
+    Each series is a sequence of samples with ``allocated_bytes``, ``reserved_bytes`` and ``x_key``.
+    """
+    from bokeh.models import HoverTool
+    from bokeh.plotting import figure
+
+    p = figure(width=width, height=height, title=title, x_axis_label=x_label, y_axis_label="GiB (2^30 bytes)")
+    for k, (label, rows) in enumerate(series.items()):
+        c = PALETTE[k % len(PALETTE)]
+        xs = [_get(r, x_key) for r in rows]
+        p.line(xs, [_get(r, "reserved_bytes") / GiB for r in rows], color=c, line_width=2,
+               legend_label=f"{label}: reserved")
+        p.line(xs, [_get(r, "allocated_bytes") / GiB for r in rows], color=c, line_width=1.5, line_dash="dashed",
+               legend_label=f"{label}: allocated")
+    p.add_tools(HoverTool(tooltips=[("x", "$x{0}"), ("GiB", "$y{0.00}")]))
+    p.legend.location = "top_left"
+    p.legend.click_policy = "hide"
+    p.legend.label_text_font_size = "8pt"
+    return p
+
+
+def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760, max_segments: int = 60):
+    """One row per segment (largest first), blocks coloured by state: allocated, awaiting free, free."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    segs = sorted(segments, key=lambda s: -s["total_size"])[:max_segments]
+    rows = dict(y=[], left=[], right=[], color=[], state=[], size=[], seg=[])
+    for i, s in enumerate(segs):
+        off = 0
+        for b in s["blocks"]:
+            rows["y"].append(i)
+            rows["left"].append(off / MiB)
+            rows["right"].append((off + b["size"]) / MiB)
+            rows["color"].append(STATE_COLORS.get(b.get("state", "inactive"), "#cccccc"))
+            rows["state"].append(b.get("state", "?"))
+            rows["size"].append(f"{b['size'] / MiB:.2f} MiB")
+            rows["seg"].append(f"{s.get('segment_type', '')} {'expandable' if s.get('is_expandable') else ''} "
+                               f"{s['total_size'] / MiB:.0f} MiB")
+            off += b["size"]
+    height = max(160, 18 * len(segs) + 80)
+    p = figure(width=width, height=height, title=title, x_axis_label="offset in segment, MiB",
+               y_axis_label="segment (largest first)", y_range=(-0.6, max(len(segs), 1) - 0.4))
+    src = ColumnDataSource(rows)
+    p.hbar(y="y", left="left", right="right", height=0.8, source=src, fill_color="color", line_color="white",
+           line_width=0.5)
+    p.add_tools(HoverTool(tooltips=[("segment", "@seg"), ("block", "@size"), ("state", "@state")]))
+    return p
+
+
+def whatif_figure(rows: Iterable, *, title: str, width: int = 760, height: int = 320):
+    """Reserved peak (bar) and allocated peak (tick) per configuration, GiB."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    rs = list(rows)
+    names = [_get(r, "config") for r in rs]
+    src = ColumnDataSource(dict(config=names, reserved=[_get(r, "reserved_peak_bytes") / GiB for r in rs],
+                                allocated=[_get(r, "allocated_peak_bytes") / GiB for r in rs],
+                                ooms=[_get(r, "num_ooms") for r in rs]))
+    p = figure(y_range=list(reversed(names)), width=width, height=max(height, 40 * len(names) + 60), title=title,
+               x_axis_label="GiB (2^30 bytes) at the peak")
+    p.hbar(y="config", right="reserved", height=0.6, source=src, color="#1f77b4", legend_label="reserved peak")
+    p.scatter(x="allocated", y="config", source=src, marker="dash", size=22, line_width=3, color="#d62728",
+              legend_label="allocated peak")
+    p.add_tools(HoverTool(tooltips=[("config", "@config"), ("reserved GiB", "@reserved{0.00}"),
+                                    ("allocated GiB", "@allocated{0.00}"), ("OOMs", "@ooms")]))
+    p.legend.location = "bottom_right"
+    return p
+
+
+def fidelity_figure(rows: Iterable, *, title: str, width: int = 760, height: int = 360):
+    """Simulated against real reserved peak (GiB), one point per (workload, configuration); the diagonal is exact."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    rs = list(rows)
+    real = [_get(r, "real")["reserved_bytes.all.peak"] / GiB for r in rs]
+    sim = [_get(r, "simulated")["reserved_bytes.all.peak"] / GiB for r in rs]
+    src = ColumnDataSource(dict(real=real, sim=sim, wl=[_get(r, "workload") for r in rs],
+                                conf=[_get(r, "config") for r in rs],
+                                err=[100 * _get(r, "rel_error")["reserved_bytes.all.peak"] for r in rs],
+                                color=[PALETTE[hash(_get(r, "workload")) % len(PALETTE)] for r in rs]))
+    hi = max(real + sim + [1.0]) * 1.05
+    p = figure(width=width, height=height, title=title, x_axis_label="real reserved peak, GiB (2^30 B)",
+               y_axis_label="simulated reserved peak, GiB", x_range=(0, hi), y_range=(0, hi))
+    p.line([0, hi], [0, hi], color="grey", line_dash="dashed")
+    p.scatter("real", "sim", source=src, size=9, color="color")
+    p.add_tools(HoverTool(tooltips=[("workload", "@wl"), ("config", "@conf"), ("real", "@real{0.000}"),
+                                    ("simulated", "@sim{0.000}"), ("error %", "@err{0.00}")]))
+    return p
