@@ -289,12 +289,15 @@ def _from_nvml(nvml: list[dict], ranks: list[dict] | None) -> list[Finding]:
 
 def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | Path | Snapshot | dict | None = None,
              ranks: list[dict] | None = None, nvml: list[dict] | None = None, step_allocated: list[int] | None = None,
-             check_with_simulator: bool = True) -> Diagnosis:
-    """Classify an out-of-memory case from whatever is at hand (at least one input)."""
+             check_with_simulator: bool = True, cap_bytes: int | None = None) -> Diagnosis:
+    """Classify an out-of-memory case from whatever is at hand (at least one input).
+
+    ``cap_bytes`` is the memory limit the simulator checks against (default: the limit the OOM message
+    names, if any)."""
     if oom_text is None and stats is None and snapshot is None and not ranks and not nvml and not step_allocated:
         raise LabkitError("doctor: give an OOM message, memory_stats(), a snapshot, or per-rank data")
     d = Diagnosis(inputs=[])
-    limit = None
+    limit = cap_bytes
     if isinstance(stats, dict) and "ranks" in stats and ranks is None:
         ranks = stats["ranks"]
         nvml = nvml or stats.get("nvml")
@@ -309,7 +312,7 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
     if oom_text is not None:
         d.inputs.append("OOM message")
         d.oom = parse_oom_message(oom_text)
-        limit = d.oom.limit_bytes
+        limit = limit or d.oom.limit_bytes
         d.findings += _from_oom(d.oom)
     if isinstance(stats, list):
         d.inputs.append(f"memory_stats() series ({len(stats)} samples)")
