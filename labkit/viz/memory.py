@@ -2,7 +2,7 @@
 
 The figures take numbers already computed by ``labkit.memory`` (estimates, recorded peaks) and a
 ``source`` string that goes in the title (``model``, ``recorded on <GPU>, <date>``). The explorer
-calls ``labkit.memory.estimate`` on each widget change and updates the plot's data source.
+calls ``labkit.memory.estimate()`` on each widget change and updates the plot's data source.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     import ipywidgets as W
     from jupyter_bokeh import BokehModel
 
-    from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
+    from labkit.memory.model import ModelSpec, ParallelSpec, TrainSpec, estimate
     from labkit.memory.presets import get_preset, preset_names
 
     init = {"preset": "llama3-8b", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "sp": True, "precision": "bf16-mixed",

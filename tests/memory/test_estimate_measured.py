@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.memory.estimate.buffers import ALLOCATOR_OVERHEAD, WORKSPACE_BYTES
-from labkit.memory.estimate.measured import allocator_overhead_from, compare_tracer, workspace_from_tracer
+from labkit.memory.model_buffers import ALLOCATOR_OVERHEAD, WORKSPACE_BYTES
+from labkit.memory.model_measured import allocator_overhead_from, compare_tracer, workspace_from_tracer
 
 MiB = 1 << 20
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
-from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
-from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
-from labkit.memory.estimate.states import ModelStates, model_states, precision_bytes, stage_params, total_params
+from labkit.memory.model_activations import in_flight, layer_activations, logits_bytes, stage_activations
+from labkit.memory.model_buffers import Overheads, comm_buffers, communicators
+from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
+from labkit.memory.model_bytes import ModelStates, model_states, precision_bytes, stage_params, total_params
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead")
 PHASES = ("forward", "backward", "optimizer")
@@ -46,6 +46,7 @@ class StageEstimate:
     phases: dict[str, int]              # allocated bytes at each phase's peak
     steady_bytes: int                   # allocated between steps
     params_local: int                   # parameters on this GPU before ZeRO sharding
+    phase_breakdown: dict[str, dict[str, int]]  # allocator-side categories at each phase's peak
 
 
 @dataclass
@@ -73,8 +74,8 @@ class Estimate:
 
 
 def _optimizer_temp(n_opt: float, train: TrainSpec, by) -> float:
-    if train.optimizer != "adamw" or train.optimizer_impl == "fused":
-        return 0.0
+    if train.optimizer != "adamw" or train.optimizer_impl == "fused" or train.framework == "megatron":
+        return 0.0  # fused kernels (Megatron uses a fused Adam) update in place
     elem = 4 if by.master else by.states / 2
     if train.optimizer_impl == "foreach":
         return n_opt * elem
@@ -134,7 +135,8 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     steady = int(ms.params + ms.optimizer + cb.persistent + ws + (ms.grads if persistent_grads else 0))
     return StageEstimate(stage=stage, layers=pc.layers, in_flight=k, peak_phase=phase, per_gpu_bytes=peak,
                          peak_allocated=allocated, peak_reserved=allocated + overhead, phases=phases,
-                         steady_bytes=steady, params_local=pc.total)
+                         steady_bytes=steady, params_local=pc.total,
+                         phase_breakdown={p: {kk: int(v) for kk, v in c.items()} for p, c in cands.items()})
 
 
 def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: TrainSpec | None = None,

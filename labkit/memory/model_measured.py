@@ -5,7 +5,7 @@ the tracer's single-GPU reference cases (``data/measurements/measure/reference_p
 Each recorded case is translated into the estimator's inputs exactly as it ran (the lab's GPT:
 LayerNorm with biases, learned positions, tied embeddings, GELU MLP; PyTorch layout; the
 optimizer implementation it used) and compared on the steady step's ``max_memory_allocated``.
-The allocator-overhead and CUDA-context defaults of :mod:`labkit.memory.estimate.buffers` are
+The allocator-overhead and CUDA-context defaults of :mod:`labkit.memory.model_buffers` are
 derived here from the same files.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
-from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
-from labkit.memory.estimate.totals import estimate
+from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec
+from labkit.memory.model_totals import estimate
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -156,7 +156,7 @@ def tracer_specs(case: Any) -> tuple[ModelSpec, ParallelSpec, TrainSpec]:
 
 
 def compare_tracer_case(case: Any) -> Comparison:
-    from labkit.memory.estimate.buffers import Overheads
+    from labkit.memory.model_buffers import Overheads
 
     m, par, train = tracer_specs(case)
     oh = Overheads()
