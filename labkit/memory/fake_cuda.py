@@ -243,7 +243,49 @@ class CudaEmulator:
             tracker.transient(B * H * (math.ceil(T / blk) * blk) * 4)
 
     def describe(self) -> dict[str, Any]:
-        return {"target": self.target.describe(), "cublas_workspaces": self._workspaces}
+        return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
+                "assumptions": list(getattr(self, "assumptions", []))}
+
+
+@contextlib.contextmanager
+def data_dependent_choices() -> Iterator[list[str]]:
+    """Answer the data-dependent questions libraries ask, which fake tensors cannot answer.
+
+    Hugging Face ``transformers`` checks position ids for packed sequences
+    (``masking_utils.find_packed_sequence_indices``) and, under fake tensors ("tracing"), assumes
+    packing and builds an explicit (batch, seq, seq) mask, which a GPU run with plain batches never
+    does. Fake mode answers "one sequence per row" (the case when the model makes its own position ids).
+    Yields the list of choices made (for the report).
+    """
+    import sys
+
+    made: list[str] = []
+    undo: list[tuple[Any, str, Any]] = []
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None and "transformers" in sys.modules:   # a model factory may import it later
+        try:
+            import transformers.masking_utils as mu
+        except ImportError:
+            mu = None
+    if mu is not None and hasattr(mu, "find_packed_sequence_indices"):
+        original = mu.find_packed_sequence_indices
+
+        def unpacked(position_ids: torch.Tensor) -> Any:
+            from torch._subclasses.fake_tensor import is_fake
+
+            if is_fake(position_ids):
+                if "hf-unpacked-sequences" not in made:
+                    made.append("hf-unpacked-sequences")
+                return None
+            return original(position_ids)
+
+        undo.append((mu, "find_packed_sequence_indices", original))
+        mu.find_packed_sequence_indices = unpacked
+    try:
+        yield made
+    finally:
+        for mod, name, fn in undo:
+            setattr(mod, name, fn)
 
 
 def _mode_active(cls: type) -> bool:

@@ -122,8 +122,11 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
 
         from labkit.memory.fake_cuda import CudaEmulator, CudaTarget
 
+        from labkit.memory.fake_cuda import data_dependent_choices
+
         emulator = CudaEmulator(target or CudaTarget(), policy)
         fake = FakeTensorMode(allow_non_fake_inputs=False)
+        emulator.assumptions = stack.enter_context(data_dependent_choices())
         stack.enter_context(fake)
         if policy.autocast_dtype is not None:
             autocast = emulator.autocast_factory(policy.autocast_dtype)
