@@ -66,9 +66,11 @@ def main(argv=None) -> int:
         med = statistics.median(rates)
         cmed = statistics.median(cpu_rates)
         rows.append({"config": conf or "default", "median_events_per_s": med, "min": min(rates), "max": max(rates),
-                     "median_events_per_cpu_s": cmed, "meets_target": med >= TARGET})
+                     "median_events_per_cpu_s": cmed, "best_events_per_cpu_s": max(cpu_rates),
+                     "meets_target": med >= TARGET})
         print(f"{conf or 'default':32s} median {med:10,.0f} events/s wall (min {min(rates):,.0f}, max {max(rates):,.0f});"
-              f" {cmed:10,.0f} per CPU-second  {'OK' if med >= TARGET else 'below target'}", flush=True)
+              f" per CPU-second median {cmed:,.0f}, best {max(cpu_rates):,.0f}  "
+              f"{'OK' if med >= TARGET else 'below target'}", flush=True)
     if args.json:
         print(json.dumps({"trace": source, "events": tr.events, "target": TARGET, "results": rows}))
     return 0

@@ -69,10 +69,11 @@ class Block:
 
 
 class Pool:
-    __slots__ = ("small", "keys", "unmapped", "gc_calls")
+    __slots__ = ("small", "keys", "unmapped", "gc_calls", "poff")
 
     def __init__(self, small: bool) -> None:
         self.small = small
+        self.poff = 2 if small else 4  # offset of this pool's slots in a stat (see ALLOCATION ...)
         self.keys: list[int] = []  # free mapped blocks: stream<<96 | size<<48 | addr
         self.unmapped: list[int] = []  # unmapped expandable blocks: stream<<48 | addr
         self.gc_calls = 0
@@ -95,7 +96,7 @@ ALLOCATION, SEGMENT, ACTIVE, INACTIVE_SPLIT, ALLOCATED_BYTES, RESERVED_BYTES, AC
 class OOMEvent:
     """A request the simulated allocator could not satisfy."""
 
-    index: int  # position in the replayed stream
+    index: int  # the request (allocation number) that failed; -1 for a recorded OOM request retried
     request_bytes: int
     alloc_bytes: int
     allocated_bytes: int
@@ -135,8 +136,9 @@ class CachingAllocatorSim:
         self.allowed = cap_bytes if cap_bytes is not None else 0
         self.device_limit = device_bytes if device_bytes is not None else NO_LIMIT
         self.gc = self.set_fraction and config.garbage_collection_threshold > 0.0
-        # the plain path: no expandable segments, no max_split_size, no garbage collection
-        self._plain = not self.expandable and self.max_split == NO_LIMIT and not self.gc
+        # the inlined path of run_ops: no expandable segments, no garbage collection
+        self._plain = not self.expandable and not self.gc
+        self._simple_search = self._plain and self.max_split == NO_LIMIT  # get_free_block is a plain best fit
         self.small = Pool(True)
         self.large = Pool(False)
         self.by_addr: dict[int, Block] = {}  # every block that exists, by address
@@ -229,7 +231,7 @@ class CachingAllocatorSim:
         small = size <= kSmallSize
         pool = self.small if small else self.large
         block = None
-        if self._plain:  # get_free_block, inlined
+        if self._simple_search:  # get_free_block, inlined
             keys = pool.keys
             i = bisect_left(keys, (stream << S96) | (size << 48))
             if i < len(keys):
@@ -851,26 +853,49 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
     """Apply a compiled request stream (see :mod:`labkit.allocator.trace`) to ``sim``.
 
     For the plain configuration (no expandable segments, no max_split_size, no garbage collection)
-    the common cases (a cached block is found; a free without pending stream uses) are inlined here:
-    they are ``malloc``/``alloc_found_block`` and ``free``/``free_block`` of the class above, statement
-    for statement. Everything else goes through the methods. ``force_generic`` uses the methods
-    only (tests check both give identical results). Returns how many recorded OOM requests fit.
+    the common cases (a cached block is found; a free without pending stream uses) are inlined in
+    :func:`_run_core`: they are ``malloc``/``alloc_found_block`` and ``free``/``free_block`` of the class
+    above, statement for statement. Everything else goes through the methods. ``force_generic`` uses the
+    methods only (tests check both give identical results). ``every`` > 0 appends an (allocated,
+    reserved) sample to ``samples`` every that many ops. Returns how many recorded OOM requests fit.
     """
-    from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+    from labkit.allocator.trace import FREE_REQ
 
     blocks: list = [None] * n_ids
+    plain = sim._plain and not force_generic
+    # Without pending frees (record_stream), active == allocation and active_bytes == allocated_bytes at
+    # every moment; the fast path then skips those two stats and copies them at the end.
+    fast_free = not sim.gc and not force_generic  # free_block inlined (gc needs its block ages)
+    mirror = fast_free and not sim.pending and all(o[0] != FREE_REQ for o in ops)
+    S = sim.S
+    fits = 0
+    if every and samples is not None:
+        for start in range(0, len(ops), every):
+            samples.append(Sample(start, S[ALLOCATED_BYTES], S[RESERVED_BYTES]))
+            fits += _run_core(sim, ops[start:start + every], blocks, plain, fast_free, mirror)
+        samples.append(Sample(len(ops), S[ALLOCATED_BYTES], S[RESERVED_BYTES]))
+    else:
+        fits = _run_core(sim, ops, blocks, plain, fast_free, mirror)
+    if mirror:
+        S[ACTIVE:ACTIVE + 6] = S[ALLOCATION:ALLOCATION + 6]
+        S[ACTIVE_BYTES:ACTIVE_BYTES + 6] = S[ALLOCATED_BYTES:ALLOCATED_BYTES + 6]
+    sim.live_blocks = blocks  # type: ignore[attr-defined]
+    return fits
+
+
+def _run_core(sim: CachingAllocatorSim, ops, blocks: list, plain: bool, fast_free: bool, mirror: bool) -> int:
+    from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+
     S = sim.S
     by_addr = sim.by_addr
     small_pool, large_pool = sim.small, sim.large
     rc = sim._round_cache
     rnd = sim.round
     malloc, free = sim.malloc, sim.free
-    plain = sim._plain and not force_generic
-    # Without pending frees (record_stream), active == allocation and active_bytes == allocated_bytes at
-    # every moment; the fast path then skips those two stats and copies them at the end.
-    mirror = plain and not sim.pending and all(o[0] != FREE_REQ for o in ops)
     fits = 0
-    for idx, (op, ident, size, stream) in enumerate(ops):
+    bisect_left_, insort_, Block_, A48_ = bisect_left, insort, Block, A48
+    ms, nsr, oversize = sim.max_split, sim.max_nsr, sim.oversize_allocations
+    for op, ident, size, stream in ops:
         if op == ALLOC:
             if plain:
                 rs = rc.get(size)
@@ -879,16 +904,20 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
                 small = rs <= 1048576
                 pool = small_pool if small else large_pool
                 keys = pool.keys
-                i = bisect_left(keys, (stream << 96) | (rs << 48))
+                i = bisect_left_(keys, (stream << 96) | (rs << 48))
                 if i < len(keys) and (keys[i] >> 96) == stream:
-                    b = by_addr[keys[i] & A48]
+                    b = by_addr[keys[i] & A48_]
+                    bsize = b.size
+                    # max_split_size rules of get_free_block (no-ops when it is unlimited)
+                    if (rs < ms and bsize >= ms) or (rs >= ms and bsize >= rs + nsr):
+                        blocks[ident] = malloc(size, stream, ident)
+                        continue
                     del keys[i]
                     p = 2 if small else 4
-                    bsize = b.size
                     rem = bsize - rs
-                    if (rem >= 512) if small else (rem > 1048576):
+                    if (rem >= 512) if small else (rs < ms and rem > 1048576):
                         already = b.prev is not None or b.next is not None
-                        nb = Block(b.addr, rs, stream, pool)
+                        nb = Block_(b.addr, rs, stream, pool)
                         pv = nb.prev = b.prev
                         if pv is not None:
                             pv.next = nb
@@ -898,13 +927,29 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
                         b.size = rem
                         by_addr[nb.addr] = nb
                         by_addr[b.addr] = b
-                        insort(keys, (stream << 96) | (rem << 48) | b.addr)
+                        insort_(keys, (stream << 96) | (rem << 48) | b.addr)
                         if already:
                             S[42] -= rs
                             S[42 + p] -= rs
                         else:
-                            sim._inc(INACTIVE_SPLIT_BYTES, small, rem)
-                            sim._inc(INACTIVE_SPLIT, small, 1)
+                            v = S[42] + rem
+                            S[42] = v
+                            if v > S[43]:
+                                S[43] = v
+                            j = 42 + p
+                            v = S[j] + rem
+                            S[j] = v
+                            if v > S[j + 1]:
+                                S[j + 1] = v
+                            v = S[18] + 1
+                            S[18] = v
+                            if v > S[19]:
+                                S[19] = v
+                            j = 18 + p
+                            v = S[j] + 1
+                            S[j] = v
+                            if v > S[j + 1]:
+                                S[j + 1] = v
                         b = nb
                     elif b.prev is not None or b.next is not None:
                         S[42] -= bsize
@@ -959,31 +1004,38 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
                     S[j] = v
                     if v > S[j + 1]:
                         S[j + 1] = v
+                    if bs >= ms:
+                        o = oversize
+                        o[0] += 1
+                        if o[0] > o[1]:
+                            o[1] = o[0]
                     blocks[ident] = b
                     continue
-            blocks[ident] = malloc(size, stream, idx)
+            blocks[ident] = malloc(size, stream, ident)
         elif op == FREE:
             b = blocks[ident]
             if b is None:
                 continue
             blocks[ident] = None
-            if not plain:
+            if not fast_free:
                 free(b)
                 continue
             pool = b.pool
-            p = 2 if pool.small else 4
+            p = pool.poff
             bs = b.size
             b.allocated = False
             S[0] -= 1
             S[p] -= 1
             S[24] -= bs
             S[24 + p] -= bs
+            if bs >= ms:
+                oversize[0] -= 1
             keys = pool.keys
             d_blocks = 0
             d_size = 0
             src = b.prev
-            if src is not None and not src.allocated and not src.pending:
-                del keys[bisect_left(keys, (src.stream << 96) | (src.size << 48) | src.addr)]
+            if src is not None and not src.allocated and not src.pending and src.mapped:
+                del keys[bisect_left_(keys, (src.stream << 96) | (src.size << 48) | src.addr)]
                 del by_addr[b.addr]
                 b.addr = src.addr
                 by_addr[b.addr] = b
@@ -994,8 +1046,8 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
                 d_blocks -= 1
                 d_size -= src.size
             src = b.next
-            if src is not None and not src.allocated and not src.pending:
-                del keys[bisect_left(keys, (src.stream << 96) | (src.size << 48) | src.addr)]
+            if src is not None and not src.allocated and not src.pending and src.mapped:
+                del keys[bisect_left_(keys, (src.stream << 96) | (src.size << 48) | src.addr)]
                 del by_addr[src.addr]
                 nn = b.next = src.next
                 if nn is not None:
@@ -1003,20 +1055,21 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
                 b.size += src.size
                 d_blocks -= 1
                 d_size -= src.size
-            insort(keys, (b.stream << 96) | (b.size << 48) | b.addr)
+            insort_(keys, (b.stream << 96) | (b.size << 48) | b.addr)
             if b.prev is not None or b.next is not None:
                 d_blocks += 1
                 d_size += b.size
-            if d_blocks > 0:
-                sim._inc(INACTIVE_SPLIT, pool.small, d_blocks)
-            elif d_blocks < 0:
-                S[18] += d_blocks
-                S[18 + p] += d_blocks
-            if d_size > 0:
-                sim._inc(INACTIVE_SPLIT_BYTES, pool.small, d_size)
-            elif d_size < 0:
-                S[42] += d_size
-                S[42 + p] += d_size
+            if b.es is None:  # expandable blocks are left out of inactive_split, as in free_block
+                if d_blocks > 0:
+                    sim._inc(INACTIVE_SPLIT, pool.small, d_blocks)
+                elif d_blocks < 0:
+                    S[18] += d_blocks
+                    S[18 + p] += d_blocks
+                if d_size > 0:
+                    sim._inc(INACTIVE_SPLIT_BYTES, pool.small, d_size)
+                elif d_size < 0:
+                    S[42] += d_size
+                    S[42 + p] += d_size
             if not mirror:
                 S[12] -= 1
                 S[12 + p] -= 1
@@ -1037,16 +1090,8 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
         elif op == EMPTY_CACHE:
             sim.empty_cache()
         elif op == OOM_RETRY:
-            b = malloc(size, stream, idx)
+            b = malloc(size, stream, -1)
             if b is not None:
                 fits += 1
                 free(b)
-        if every and idx % every == 0 and samples is not None:
-            samples.append(Sample(idx, S[ALLOCATED_BYTES], S[RESERVED_BYTES]))
-    if samples is not None and every:
-        samples.append(Sample(len(ops), S[ALLOCATED_BYTES], S[RESERVED_BYTES]))
-    if mirror:
-        S[ACTIVE:ACTIVE + 6] = S[ALLOCATION:ALLOCATION + 6]
-        S[ACTIVE_BYTES:ACTIVE_BYTES + 6] = S[ALLOCATED_BYTES:ALLOCATED_BYTES + 6]
-    sim.live_blocks = blocks  # type: ignore[attr-defined]
     return fits

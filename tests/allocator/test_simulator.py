@@ -208,7 +208,9 @@ def _random_trace(seed, n=3000, streams=2):
     return tb.build()
 
 
-@pytest.mark.parametrize("conf", ["", "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,>:8]"])
+@pytest.mark.parametrize("conf", ["", "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,>:8]",
+                                  "max_split_size_mb:20", "max_split_size_mb:128,max_non_split_rounding_mb:64",
+                                  "expandable_segments:True", "expandable_segments:True,roundup_power2_divisions:4"])
 def test_fast_path_equals_generic_methods(conf):
     for seed in range(3):
         t = _random_trace(seed)
