@@ -84,3 +84,15 @@ def test_full_memory_stats_match_for_default(fidelity_rows):
         for k, v in res.stats.items():
             if k in run.stats and k not in skip:
                 assert v == run.stats[k], (wl, k, v, run.stats[k])
+
+
+def test_cli_replay_of_a_recorded_trace_gives_the_real_numbers(capsys):
+    import json
+
+    from labkit.cli import main
+
+    run = next(r for r in RUNS if r.workload == "train_then_eval" and r.config == "expandable")
+    assert main(["alloc", "replay", str(recorded.trace_path("train_then_eval")), "--conf", run.alloc_conf, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reserved_peak_bytes"] == run.stats["reserved_bytes.all.peak"]
+    assert doc["num_device_alloc"] == run.stats["num_device_alloc"] and doc["segments_peak"] == 0

@@ -85,3 +85,49 @@ def test_program_requests_are_separated_from_allocator_actions(snap_dict):
     # alloc sizes are the program's requested sizes, not the rounded block sizes
     req = [e["size"] for e in snap_dict["device_traces"][0] if e["action"] == "alloc"]
     assert [op[2] for op in tr.ops if op[0] == 0] == req
+
+
+def test_deferred_free_is_not_reused_before_free_completed():
+    """record_stream: free_requested, other work, then free_completed; until then the block is not reusable
+    (it still counts as active), as in free()/process_events()."""
+    MiB = 1024 * 1024
+    A, B = 0x7F0000000000, 0x7F0000000000 + 40 * MiB
+    tr = [
+        {"action": "segment_alloc", "addr": A, "size": 40 * MiB, "stream": 0},
+        {"action": "alloc", "addr": A, "size": 40 * MiB, "stream": 0},
+        {"action": "free_requested", "addr": A, "size": 40 * MiB, "stream": 0},
+        {"action": "segment_alloc", "addr": B, "size": 40 * MiB, "stream": 0},
+        {"action": "alloc", "addr": B, "size": 40 * MiB, "stream": 0},  # cannot reuse A yet
+        {"action": "free_completed", "addr": A, "size": 40 * MiB, "stream": 0},
+        {"action": "free_requested", "addr": B, "size": 40 * MiB, "stream": 0},
+        {"action": "free_completed", "addr": B, "size": 40 * MiB, "stream": 0},
+        {"action": "alloc", "addr": A, "size": 40 * MiB, "stream": 0},
+    ]
+    snap = {"segments": [{"address": A, "total_size": 40 * MiB, "allocated_size": 40 * MiB, "blocks": []},
+                         {"address": B, "total_size": 40 * MiB, "allocated_size": 0, "blocks": []}],
+            "device_traces": [tr], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
+    t = compile_trace(read_snapshot(snap))
+    assert t.complete
+    r = replay(t, "")
+    assert r.segments_peak == 2 and r.num_device_alloc == 2
+    assert r.stats["active_bytes.all.peak"] == 80 * MiB and r.allocated_peak_bytes == 40 * MiB
+    from labkit.allocator import replay_with_sim
+
+    assert replay_with_sim(t, "").addresses == [A, B, A]
+
+
+def test_empty_cache_in_a_trace_is_replayed():
+    """A run of segment_free entries not followed by an oom is the program's empty_cache()."""
+    from labkit.allocator.synthetic import to_snapshot
+    from labkit.allocator import TraceBuilder
+
+    tb = TraceBuilder()
+    a = tb.alloc(100 * 1024 * 1024)
+    tb.free(a)
+    tb.empty_cache()
+    tb.alloc(100 * 1024 * 1024)
+    snap = to_snapshot(tb.build(), "")
+    t = compile_trace(read_snapshot(snap))
+    assert [op[0] for op in t.ops] == [0, 1, 4, 0]
+    r = replay(t, "")
+    assert r.num_device_alloc == 2 and r.stats["num_device_free"] == 1
