@@ -169,7 +169,9 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
             emb += sb * x.h / x.t_sp
     head = 0
     if stage == par.pp - 1:
-        head = sb * x.h * by.resid / x.t_sp + sb * x.h * by.act + sb * 8  # final norm in/out, targets
+        # final norm input and output, targets; PyTorch SP gathers the sequence before the final norm
+        gathered = train.framework == "pytorch" and par.sp
+        head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
                             backward_work=la.backward_work)
 

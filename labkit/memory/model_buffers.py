@@ -5,8 +5,9 @@ Inside PyTorch's allocator (counted by ``max_memory_allocated``):
 * DDP buckets: a gradient-sized flat copy, persistent (none with ``gradient_as_bucket_view``);
 * ZeRO-1/2 reduce-scatter and all-gather buckets (``bucket_bytes`` each, transient);
 * ZeRO-3 / FSDP2 gathered parameters: the root unit (embeddings, final norm, head) stays gathered
-  from forward to backward, one block is gathered and the next one prefetched (two blocks), and a
-  block's unsharded gradients wait for their reduce-scatter (in the reduce dtype);
+  from forward to backward, one block is gathered and the next one prefetched (two blocks) plus the
+  all-gather's flat output being copied out (a third); a block's unsharded gradients and the
+  reduce-scatter input they are copied into (in the reduce dtype);
 * tensor parallelism: the output of the all-reduce (or all-gather with SP) of one activation;
 * context parallelism: the gathered keys and values of the full sequence;
 * pipeline parallelism: one receive buffer for activations and one for gradients;
@@ -90,16 +91,18 @@ def comm_buffers(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, p
             cw = by.compute_weight
             root = (pc.embedding + pc.head) * cw
             block = pc.layer * cw
+            # the all-gather's flat output is copied out into the parameters: one more block transiently
             if par.reshard_after_forward:
-                fwd += root + 2 * block
+                fwd += root + 3 * block
                 after_fwd = root
-                bwd_params = root + 2 * block
+                bwd_params = root + 3 * block
             else:
-                fwd += root + pc.layers * block
+                fwd += root + pc.layers * block + block
                 after_fwd = root + pc.layers * block
-                bwd_params = after_fwd
+                bwd_params = after_fwd + block
             reduce_bytes = 4 if (by.master or by.grad == 4) else by.grad
-            unsharded_grads = pc.layer * by.grad + (pc.layer * reduce_bytes if reduce_bytes != by.grad else 0)
+            # a block's unsharded gradients and the reduce-scatter input they are copied into
+            unsharded_grads = pc.layer * by.grad + pc.layer * reduce_bytes
             bwd += bwd_params + unsharded_grads
     if par.tp > 1:
         t_out = x.s * x.b * x.h * by.act

@@ -116,7 +116,9 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     # backward starts with the loss's backward (last stage), then the last layer's recompute and work
     bwd_loss = cat(ms.params + k * ac_held, g0, k * A, (k - 1) * held + (lg.backward_peak if lg else 0),
                    cb.persistent + cb.backward)
-    bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0, k * A + sa.recompute_work + sa.backward_work, (k - 1) * held,
+    # the LM head's weight gradient appears before the layers' backward (unsharded until ZeRO-2/3 reduce it)
+    head_grad = pc.head_matmul * by.grad if (last and (par.zero >= 2 or not g0)) else 0
+    bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0 + head_grad, k * A + sa.recompute_work + sa.backward_work, (k - 1) * held,
                     cb.persistent + cb.backward)
     bwd_end = cat(ms.params + (k - 1) * ac_held, ms.grads, (k - 1) * A + sa.backward_work, (k - 1) * held,
                   cb.persistent + cb.backward)
