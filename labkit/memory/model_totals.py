@@ -66,6 +66,7 @@ class Estimate:
     steady_bytes: int
     by_stage: list[StageEstimate]
     model_states: dict[str, int]        # persistent weights, grads, optimizer (ZeRO accounting), most loaded GPU
+    layer_activations: dict[str, int] = field(default_factory=dict)  # one layer, one micro-batch, this GPU
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -170,6 +171,8 @@ def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: Trai
         most_loaded_stage=worst.stage, peak_allocated=worst.peak_allocated, peak_reserved=worst.peak_reserved,
         steady_bytes=worst.steady_bytes, by_stage=stages,
         model_states={"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer, "total": ms.total},
+        layer_activations={"kept": la.kept, "without_recompute": la.full, "attention_core": la.core,
+                           "layer_input": la.layer_input},
         notes=notes)
 
 
