@@ -28,7 +28,7 @@ int) searched with ``bisect``: the hot path stays in C.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from labkit.allocator.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
 
@@ -109,14 +109,6 @@ class Sample:
     index: int
     allocated_bytes: int
     reserved_bytes: int
-
-
-@dataclass
-class SimState:
-    """Where the simulated allocator stands (memory_stats()-style names)."""
-
-    stats: dict[str, int] = field(default_factory=dict)
-    ooms: list[OOMEvent] = field(default_factory=list)
 
 
 class CachingAllocatorSim:
