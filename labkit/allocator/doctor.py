@@ -124,7 +124,16 @@ def _from_oom(m: OOMMessage) -> list[Finding]:
     others = sum(b for _, b in m.other_processes)
     lim = f"{fmt_bytes(L)} {'allowed (memory fraction)' if m.allowed_bytes is not None else 'device capacity'}" if L else "?"
     nonpt = (m.this_process_bytes - P - U) if m.this_process_bytes is not None else None
-    if m.other_processes and m.allowed_bytes is None and m.free_bytes is not None and m.free_bytes < R:
+    small_foreign = [(pid, b) for pid, b in m.other_processes if b < 1.5 * GiB]
+    if small_foreign and len(small_foreign) == len(m.other_processes):
+        out.append(Finding("imbalance", "Small foreign processes on this GPU: likely other ranks' stray CUDA contexts",
+                           [f"GPU {m.device} also hosts {len(small_foreign)} process(es) of "
+                            + ", ".join(fmt_bytes(b) for _, b in small_foreign)
+                            + " each: the size of a CUDA context (~0.3-1 GiB), not of a training job",
+                            "typically every rank touched cuda:0 before torch.cuda.set_device(local_rank)"],
+                           FIXES["imbalance"]))
+    if m.other_processes and m.allowed_bytes is None and m.free_bytes is not None and m.free_bytes < R \
+            and len(small_foreign) < len(m.other_processes):
         pids = ", ".join(f"{pid} ({fmt_bytes(b)})" for pid, b in m.other_processes)
         out.append(Finding("other_process", "Other processes hold the memory this request needs",
                            [f"request {fmt_bytes(R)} but only {fmt_bytes(m.free_bytes)} free on GPU {m.device}",
@@ -354,6 +363,10 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
     if ranks:
         d.inputs.append(f"{len(ranks)} ranks")
         for i, rk in enumerate(ranks):
+            if rk.get("oom_text"):
+                for f in _from_oom(parse_oom_message(rk["oom_text"], source=f"rank {rk.get('rank', i)} OOM message")):
+                    f.rank = rk.get("rank", i)
+                    d.findings.append(f)
             for f in _from_stats(rk.get("stats") or {}, rank=rk.get("rank", i)):
                 d.findings.append(f)
         d.findings += _from_ranks(ranks)
@@ -368,6 +381,9 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
     d.findings.sort(key=lambda f: order.get(f.kind, 5))
     if not d.findings:
         d.notes.append("no out-of-memory cause found in these inputs")
+    elif snapshot is None and any(f.kind == "fragmentation" for f in d.findings):
+        d.notes.append("to check a fix with the simulator, record a snapshot (torch.cuda.memory._record_memory_history("
+                       "max_entries=200000, context=None) ... _dump_snapshot()) and pass it too")
     return d
 
 

@@ -97,3 +97,15 @@ def test_imbalance_across_ranks():
     d = diagnose(ranks=ranks, nvml=nvml)
     assert d.primary == "imbalance"
     assert any("stray CUDA contexts" in e for e in d.findings[0].evidence)
+
+
+STRAY = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.14 GiB of which 1.50 GiB is "
+         "free. Process 311 has 512.00 MiB memory in use. Process 312 has 512.00 MiB memory in use. Process 313 has "
+         "512.00 MiB memory in use. Including non-PyTorch memory, this process has 76.61 GiB memory in use. Of the "
+         "allocated memory 74.20 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated.")
+
+
+def test_stray_contexts_seen_in_a_rank_oom_message():
+    d = diagnose(ranks=[{"rank": 0, "oom_text": STRAY}, {"rank": 1, "stats": {"reserved_bytes.all.current": 75 * GiB}}])
+    assert "imbalance" in d.kinds and d.findings[0].rank == 0
+    assert any("CUDA context" in e for e in d.findings[0].evidence)
