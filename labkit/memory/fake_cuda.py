@@ -73,11 +73,13 @@ class CudaTarget:
     flash_for_16bit: bool = True              # flash attention for fp16/bf16, head_dim <= 256
     efficient_lse_block: int = 32             # mem-efficient kernel pads logsumexp to 32 rows
     emulate_kernels: bool = True              # False: count exactly what the CPU kernels allocate
+    simulate_allocator: bool = True           # replay the requests through the caching-allocator simulator
 
     @classmethod
     def plain(cls) -> "CudaTarget":
         """No kernel emulation (autocast still follows CUDA's lists): for checking the fake machinery."""
-        return cls(name="plain (CPU kernels)", cublas_workspace_bytes=0, emulate_kernels=False)
+        return cls(name="plain (CPU kernels)", cublas_workspace_bytes=0, emulate_kernels=False,
+                   simulate_allocator=False)
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)

@@ -66,6 +66,7 @@ class StorageTracker(TorchDispatchMode):
         self.emulator = emulator
         self._ids: dict[int, tuple[weakref.ref, int]] = {}   # id(storage obj) -> (ref, storage id)
         self.sizes: dict[int, int] = {}
+        self.alloc_index: dict[int, int] = {}   # storage id -> index of its allocation event
         self.live: set[int] = set()
         self.events: list[tuple[int, int, int]] = []  # (storage id, +/- bytes, phase index)
         self.phases: list[str] = []
@@ -133,6 +134,7 @@ class StorageTracker(TorchDispatchMode):
                 self.sizes[sid] = n
                 self.live.add(sid)
                 self.current += n
+                self.alloc_index[sid] = len(self.events)
                 self.events.append((sid, n, self.phase_index))
                 self._bump()
                 added += n
@@ -153,9 +155,11 @@ class StorageTracker(TorchDispatchMode):
         n = round_up(nbytes, self.rounding)
         delta = n - self.sizes[sid]
         if delta:
+            # rewrite the allocation itself (the target allocates this size in the first place)
+            i = self.alloc_index[sid]
+            self.events[i] = (sid, n, self.events[i][2])
             self.sizes[sid] = n
             self.current += delta
-            self.events.append((sid, delta, self.phase_index))
             self._bump()
 
     def transient(self, nbytes: int) -> None:

@@ -21,13 +21,21 @@ DEVICES = ("fake-cuda", "cuda", "cpu")
 
 @dataclass
 class PhaseStats:
-    """One phase of one step. Bytes are tracked tensor storages (rounded to 512 B on CUDA targets)."""
+    """One phase of one step.
+
+    ``peak_bytes`` is the allocator's view of the phase's peak: ``torch.cuda.max_memory_allocated``
+    on a GPU, the allocator simulator's replay of the fake run in fake mode (both count whole
+    allocator blocks and non-tensor allocations such as cuBLAS workspaces), the storages on the
+    CPU. ``start/end/storage_peak_bytes`` and ``peak_by_category`` count live tensor storages
+    (rounded to 512 B on CUDA targets), by category at the storage peak.
+    """
 
     step: int
     phase: str
     start_bytes: int
     end_bytes: int
     peak_bytes: int
+    storage_peak_bytes: int
     peak_by_category: dict[str, int]
     time_s: float | None = None
     cuda_peak_allocated: int | None = None   # torch.cuda.max_memory_allocated within the phase
@@ -36,7 +44,13 @@ class PhaseStats:
 
 @dataclass
 class MeasureReport:
-    """What ``measure_step`` found. ``peak_bytes`` is the highest total during the last (steady) step."""
+    """What ``measure_step`` found.
+
+    ``peak_bytes``: the highest total allocated (everything live, as the allocator counts it) during
+    the last, steady-state step; ``storage_peak_bytes``: the same for tensor storages only;
+    ``reserved_bytes``: what the caching allocator holds from the device at the end (measured on a
+    GPU, simulated in fake mode, None on the CPU).
+    """
 
     device: str
     policy: dict[str, Any]
@@ -44,8 +58,10 @@ class MeasureReport:
     peak_bytes: int
     peak_phase: str
     by_phase: list[PhaseStats]            # the last (steady-state) step
-    by_category: dict[str, int]           # at the steady-state peak
+    by_category: dict[str, int]           # tensor storages at the steady-state storage peak
     init_bytes: int                       # after the model and batch are on the device
+    storage_peak_bytes: int = 0
+    reserved_bytes: int | None = None
     all_phases: list[PhaseStats] = field(default_factory=list)
     cuda: dict[str, Any] | None = None     # allocator cross-check on a real GPU
     emulation: dict[str, Any] | None = None
@@ -169,7 +185,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                                                        getattr(step.scaler, "_growth_tracker", None)])
         phases.append(PhaseStats(
             step=step_no, phase=name, start_bytes=start, end_bytes=tracker.current,
-            peak_bytes=tracker.phase_peaks[idx], peak_by_category={},
+            peak_bytes=tracker.phase_peaks[idx], storage_peak_bytes=tracker.phase_peaks[idx], peak_by_category={},
             time_s=(t1 - t0) if timing else None,
             cuda_peak_allocated=(torch.cuda.max_memory_allocated() - cuda_base) if is_cuda else None,
             cuda_end_allocated=(torch.cuda.memory_allocated() - cuda_base) if is_cuda else None,
@@ -212,8 +228,20 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         idx = p._index  # type: ignore[attr-defined]
         acts = tuple(i for i in by_step[p.step] if tracker.phases[i] in ("forward", "loss"))
         p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
+    reserved = None
+    if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
+        from labkit.memory.tracer_allocator import replay_tracker
+
+        rp = replay_tracker(tracker)
+        for p in phases:
+            p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
+        reserved = rp.reserved_end
+    elif is_cuda:
+        for p in phases:
+            p.peak_bytes = p.cuda_peak_allocated or 0
     last = [p for p in phases if p.step == steps]
     top = max(last, key=lambda p: p.peak_bytes)
+    top_storage = max(last, key=lambda p: p.storage_peak_bytes)
     cuda_info = None
     if is_cuda:
         st = torch.cuda.memory_stats()
@@ -227,13 +255,15 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
             "num_alloc_retries": int(st.get("num_alloc_retries", 0)),
             "num_ooms": int(st.get("num_ooms", 0)),
         }
+        reserved = cuda_info["reserved_peak"]
     for p in phases:
         if hasattr(p, "_index"):
             del p._index  # type: ignore[attr-defined]
     rep = MeasureReport(
         device=device, policy={"precision": precision, "optimizer": optimizer, "checkpointing": checkpointing},
         steps=steps, peak_bytes=top.peak_bytes, peak_phase=top.phase, by_phase=last,
-        by_category=top.peak_by_category, init_bytes=init_bytes, all_phases=phases, cuda=cuda_info,
+        by_category=top_storage.peak_by_category, init_bytes=init_bytes,
+        storage_peak_bytes=top_storage.storage_peak_bytes, reserved_bytes=reserved, all_phases=phases, cuda=cuda_info,
         emulation=emulator.describe() if emulator is not None else None, num_params=num_params,
         step_time_s=(sorted(t_steps)[len(t_steps) // 2] if timing and t_steps else None),
     )

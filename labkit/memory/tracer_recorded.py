@@ -53,6 +53,9 @@ class Prediction:
     error_pct: float                # (predicted - recorded) / recorded * 100
     predicted_phase: str
     phase_errors_pct: dict[str, float]
+    recorded_reserved: int | None = None
+    predicted_reserved: int | None = None
+    reserved_error_pct: float | None = None
 
 
 def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
@@ -107,4 +110,9 @@ def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
         real = case.phase_peaks_allocated.get(p.phase)
         if real:
             phase_err[p.phase] = 100.0 * (p.peak_bytes - real) / real
-    return Prediction(case.name, case.peak_allocated, rep.peak_bytes, err, rep.peak_phase, phase_err)
+    pred = Prediction(case.name, case.peak_allocated, rep.peak_bytes, err, rep.peak_phase, phase_err)
+    if case.peak_reserved and rep.reserved_bytes is not None:
+        pred.recorded_reserved = case.peak_reserved
+        pred.predicted_reserved = rep.reserved_bytes
+        pred.reserved_error_pct = 100.0 * (rep.reserved_bytes - case.peak_reserved) / case.peak_reserved
+    return pred
