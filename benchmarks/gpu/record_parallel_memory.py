@@ -324,13 +324,13 @@ def worker(rank: int, world: int, port: int, tmpdir: str, plan: list, steps: int
     dist.destroy_process_group()
 
 
-def build_plan(smoke: bool, parallel_modes: tuple = PARALLEL) -> list:
+def build_plan(smoke: bool, parallel_modes: tuple = PARALLEL, precisions: tuple = PRECISIONS) -> list:
     if smoke:
-        return [{"workload": "tiny", "parallel": p, "precision": pr} for p in parallel_modes for pr in PRECISIONS]
+        return [{"workload": "tiny", "parallel": p, "precision": pr} for p in parallel_modes for pr in precisions]
     plan = []
     for workload in ("gpt2-124m", "gpt-small-ref"):
         for parallel in parallel_modes:
-            for precision in PRECISIONS:
+            for precision in precisions:
                 plan.append({"workload": workload, "parallel": parallel, "precision": precision})
     return plan
 
@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=110.0, help="stop starting configurations after this (default 110)")
     ap.add_argument("--parallel", nargs="+", choices=PARALLEL, default=list(PARALLEL),
                     help="which configurations to run (default all)")
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                    help="which precisions to run (default all)")
     args = ap.parse_args(argv)
     t_start = time.time()
     command = "PYTHONPATH=. python3 " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     if not use_cuda:
         log("no 2 GPUs here: smoke run on CPU with gloo (code paths only, no memory figures)")
     world = 2
-    plan = build_plan(args.smoke, tuple(args.parallel))
+    plan = build_plan(args.smoke, tuple(args.parallel), tuple(args.precisions))
     deadline = t_start + args.budget_s
     import torch.multiprocessing as mp
 
