@@ -1,6 +1,6 @@
-"""Record the comm chapter's measurements on a GPU machine (budget: 240 s on 2 x H200).
+"""Record the comm chapter's measurements on a GPU machine (hard budget: --budget, default 150 s).
 
-    PYTHONPATH=. NCCL_NVLS_ENABLE=0 python3 benchmarks/gpu/record_comm.py --out DIR [--smoke]
+    PYTHONPATH=. NCCL_NVLS_ENABLE=0 python3 benchmarks/gpu/record_comm.py --out DIR [--smoke] [--budget S]
 
 With 2+ GPUs (one process per GPU, spawned, backend nccl, world 2):
   comm_collectives.json   all_reduce/all_gather/reduce_scatter/broadcast, 4 KiB .. 4 GiB, busbw as a
@@ -11,9 +11,13 @@ With 2+ GPUs (one process per GPU, spawned, backend nccl, world 2):
                           (+ comm_ddp_step_trace.json.gz, the raw Chrome trace)
   comm_async_overlap.json, comm_buffer_reuse.json   async_op overlap; persistent vs in-loop buffers
   comm_dp_vs_ddp.json     DataParallel vs DDP, same model and global batch
-With 1+ GPU: comm_pinned_pageable.json (non_blocking H2D copy on a side stream vs compute).
-Without a GPU (dry run, e.g. --smoke on a laptop): the same multi-process parts on gloo CPU processes
+With exactly 1 GPU: comm_pinned_pageable.json (non_blocking H2D copy on a side stream vs compute), and
+one NCCL rank (world 1: no peer, so no collectives) for what a single GPU shows: the DDP sweep's
+memory and step time, the profiled step's backward compute, the buffer-reuse lever.
+Without a GPU (dry run, e.g. --smoke on a laptop): the multi-process parts on 2 gloo CPU processes
 with tiny sizes, and CUDA-only parts skipped with a printed reason.
+The budget is hard: a watchdog ends the script (and its ranks) when it is spent, keeping what was
+written; each part also checks the time left before it starts.
 """
 
 from __future__ import annotations
@@ -39,20 +43,45 @@ def log(msg: str) -> None:
     print(f"[comm {time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def plan(smoke: bool, cuda: bool) -> dict:
+def plan(smoke: bool, ngpu: int) -> dict:
     """Sizes and steps of each part: full on GPUs, tiny for --smoke or CPU dry runs."""
-    if cuda and not smoke:
-        return dict(sizes=(4 * KiB, 4 * GiB), warmup=5, repeats=10, gap_sizes=[64 * MiB, 256 * MiB, 1 * GiB],
+    if ngpu >= 2 and not smoke:
+        return dict(sizes=(4 * KiB, 4 * GiB), warmup=5, repeats=10, gap_sizes=[64 * MiB, 1 * GiB],
                     workload="gpt2-124m", batch=4, buckets=[1, 5, 10, 25, 50, 100, 200], sweep_warmup=3,
-                    sweep_steps=10, amp="bfloat16", async_bytes=1 * GiB, buf_bytes=256 * MiB, buf_steps=30,
+                    sweep_steps=8, amp="bfloat16", async_bytes=1 * GiB, buf_bytes=256 * MiB, buf_steps=30,
                     copy_bytes=1 * GiB, trace_bucket=25.0)
-    if cuda:
+    if ngpu == 1 and not smoke:
+        return dict(sizes=None, warmup=0, repeats=0, gap_sizes=[], workload="gpt2-124m", batch=4,
+                    buckets=[1, 25, 200], sweep_warmup=3, sweep_steps=8, amp="bfloat16", async_bytes=0,
+                    buf_bytes=256 * MiB, buf_steps=30, copy_bytes=1 * GiB, trace_bucket=25.0)
+    if ngpu >= 1:
         return dict(sizes=(4 * KiB, 64 * MiB), warmup=2, repeats=3, gap_sizes=[64 * MiB], workload="tiny", batch=2,
                     buckets=[0.05, 1, 25], sweep_warmup=2, sweep_steps=3, amp="bfloat16", async_bytes=16 * MiB,
                     buf_bytes=16 * MiB, buf_steps=5, copy_bytes=64 * MiB, trace_bucket=0.1)
     return dict(sizes=(4 * KiB, 1 * MiB), warmup=1, repeats=3, gap_sizes=[1 * MiB], workload="tiny", batch=2,
                 buckets=[0.05, 0.2, 1], sweep_warmup=2, sweep_steps=3, amp=None, async_bytes=4 * MiB,
                 buf_bytes=4 * MiB, buf_steps=5, copy_bytes=0, trace_bucket=0.1)
+
+
+def watchdog(deadline: float) -> None:
+    """End the whole script (and any spawned ranks) when the budget is spent."""
+    import multiprocessing
+    import signal
+    import threading
+
+    def fire() -> None:
+        log("HARD BUDGET reached: stopping the ranks and exiting; files written so far are kept")
+        for child in multiprocessing.active_children():
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        sys.stdout.flush()
+        os._exit(3)
+
+    t = threading.Timer(max(1.0, deadline - time.time()), fire)
+    t.daemon = True
+    t.start()
 
 
 def _part(name: str, fn, deadline: float) -> None:
@@ -103,7 +132,8 @@ def worker(ctx, out: str, p: dict, prov: dict, deadline: float) -> None:
 
     def sweep() -> None:
         res = ddp.sweep_buckets(ctx, workload=p["workload"], batch_size=p["batch"], sizes_mb=p["buckets"],
-                                warmup=p["sweep_warmup"], steps=p["sweep_steps"], amp=p["amp"])
+                                warmup=p["sweep_warmup"], steps=p["sweep_steps"], amp=p["amp"],
+                                deadline=deadline - 25)
         save("comm_buckets.json", "comm.buckets", res)
 
     def trace() -> None:
@@ -142,13 +172,16 @@ def worker(ctx, out: str, p: dict, prov: dict, deadline: float) -> None:
 
             (outp / "_ddp_half.json").write_text(dumps(res))
 
-    for name, fn in (("collectives", collectives), ("launch overhead", gaps), ("DDP bucket sweep", sweep),
-                     ("profiled DDP step", trace), ("async_op overlap", async_ovl), ("buffer reuse", buffers),
-                     ("DDP (for DP vs DDP)", ddp_half)):
+    parts = [("collectives", collectives), ("DDP bucket sweep", sweep), ("DDP (for DP vs DDP)", ddp_half),
+             ("profiled DDP step", trace), ("launch overhead", gaps), ("async_op overlap", async_ovl),
+             ("buffer reuse", buffers)]
+    if ctx.world < 2:
+        if r0:
+            log("world 1: no peer, so collectives, launch overhead, async_op overlap and DP vs DDP are skipped")
+        parts = [pt for pt in parts if pt[0] in ("DDP bucket sweep", "profiled DDP step", "buffer reuse")]
+    for name, fn in parts:
         # every rank must take the same decision: use rank 0's clock
-        t = torch.tensor([deadline - time.time()], dtype=torch.float64, device=ctx.device)
-        torch.distributed.broadcast(t, 0)
-        if float(t.item()) < 10:
+        if ddp.time_left(ctx, deadline) < 10:
             if r0:
                 log(f"SKIP {name}: budget exhausted")
             continue
@@ -170,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the JSON results")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), for a dry run")
-    ap.add_argument("--budget", type=float, default=230.0, help="seconds for the whole script (default 230)")
+    ap.add_argument("--budget", type=float, default=150.0, help="hard limit in seconds for the whole script (default 150)")
     ap.add_argument("--world", type=int, default=2, help="processes for the multi-process parts (default 2)")
     args = ap.parse_args(argv)
     deadline = T0 + args.budget
+    watchdog(deadline)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    log(f"start; hard budget {args.budget:.0f} s")
     import torch
 
     from labkit.comm.launch import run_ranks
@@ -184,8 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     prov = header(command)
     print(format_header(prov), flush=True)
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    p = plan(args.smoke, ngpu > 0)
+    p = plan(args.smoke, ngpu)
     log(f"{ngpu} CUDA GPU(s); NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}; smoke={args.smoke}")
+
+    if ngpu >= 2:
+        backend, world = "nccl", min(args.world, ngpu)
+    elif ngpu == 1:
+        backend, world = "nccl", 1
+        log("1 GPU: the multi-process parts that need a peer are skipped; one NCCL rank records the rest")
+    else:
+        backend, world = "gloo", args.world
+        log(f"no GPU: the multi-process parts run on {world} gloo CPU processes (dry run, not NCCL)")
+    _part(f"multi-process parts ({backend}, world {world})",
+          lambda: run_ranks(worker, str(out), p, prov, deadline, backend=backend, world=world,
+                            timeout_s=max(30.0, deadline - time.time())), deadline)
 
     if ngpu >= 1:
         def pinned() -> None:
@@ -198,14 +245,6 @@ def main(argv: list[str] | None = None) -> int:
         _part("pinned vs pageable (1 GPU)", pinned, deadline)
     else:
         log("SKIP pinned vs pageable: needs a CUDA GPU (no side streams on CPU)")
-
-    if ngpu >= 2:
-        backend, world = "nccl", min(args.world, ngpu)
-    else:
-        backend, world = "gloo", args.world
-        log(f"only {ngpu} GPU(s): the multi-process parts run on {world} gloo CPU processes (dry run, not NCCL)")
-    _part(f"multi-process parts ({backend}, world {world})",
-          lambda: run_ranks(worker, str(out), p, prov, deadline, backend=backend, world=world), deadline)
 
     if ngpu >= 2 and (out / "_ddp_half.json").exists():
         def dp_vs_ddp() -> None:

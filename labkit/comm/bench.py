@@ -219,3 +219,21 @@ def _device_name(device: str) -> str:
     import platform
 
     return platform.processor() or "cpu"
+
+
+def sanity_check(ctx) -> bool:
+    """True when all_reduce and all_gather give the right values on this group (every rank agrees)."""
+    import torch
+
+    dist = _dist()
+    x = torch.full((8,), float(ctx.rank + 1), device=ctx.device)
+    dist.all_reduce(x)
+    ok = bool(torch.all(x == ctx.world * (ctx.world + 1) / 2))
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    out = torch.empty(8 * ctx.world, device=ctx.device)
+    ag(out, torch.full((8,), float(ctx.rank), device=ctx.device))
+    expect = torch.arange(ctx.world, device=ctx.device, dtype=out.dtype).repeat_interleave(8)
+    ok &= bool(torch.equal(out, expect))
+    flag = torch.tensor([0.0 if ok else 1.0], device=ctx.device)
+    dist.all_reduce(flag)
+    return float(flag.item()) == 0.0

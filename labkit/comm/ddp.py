@@ -89,7 +89,8 @@ def _model_and_batch(ctx, workload: str, batch_size: int | None, seed: int = 0):
 
     w = get_workload(workload)
     torch.manual_seed(seed)
-    model = GPT(w.config).to(ctx.device)
+    with torch.device(ctx.device):  # initialise on the device: seconds faster for 100M+ parameters
+        model = GPT(w.config)
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     x, y = model.example_batch(batch_size or w.batch_size, generator=g)
     return model, x.to(ctx.device), y.to(ctx.device), (batch_size or w.batch_size)
@@ -140,6 +141,16 @@ def _max_over_ranks(ctx, values: list[float]) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
+def time_left(ctx, deadline: float) -> float:
+    """Seconds until ``deadline`` by rank 0's clock (the same answer on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([deadline - time.time()], dtype=torch.float64, device=ctx.device)
+    dist.broadcast(t, 0)
+    return float(t.item())
+
+
 def _num_buckets(ddp) -> int | None:
     try:
         data = ddp._get_ddp_logging_data()
@@ -186,8 +197,13 @@ def measure_config(ctx, workload: str, batch_size: int | None, bucket_cap_mb: fl
 
 def sweep_buckets(ctx, *, workload: str = "tiny", batch_size: int | None = None,
                   sizes_mb: Sequence[float] = DEFAULT_BUCKETS_MB, gradient_as_bucket_view: Sequence[bool] = (False, True),
-                  warmup: int = 2, steps: int = 5, amp: str | None = None) -> BucketSweep:
-    """The bucket sweep on every rank (same result everywhere), with the no_sync baseline first."""
+                  warmup: int = 2, steps: int = 5, amp: str | None = None,
+                  deadline: float | None = None) -> BucketSweep:
+    """The bucket sweep on every rank (same result everywhere), with the no_sync baseline first.
+
+    ``deadline`` (a ``time.time()`` value): points that would start after it are skipped with a note
+    (rank 0's clock decides, so every rank skips the same points).
+    """
     from labkit.workloads import get_workload
 
     w = get_workload(workload)
@@ -200,6 +216,9 @@ def sweep_buckets(ctx, *, workload: str = "tiny", batch_size: int | None = None,
     sweep.rows.append(base)
     for gav in gradient_as_bucket_view:
         for mb in sizes_mb:
+            if deadline is not None and time_left(ctx, deadline) <= 0:
+                sweep.notes.append(f"bucket {mb:g} MiB, gradient_as_bucket_view={gav}: skipped, time budget spent")
+                continue
             row = measure_config(ctx, workload, batch_size, float(mb), bool(gav), warmup, steps, amp)
             row.exposed_ms = row.step_ms_median - base.step_ms_median
             sweep.rows.append(row)
@@ -239,3 +258,28 @@ def profile_ddp_step(ctx, trace_path: str, *, workload: str = "tiny", batch_size
         prof.export_chrome_trace(trace_path)
         return trace_path
     return None
+
+
+def observed_buckets(ctx, bucket_cap_mb: float, *, workload: str = "tiny", batch_size: int | None = None,
+                     steps: int = 3) -> list[int]:
+    """Byte sizes of the buckets DDP really all-reduces in its ``steps``-th step (after its rebuild),
+    seen through a communication hook that then does the default all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, x, y, _ = _model_and_batch(ctx, workload, batch_size)
+    kwargs = {"device_ids": [ctx.local_rank]} if ctx.is_cuda else {}
+    d = DDP(model, bucket_cap_mb=bucket_cap_mb, **kwargs)
+    seen: list[int] = []
+
+    def hook(state, bucket):
+        seen.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    d.register_comm_hook(None, hook)
+    for _ in range(max(2, steps)):
+        seen.clear()
+        _, loss = d(x, y)
+        loss.backward()
+    _sync(ctx)
+    return list(seen)

@@ -75,7 +75,21 @@ def check_backend(backend: str, world: int) -> None:
             raise LabkitError(f"--world {world} with backend 'nccl' needs {world} GPUs, this machine has {n}")
 
 
-def _init(backend: str, rank: int, world: int, local_rank: int, local_world: int, launched_by: str) -> RankContext:
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this spawned rank when its parent dies (no orphaned ranks)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _init(backend: str, rank: int, world: int, local_rank: int, local_world: int, launched_by: str,
+          timeout_s: float | None = None) -> RankContext:
+    import datetime
+
     import torch
     import torch.distributed as dist
 
@@ -87,13 +101,16 @@ def _init(backend: str, rank: int, world: int, local_rank: int, local_world: int
         kwargs: dict[str, Any] = {}
         if backend == "nccl":
             kwargs["device_id"] = torch.device(device)
+        if timeout_s:
+            kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
     return RankContext(rank=rank, world=world, local_rank=local_rank, local_world=local_world,
                        backend=backend, device=device, launched_by=launched_by)
 
 
 def _spawned(local_rank: int, fn: Callable, backend: str, world: int, port: int, threads: int,
-             result_path: str, args: tuple) -> None:
+             result_path: str, args: tuple, timeout_s: float | None = None) -> None:
+    _die_with_parent()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world))
     import torch
@@ -101,7 +118,7 @@ def _spawned(local_rank: int, fn: Callable, backend: str, world: int, port: int,
 
     if threads > 0:
         torch.set_num_threads(threads)
-    ctx = _init(backend, local_rank, world, local_rank, world, "spawn")
+    ctx = _init(backend, local_rank, world, local_rank, world, "spawn", timeout_s)
     try:
         out = fn(ctx, *args)
         if local_rank == 0:
@@ -112,12 +129,14 @@ def _spawned(local_rank: int, fn: Callable, backend: str, world: int, port: int,
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: int = 2,
-              threads_per_rank: int | None = None) -> Any:
+              threads_per_rank: int | None = None, timeout_s: float | None = None) -> Any:
     """Run ``fn(ctx, *args)`` on every rank and return rank 0's result (None on other ranks).
 
     Under torchrun ``world`` is ignored (torchrun decides); otherwise ``world`` local processes are
     spawned. ``fn`` must be a module-level function (it is pickled into the spawned processes).
     ``threads_per_rank`` limits intra-op threads of CPU ranks (default: cores // world, at least 1).
+    ``timeout_s`` bounds every collective of spawned ranks (the process group's timeout), so a rank
+    waiting for a peer that never comes fails instead of hanging.
     """
     if under_torchrun():
         import torch.distributed as dist
@@ -136,7 +155,7 @@ def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: 
         threads_per_rank = max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 0
     with tempfile.TemporaryDirectory(prefix="labkit-comm-") as tmp:
         result = os.path.join(tmp, "rank0.pkl")
-        mp.start_processes(_spawned, args=(fn, backend, world, free_port(), threads_per_rank, result, args),
+        mp.start_processes(_spawned, args=(fn, backend, world, free_port(), threads_per_rank, result, args, timeout_s),
                            nprocs=world, join=True, start_method="spawn")
         if not os.path.exists(result):
             raise RuntimeError("rank 0 finished without a result")

@@ -54,8 +54,7 @@ def test_row_bandwidths_use_nccl_tests_factors(op, n, factor):
 
 
 def test_spawned_ranks_really_communicate(gloo2):
-    assert gloo2["sum"] == [3.0] * 8
-    assert gloo2["gathered"] == [0.0] * 8 + [1.0] * 8
+    assert gloo2["sane"] is True  # all_reduce and all_gather returned the right values on every rank
     assert gloo2["ctx"].launched_by == "spawn" and gloo2["ctx"].world == 2
 
 
