@@ -1,7 +1,7 @@
 """Record the CUDA caching allocator's real behaviour: traces, stats, experiments, real OOMs.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_allocator.py --out DIR [--smoke] [--budget-s 170]
-        [--parts all|fidelity|experiments] [--fid workload:config,...]
+        [--parts all|fidelity|capped|experiments] [--fid workload:config,...]
 
 Every allocator configuration runs in a FRESH process (``PYTORCH_ALLOC_CONF`` is read once, at CUDA
 initialisation). Parts, in order of importance:
@@ -127,12 +127,21 @@ def child_fidelity(args) -> int:
     dev = torch.device("cuda", 0)
     max_entries = 400_000
     _start_history(max_entries)
+    cap_info = {}
+    if os.environ.get("LABKIT_ALLOC_CAP_BYTES"):
+        cap_info = _set_cap(int(os.environ["LABKIT_ALLOC_CAP_BYTES"]))  # before any allocation
     t0 = time.perf_counter()
-    run = get_workload(args.workload)(dev, smoke=args.smoke)
+    oom = None
+    try:
+        run = get_workload(args.workload)(dev, smoke=args.smoke)
+        steps, description = run.steps, run.description
+    except torch.OutOfMemoryError as exc:  # under a cap: keep what happened
+        oom, steps, description = str(exc), [], "stopped by an out-of-memory error"
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    data = {"workload": args.workload, "config": args.config, "alloc_conf": conf, "description": run.description,
-            "steps": run.steps, "wall_s": wall, "max_entries": max_entries, **_device_info()}
+    data = {"workload": args.workload, "config": args.config, "alloc_conf": conf, "description": description,
+            "steps": steps, "wall_s": wall, "max_entries": max_entries, "oom_message": oom, **cap_info,
+            **_device_info()}
     tmp = out / f"_tmp_{name}.pickle.gz"
     trace_path = out / f"trace__{args.workload}__{args.config}.pickle.gz"
     info = _save_snapshot(tmp)
@@ -379,6 +388,7 @@ def child_rank(args) -> int:
 def _env(conf: str, gpu: int | None) -> dict:
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # it has priority over PYTORCH_ALLOC_CONF in torch's reader
+    env.pop("LABKIT_ALLOC_CAP_BYTES", None)
     env["PYTORCH_ALLOC_CONF"] = conf
     if not conf:
         env.pop("PYTORCH_ALLOC_CONF")
@@ -505,7 +515,7 @@ def parent_imbalance(args, deadline: float) -> None:
 
 
 def parent(args) -> int:
-    from labkit.allocator.experiments import RECORDED_CONFIGS, WORKLOADS
+    from labkit.allocator.experiments import CAPPED_CONFIGS, RECORDED_CONFIGS, WORKLOADS
 
     t_start = time.time()
     deadline = t_start + args.budget_s
@@ -522,13 +532,16 @@ def parent(args) -> int:
     if args.fid:
         for item in args.fid.split(","):
             w, _, c = item.partition(":")
-            if w not in WORKLOADS or c not in RECORDED_CONFIGS:
-                raise SystemExit(f"--fid {item!r}: expected workload:config from {list(WORKLOADS)} x {list(RECORDED_CONFIGS)}")
+            if w not in WORKLOADS or (c not in RECORDED_CONFIGS and c not in CAPPED_CONFIGS):
+                raise SystemExit(f"--fid {item!r}: expected workload:config from {list(WORKLOADS)} x "
+                                 f"{list(RECORDED_CONFIGS) + list(CAPPED_CONFIGS)}")
             jobs.append(("fid", w, c))
     elif "fidelity" in parts or "all" in parts:
         jobs = [("fid", w, c) for w in WORKLOADS for c in RECORDED_CONFIGS]
         if args.smoke:
             jobs = [("fid", w, c) for w in WORKLOADS for c in list(RECORDED_CONFIGS)[:2]]
+    if "capped" in parts or "all" in parts:
+        jobs += [("fid", w, c) for c, (_, caps) in CAPPED_CONFIGS.items() for w in caps]
     if "experiments" in parts or "all" in parts:
         # several OOM cases share one process (reset between them): process start-up is most of the cost
         jobs = [("oom", "too_large,fragmentation,leak", ""),
@@ -543,8 +556,13 @@ def parent(args) -> int:
             return 0
         kind, a, b = job
         if kind == "fid":
-            return _run(_child_cmd(args, "--child", "fidelity", "--workload", a, "--config", b),
-                        _env(RECORDED_CONFIGS[b], gpu), remaining)
+            if b in CAPPED_CONFIGS:
+                conf, caps = CAPPED_CONFIGS[b]
+                env = _env(conf, gpu)
+                env["LABKIT_ALLOC_CAP_BYTES"] = str(caps[a])
+            else:
+                env = _env(RECORDED_CONFIGS[b], gpu)
+            return _run(_child_cmd(args, "--child", "fidelity", "--workload", a, "--config", b), env, remaining)
         if kind == "oom":
             return _run(_child_cmd(args, "--child", "oom", "--case", a), _env(b, gpu), remaining)
         return _run(_child_cmd(args, "--child", "empty_cache"), _env("", gpu), remaining)
@@ -579,7 +597,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes; on a CPU-only machine, check the orchestration")
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop starting new runs after this many seconds")
     ap.add_argument("--concurrency", type=int, default=3, help="children running at once (they may share a GPU)")
-    ap.add_argument("--parts", default="all", help="comma list of: all, fidelity, experiments (default all)")
+    ap.add_argument("--parts", default="all", help="comma list of: all, fidelity, capped, experiments (default all)")
     ap.add_argument("--fid", default="", help="only these fidelity runs: workload:config,... (overrides --parts fidelity)")
     ap.add_argument("--child", choices=["fidelity", "oom", "holder", "victim", "empty_cache", "rank"])
     ap.add_argument("--workload")

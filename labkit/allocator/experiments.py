@@ -29,6 +29,18 @@ RECORDED_CONFIGS: dict[str, str] = {
 }
 
 
+GiB = 1024**3
+
+#: Runs under a memory cap (``set_per_process_memory_fraction``), to check the retry, release and
+#: garbage-collection paths against the real allocator: name -> (PYTORCH_ALLOC_CONF, {workload: cap bytes}).
+CAPPED_CONFIGS: dict[str, tuple[str, dict[str, int]]] = {
+    "cap": ("", {"varlen_train": 10 * GiB, "train_then_eval": 7 * GiB}),
+    "cap+gc_0.6": ("garbage_collection_threshold:0.6", {"varlen_train": 10 * GiB, "train_then_eval": 8 * GiB}),
+    "cap+expandable": ("expandable_segments:True", {"varlen_train": 10 * GiB}),
+    "cap+max_split_128": ("max_split_size_mb:128", {"varlen_train": 10 * GiB}),
+}
+
+
 @dataclass
 class StepSample:
     """Allocator state after one step of a workload (bytes)."""

@@ -20,6 +20,7 @@ from labkit.core.provenance import describe, load_measurement
 
 MEAS_DIR = MEASUREMENTS_DIR / "allocator"
 COMPARED = ("reserved_bytes.all.peak", "segment.all.peak", "num_device_alloc")
+EXTRA = ("num_alloc_retries", "num_device_free", "num_ooms", "inactive_split_bytes.all.peak")
 
 
 @dataclass
@@ -35,6 +36,8 @@ class RecordedRun:
     path: Path
     request_signature: dict | None = None
     trace_file: str | None = None
+    cap_bytes: int | None = None
+    oom_message: str | None = None
 
     @property
     def source(self) -> str:
@@ -52,6 +55,7 @@ class FidelityRow:
     same_requests: bool | None
     source: str
     extra: dict[str, int] = field(default_factory=dict)
+    cap_bytes: int | None = None
 
     @property
     def max_rel_error(self) -> float:
@@ -69,7 +73,8 @@ def recorded_runs(meas_dir: str | Path | None = None) -> list[RecordedRun]:
         d = doc["data"]
         out.append(RecordedRun(d["workload"], d["config"], d.get("alloc_conf", ""), d["stats"], d.get("steps", []),
                                int(d.get("device_total_bytes", 0)), d.get("device_name", ""), doc["provenance"], p,
-                               d.get("request_signature"), d.get("trace_file")))
+                               d.get("request_signature"), d.get("trace_file"), d.get("cap_bytes"),
+                               d.get("oom_message")))
     return out
 
 
@@ -122,7 +127,8 @@ def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None =
             continue
         sig = (base.request_signature or {}).get("sha256")
         for r in rs:
-            res = replay(tr, r.alloc_conf, device_total_bytes=r.device_total_bytes or base.device_total_bytes)
+            res = replay(tr, r.alloc_conf, cap_bytes=r.cap_bytes,
+                         device_total_bytes=r.device_total_bytes or base.device_total_bytes)
             real = {k: int(r.stats.get(k, 0)) for k in COMPARED}
             sim = {"reserved_bytes.all.peak": res.reserved_peak_bytes, "segment.all.peak": res.segments_peak,
                    "num_device_alloc": res.num_device_alloc}
@@ -131,5 +137,7 @@ def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None =
             rows.append(FidelityRow(wl, r.config, r.alloc_conf, real, sim, err,
                                     (other == sig) if (sig and other) else None, r.source,
                                     {"allocated_peak_real": int(r.stats.get("allocated_bytes.all.peak", 0)),
-                                     "allocated_peak_sim": res.allocated_peak_bytes}))
+                                     "allocated_peak_sim": res.allocated_peak_bytes,
+                                     **{f"{k}_real": int(r.stats.get(k, 0)) for k in EXTRA},
+                                     **{f"{k}_sim": int(res.stats.get(k, 0)) for k in EXTRA}}, cap_bytes=r.cap_bytes))
     return rows
