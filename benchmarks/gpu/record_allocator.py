@@ -567,13 +567,17 @@ def parent(args) -> int:
             return _run(_child_cmd(args, "--child", "oom", "--case", a), _env(b, gpu), remaining)
         return _run(_child_cmd(args, "--child", "empty_cache"), _env("", gpu), remaining)
 
+    # the OOM cases run first and alone: their messages list the processes on the GPU
+    alone = [j for j in jobs if j[0] == "oom"]
+    jobs = [j for j in jobs if j[0] != "oom"]
+    codes = [run_job(0, j) for j in alone]
     with cf.ThreadPoolExecutor(max_workers=slots) as ex:
         futs = []
         for i, job in enumerate(jobs):
             futs.append(ex.submit(run_job, i, job))
             if slots > 1:
                 time.sleep(0.05)
-        codes = [f.result() for f in futs]
+        codes += [f.result() for f in futs]
     if not ("experiments" in parts or "all" in parts):
         pass
     elif time.time() < deadline - 20:

@@ -125,7 +125,8 @@ def _from_oom(m: OOMMessage) -> list[Finding]:
     lim = f"{fmt_bytes(L)} {'allowed (memory fraction)' if m.allowed_bytes is not None else 'device capacity'}" if L else "?"
     nonpt = (m.this_process_bytes - P - U) if m.this_process_bytes is not None else None
     small_foreign = [(pid, b) for pid, b in m.other_processes if b < 1.5 * GiB]
-    if small_foreign and len(small_foreign) == len(m.other_processes):
+    # under a memory fraction the limit, not the other processes, decided this OOM
+    if small_foreign and len(small_foreign) == len(m.other_processes) and m.allowed_bytes is None:
         out.append(Finding("imbalance", "Small foreign processes on this GPU: likely other ranks' stray CUDA contexts",
                            [f"GPU {m.device} also hosts {len(small_foreign)} process(es) of "
                             + ", ".join(fmt_bytes(b) for _, b in small_foreign)
