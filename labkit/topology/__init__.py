@@ -32,8 +32,9 @@ Placement
 
 Measurement (needs a CUDA GPU; parts skip with a reason otherwise; torch imported lazily)
     ``labkit.topology.measure.measure_links(smoke=False) -> LinkMeasurements``;
-    ``recorded_links()`` / ``recorded_p2p()`` load what was recorded under
-    ``data/measurements/topology/``.
+    ``recorded_links()`` / ``recorded_p2p()`` / ``recorded_topology()`` load what was recorded under
+    ``data/measurements/topology/`` (each with its provenance); ``compare_links(m, topo)`` /
+    ``compare_p2p(table, topo)`` put measured bandwidth beside the nominal figure of the same link.
 """
 
 from labkit.topology.estimate import (CollectiveEstimate, PairLink, collective_time, link, link_kind, link_label,
@@ -45,7 +46,8 @@ from labkit.topology.model import GPU, NIC, Topology
 from labkit.topology.ncclxml import parse_nccl_xml
 from labkit.topology.p2ptable import P2PTable, parse_p2p_test
 from labkit.topology.placement import Placement, Sizes, evaluate, nvlink_clique, place
-from labkit.topology.recorded import recorded_links, recorded_p2p, recorded_topology_text
+from labkit.topology.recorded import recorded_links, recorded_p2p, recorded_topology, recorded_topology_text
+from labkit.topology.compare import LinkComparison, compare_links, compare_p2p
 from labkit.topology.smi import parse_smi_text
 
 __all__ = [
@@ -53,6 +55,6 @@ __all__ = [
     "SampleInfo", "Sizes", "Topology", "collective_time", "evaluate", "generation_for", "link", "link_kind",
     "link_label", "list_samples", "load_file", "load_live", "load_p2p_table", "load_sample", "load_topology",
     "nominal_bandwidth", "nvlink_clique", "p2p_time", "parse_label", "parse_nccl_xml", "parse_p2p_test",
-    "parse_smi_text", "place", "recorded_links", "recorded_p2p", "recorded_topology_text", "ring_bottleneck",
-    "weakest_link",
+    "parse_smi_text", "place", "recorded_links", "recorded_p2p", "recorded_topology", "recorded_topology_text",
+    "ring_bottleneck", "weakest_link", "LinkComparison", "compare_links", "compare_p2p",
 ]

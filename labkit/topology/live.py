@@ -149,8 +149,15 @@ def nvml_topology(use_smi: bool = True) -> Topology:
         if text is not None:
             from labkit.topology.smi import parse_smi_text
 
-            smi = parse_smi_text(text, "nvidia-smi topo -m (live)")
-            if smi.n == n:
+            try:
+                smi = parse_smi_text(text, "nvidia-smi topo -m (live)")
+            except LabkitError as exc:
+                smi = None
+                warnings.append(f"NVML could not report NVLink for GPU(s) {unknown} and nvidia-smi topo -m could not be "
+                                f"read ({exc}): labels are PCIe paths only")
+            if smi is None:
+                pass
+            elif smi.n == n:
                 for i in range(n):
                     for j in range(n):
                         if (i in unknown or j in unknown) and smi.matrix[i][j].startswith("NV"):

@@ -49,3 +49,19 @@ def recorded_p2p(folder: str | Path | None = None) -> tuple[P2PTable, dict[str, 
 def recorded_topology_text(folder: str | Path | None = None) -> Path | None:
     p = Path(folder or measurements_dir()) / "nvidia_smi_topo.txt"
     return p if p.exists() else None
+
+
+def recorded_topology(folder: str | Path | None = None):
+    """(Topology, provenance) from ``topology_live.json`` (live NVML discovery on the recording machine),
+    or None."""
+    from labkit.topology.model import GPU, NIC, build
+
+    p = Path(folder or measurements_dir()) / "topology_live.json"
+    if not p.exists():
+        return None
+    doc = load_measurement(p, "topology.live")
+    d = doc["data"]
+    topo = build(f"recorded: {d.get('source', 'live')}", [GPU(**g) for g in d["gpus"]], d["matrix"],
+                 nics=[NIC(**x) for x in d.get("nics", [])], warnings=d.get("warnings", []), origin=d.get("origin"),
+                 gpu_model=d.get("gpu_model"), p2p=d.get("p2p"))
+    return topo, doc["provenance"]

@@ -23,6 +23,15 @@ _GPU = re.compile(r"^GPU(\d+)$")
 _EXTRA_COLUMNS = (("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID"))
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _CPULIST = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _is_label(tok: str) -> bool:
+    try:
+        parse_label(tok)
+        return True
+    except LabkitError:
+        return False
 
 
 def _split_header(tokens: list[str], where: str) -> tuple[list[str], list[str]]:
@@ -55,7 +64,8 @@ def parse_smi_text(text: str, name: str = "<text>", *, source: str | None = None
 
     ``name`` is used in error messages (a file path or sample name); ``gpu_name`` picks the
     bandwidth table (the text itself names no GPU model)."""
-    lines = text.splitlines()
+    # A terminal's nvidia-smi underlines the header with ANSI escapes ("\x1b[4mGPU0 ...\x1b[0m").
+    lines = [_ANSI.sub("", ln) for ln in text.splitlines()]
     origin = None
     warnings: list[str] = []
     header_at = None
@@ -64,7 +74,8 @@ def parse_smi_text(text: str, name: str = "<text>", *, source: str | None = None
         if s.startswith("#") and origin is None and "source:" in s:
             origin = s.lstrip("#").strip()
         toks = s.split()
-        if toks and toks[0] == "GPU0":
+        # The header starts with GPU0 and is not a row: a row's second cell is a link label ("X" for GPU0).
+        if toks and toks[0] == "GPU0" and (len(toks) == 1 or not _is_label(toks[1])):
             header_at = no
             break
     if header_at is None:
