@@ -13,6 +13,10 @@ allocator emptied and its peak counters reset in between):
   after forward), each rank its own batch;
 * ``fsdp-noreshard``: FSDP2 with ``reshard_after_forward=False`` (ZeRO-2-like).
 
+On a machine with a single GPU the two ranks share it over gloo (``mode: shared``): per-rank peaks
+are per process and stay valid, but only ``single`` and ``tp`` run (gloo has no all-gather or
+reduce-scatter on CUDA tensors, NCCL refuses two ranks on one GPU).
+
 Each for precision ``fp32`` and ``amp-bf16`` (autocast; FSDP2 uses ``MixedPrecisionPolicy(bf16
 params, fp32 reduce)`` instead, which keeps the fp32 sharded parameters and gathers bf16 copies).
 For every step and every phase (forward, backward, optimizer step) the script records
@@ -268,27 +272,44 @@ def run_config(workload_name: str, cfg: GPTConfig, batch: int, parallel: str, pr
 
 # ---------------------------------------------------------------- the ranks
 
-def worker(rank: int, world: int, port: int, tmpdir: str, plan: list, steps: int, deadline: float, use_cuda: bool) -> None:
+def worker(rank: int, world: int, port: int, tmpdir: str, plan: list, steps: int, deadline: float, mode: str) -> None:
+    """``mode``: "nccl" (one GPU per rank), "shared" (both ranks on cuda:0 over gloo), "cpu" (gloo)."""
+    import datetime
+
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     results: dict = {"rank": rank, "configs": [], "skipped": [], "errors": []}
-    if use_cuda:
+    timeout = datetime.timedelta(seconds=120)  # a rank that fails alone must not hang the other for 30 min
+    use_cuda = mode != "cpu"
+    if mode == "nccl":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)  # creates the CUDA context
         free, total = torch.cuda.mem_get_info(device)
         results["context_only_device_used"] = total - free
         results["context_only_reserved"] = torch.cuda.memory_reserved(device)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device, timeout=timeout)
+    elif mode == "shared":
+        device = torch.device("cuda", 0)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+        for turn in range(world):  # one context at a time, so rank 0 sees its own context alone
+            if turn == rank:
+                torch.cuda.set_device(device)
+                torch.zeros(1, device=device)
+                free, total = torch.cuda.mem_get_info(device)
+                if rank == 0:
+                    results["context_only_device_used"] = total - free
+                    results["context_only_reserved"] = torch.cuda.memory_reserved(device)
+            dist.barrier()
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     t = torch.ones(1 << 20, device=device)
     dist.all_reduce(t)  # the first collective creates the communicator and its buffers
     del t
-    if use_cuda:
+    if mode == "nccl":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
@@ -351,21 +372,34 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    use_cuda = n_gpu >= 2
-    if not use_cuda and not args.smoke:
-        log(f"skip: needs 2 CUDA GPUs, found {n_gpu}; use --smoke to exercise the code paths on CPU (gloo)")
-        return 0
-    if not use_cuda:
-        log("no 2 GPUs here: smoke run on CPU with gloo (code paths only, no memory figures)")
     world = 2
-    plan = build_plan(args.smoke, tuple(args.parallel), tuple(args.precisions))
+    parallel_modes = tuple(args.parallel)
+    if n_gpu >= 2:
+        mode = "nccl"
+    elif n_gpu == 1 and not args.smoke:
+        mode = "shared"
+        log("one GPU here: both ranks share cuda:0 over gloo (per-rank peaks are per process, so they stay valid); "
+            "gloo has no all-gather/reduce-scatter on CUDA tensors and NCCL refuses two ranks on one GPU, "
+            "so tp-sp and fsdp are skipped")
+        skipped_modes = [p for p in parallel_modes if p not in ("single", "tp")]
+        for p in skipped_modes:
+            log(f"skip {p}: needs 2 GPUs (NCCL all-gather/reduce-scatter)")
+        parallel_modes = tuple(p for p in parallel_modes if p in ("single", "tp"))
+    elif args.smoke:
+        mode = "cpu"
+        log("no GPU here: smoke run on CPU with gloo (code paths only, no memory figures)")
+    else:
+        log(f"skip: needs CUDA GPUs, found {n_gpu}; use --smoke to exercise the code paths on CPU (gloo)")
+        return 0
+    use_cuda = mode != "cpu"
+    plan = build_plan(args.smoke, parallel_modes, tuple(args.precisions))
     deadline = t_start + args.budget_s
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        log(f"spawning {world} ranks ({'nccl' if use_cuda else 'gloo'}), {len(plan)} configurations")
-        mp.spawn(worker, args=(world, port, tmp, plan, args.steps, deadline, use_cuda), nprocs=world, join=True)
+        log(f"spawning {world} ranks ({mode}), {len(plan)} configurations")
+        mp.spawn(worker, args=(world, port, tmp, plan, args.steps, deadline, mode), nprocs=world, join=True)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
     # One file per configuration, holding both ranks.
     by_name: dict = {}
@@ -376,12 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     for (wl, par, prec), per_rank in sorted(by_name.items()):
         per_rank.sort(key=lambda c: c["rank"])
         data = {"workload": wl, "parallel": par, "precision": prec, "smoke": args.smoke, "device": "cuda" if use_cuda else "cpu",
-                "world_size": world, "ranks": per_rank,
+                "world_size": world, "mode": mode, "shared_gpu": mode == "shared",
+                "collective_backend": "nccl" if mode == "nccl" else "gloo", "ranks": per_rank,
                 "context": {k: [r.get(k) for r in ranks] for k in ("context_only_device_used", "context_only_reserved",
                                                                   "after_nccl_init_device_used", "after_nccl_init_reserved")}}
         path = write_measurement(out / f"{wl}__{par}__{prec}.json", KIND, data, command=command)
         written.append(path.name)
-    summary = {"smoke": args.smoke, "device": "cuda" if use_cuda else "cpu", "world_size": world,
+    summary = {"smoke": args.smoke, "device": "cuda" if use_cuda else "cpu", "world_size": world, "mode": mode,
+               "shared_gpu": mode == "shared",
                "files": written, "skipped": ranks[0]["skipped"], "errors": [e for r in ranks for e in r["errors"]],
                "context": [{k: r.get(k) for k in ("context_only_device_used", "context_only_reserved",
                                                    "after_nccl_init_device_used", "after_nccl_init_reserved", "end_device_used")}

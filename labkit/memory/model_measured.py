@@ -205,10 +205,14 @@ def context_from_parallel(directory: str | Path | None = None) -> dict[str, int]
             continue
         c = r["context_only_device_used"] - r["context_only_reserved"]
         ctx.append(c)
-        nccl.append((r["after_nccl_init_device_used"] - r["after_nccl_init_reserved"]) - c)
+        if r.get("after_nccl_init_device_used") is not None:  # not in the one-GPU (gloo) mode
+            nccl.append((r["after_nccl_init_device_used"] - r["after_nccl_init_reserved"]) - c)
     if not ctx:
         raise LabkitError(f"{d}/summary.json: no GPU context figures")
-    return {"cuda_context": int(statistics.median(ctx)), "nccl_per_communicator": int(statistics.median(nccl))}
+    out = {"cuda_context": int(statistics.median(ctx))}
+    if nccl:
+        out["nccl_per_communicator"] = int(statistics.median(nccl))
+    return out
 
 
 def workspace_from_tracer(path: str | Path | None = None) -> int:
