@@ -125,6 +125,8 @@ def compare_parallel(path: str | Path) -> Comparison:
     measured = peaks[i]
     model = est.peak_allocated
     name = f"{data['workload']} {data['parallel']} {data['precision']}"
+    if data.get("shared_gpu"):
+        name += " (2 ranks on 1 GPU)"
     return Comparison(name=name, source=_source(doc["provenance"]), measured_peak=measured, model_peak=model,
                       error_pct=(model - measured) / measured * 100,
                       measured_phase=max(PHASES, key=lambda p: phases_all[i][p]), model_phase=est.peak_phase,
