@@ -10,6 +10,7 @@ PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#1
 GiB = 1024**3
 MiB = 1024**2
 STATE_COLORS = {"active_allocated": "#d62728", "active_awaiting_free": "#ff7f0e", "inactive": "#9ecae1"}
+# red: allocated to a tensor; orange: freed, awaiting another stream; light blue: free (cached)
 
 
 def _get(r, k):
@@ -40,33 +41,48 @@ def timeline_figure(series: dict[str, Sequence], *, title: str, x_label: str = "
     return p
 
 
-def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760, max_segments: int = 60):
-    """One row per segment (largest first), blocks coloured by state: allocated, awaiting free, free."""
+def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760, max_segments: int = 40,
+                       normalize: bool = True):
+    """One row per segment (largest first), blocks coloured by state: allocated, awaiting free, free.
+
+    With ``normalize`` each row spans its own segment (x = share of the segment), so a 2 MiB segment is as
+    readable as a 4 GiB one; the row label gives the segment's size.
+    """
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
 
     segs = sorted(segments, key=lambda s: -s["total_size"])[:max_segments]
+    labels = []
     rows = dict(y=[], left=[], right=[], color=[], state=[], size=[], seg=[])
     for i, s in enumerate(segs):
+        total = s["total_size"] or 1
+        kind = ("expandable " if s.get("is_expandable") else "") + s.get("segment_type", "")
+        label = f"#{i} {_fmt(total)} {kind}".strip()
+        labels.append(label)
         off = 0
         for b in s["blocks"]:
-            rows["y"].append(i)
-            rows["left"].append(off / MiB)
-            rows["right"].append((off + b["size"]) / MiB)
+            scale = (100.0 / total) if normalize else 1.0 / MiB
+            rows["y"].append(label)
+            rows["left"].append(off * scale)
+            rows["right"].append((off + b["size"]) * scale)
             rows["color"].append(STATE_COLORS.get(b.get("state", "inactive"), "#cccccc"))
             rows["state"].append(b.get("state", "?"))
-            rows["size"].append(f"{b['size'] / MiB:.2f} MiB")
-            rows["seg"].append(f"{s.get('segment_type', '')} {'expandable' if s.get('is_expandable') else ''} "
-                               f"{s['total_size'] / MiB:.0f} MiB")
+            rows["size"].append(_fmt(b["size"]))
+            rows["seg"].append(label)
             off += b["size"]
-    height = max(160, 18 * len(segs) + 80)
-    p = figure(width=width, height=height, title=title, x_axis_label="offset in segment, MiB",
-               y_axis_label="segment (largest first)", y_range=(-0.6, max(len(segs), 1) - 0.4))
+    height = max(180, 20 * len(segs) + 90)
+    p = figure(width=width, height=height, title=title, y_range=list(reversed(labels)) or ["(none)"],
+               x_axis_label="share of the segment, %" if normalize else "offset in segment, MiB (2^20 B)")
     src = ColumnDataSource(rows)
     p.hbar(y="y", left="left", right="right", height=0.8, source=src, fill_color="color", line_color="white",
            line_width=0.5)
+    p.yaxis.major_label_text_font_size = "8pt"
     p.add_tools(HoverTool(tooltips=[("segment", "@seg"), ("block", "@size"), ("state", "@state")]))
     return p
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
 def whatif_figure(rows: Iterable, *, title: str, width: int = 760, height: int = 320):
