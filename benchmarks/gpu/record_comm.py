@@ -58,9 +58,9 @@ def plan(smoke: bool, ngpu: int) -> dict:
         return dict(sizes=(4 * KiB, 64 * MiB), warmup=2, repeats=3, gap_sizes=[64 * MiB], workload="tiny", batch=2,
                     buckets=[0.05, 1, 25], sweep_warmup=2, sweep_steps=3, amp="bfloat16", async_bytes=16 * MiB,
                     buf_bytes=16 * MiB, buf_steps=5, copy_bytes=64 * MiB, trace_bucket=0.1)
-    return dict(sizes=(4 * KiB, 1 * MiB), warmup=1, repeats=3, gap_sizes=[1 * MiB], workload="tiny", batch=2,
-                buckets=[0.05, 0.2, 1], sweep_warmup=2, sweep_steps=3, amp=None, async_bytes=4 * MiB,
-                buf_bytes=4 * MiB, buf_steps=5, copy_bytes=0, trace_bucket=0.1)
+    return dict(sizes=(4 * KiB, 256 * KiB), warmup=1, repeats=2, gap_sizes=[256 * KiB], workload="tiny", batch=2,
+                buckets=[0.05, 1], sweep_warmup=2, sweep_steps=2, amp=None, async_bytes=1 * MiB,
+                buf_bytes=1 * MiB, buf_steps=4, copy_bytes=0, trace_bucket=0.1)
 
 
 def watchdog(deadline: float) -> None:
