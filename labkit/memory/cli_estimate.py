@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--recompute-every", type=int, default=1, help="with --recompute full: segments of K layers")
     t.add_argument("--no-flash", action="store_true", help="math attention (keeps the s x s scores)")
     t.add_argument("--keep-logits", action="store_true", help="the training loop holds the logits through backward")
-    t.add_argument("--framework", default="pytorch", choices=("pytorch", "megatron"))
+    t.add_argument("--framework", choices=("pytorch", "megatron"),
+                   help="activation layout: pytorch (default for an estimate) or megatron (default for --plan)")
     q = p.add_argument_group("parallelism")
     for d in ("tp", "pp", "dp", "cp"):
         q.add_argument(f"--{d}", type=int, default=1)
@@ -53,6 +54,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--no-vocab-parallel", action="store_true", help="embeddings and LM head replicated over tp")
     q.add_argument("--shard-size", type=int, help="ZeRO/FSDP sharding group (hybrid shard)")
     q.add_argument("--no-reshard", action="store_true", help="ZeRO-3: keep gathered params from forward to backward")
+    pl = p.add_argument_group("planner (--plan: search layouts for a cluster instead of estimating one)")
+    pl.add_argument("--plan", action="store_true", help="rank (tp, pp, dp, ZeRO, micro-batch, recompute) layouts")
+    pl.add_argument("--gpus", type=int, default=8, help="GPUs in the cluster (default 8)")
+    pl.add_argument("--gpus-per-node", type=int, default=8)
+    pl.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
+    pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (labkit topology sample or file); "
+                    "default: NVSwitch-like 450 GB/s links")
+    pl.add_argument("--margin", type=float, default=0.10, help="memory kept free, fraction (default 0.10)")
+    pl.add_argument("--tflops", type=float, default=400.0, help="achievable TFLOP/s per GPU (default 400)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 
@@ -84,7 +94,8 @@ def build(args):
     train = TrainSpec(micro_batch=args.micro_batch, global_batch=args.global_batch, precision=args.precision,
                       optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
                       recompute_every=args.recompute_every, flash=not args.no_flash, dropout=args.dropout,
-                      fp32_grad_accum=args.fp32_grads, keep_logits=args.keep_logits, framework=args.framework)
+                      fp32_grad_accum=args.fp32_grads, keep_logits=args.keep_logits,
+                      framework=args.framework or "pytorch")
     return par, train
 
 
@@ -104,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                  p.model.kv, p.model.ffn_size, p.model.vocab, p.model.seq] for p in presets().values()]
         print(render(["preset", "family", "params (1e9)", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq"], rows))
         return 0
+    if args.plan:
+        return run_plan(args)
     par, train = build(args)
     if args.model_states_only:
         if args.params is not None:
@@ -146,4 +159,39 @@ def run(args: argparse.Namespace) -> int:
     for n in est.notes:
         print(f"note: {n}")
     print(f"(1 GiB = {GiB} B, 1 GB = {GB} B; model, not a measurement)")
+    return 0
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from labkit.core.units import parse_bytes
+    from labkit.memory.planner import DEFAULT_ACHIEVABLE_FLOPS, LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
+
+    model = _model(args)
+    if args.global_batch is None:
+        raise LabkitError("--plan needs --global-batch")
+    mem = parse_bytes(args.gpu_memory, what="--gpu-memory")
+    flops = args.tflops * 1e12 if args.tflops else DEFAULT_ACHIEVABLE_FLOPS
+    if args.gpus < 1 or args.gpus_per_node < 1:
+        raise LabkitError("--gpus and --gpus-per-node must be >= 1")
+    if args.topology:
+        per_node = args.gpus_per_node
+        if args.gpus % per_node:
+            raise LabkitError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
+        cl = cluster_from_topology(args.topology, nodes=args.gpus // per_node, gpu_memory_bytes=mem, achievable_flops=flops)
+        if cl.gpus_per_node != per_node:
+            raise LabkitError(f"--topology {args.topology} has {cl.gpus_per_node} GPUs per node, not --gpus-per-node {per_node}")
+    else:
+        cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, min(args.gpus, args.gpus_per_node), mem,
+                             LinkSpec(450e9, 3.4e-6, "450 GB/s (NVLink4-class)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
+                             achievable_flops=flops)
+    result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
+                  framework=args.framework or "megatron")
+    if args.json:
+        print(dumps(result))
+        return 0
+    print(f"{model.name} on {cl.name}, global batch {args.global_batch}: {result.considered} layouts, {result.fitting} fit "
+          f"(model, not a measurement)")
+    for line in explain(result):
+        print(line)
+    print("assumptions: " + "; ".join(result.assumptions))
     return 0

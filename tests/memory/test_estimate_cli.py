@@ -91,3 +91,18 @@ def test_presets_match_published_counts():
     assert checked >= 6
     assert get_preset("gpt3-175b").layers == 96
     assert abs(total_params(get_preset("gpt3-175b")) / 1e9 - 175) < 1
+
+
+def test_plan_verb(capsys):
+    rc, out, _ = run(capsys, "--plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64",
+                     "--topology", "h100_nv18_8gpu_dual_numa", "--gpu-memory", "80GiB")
+    assert rc == 0 and out.splitlines()[1].startswith("1. tp=") and "rejected" in out
+    rc, out, _ = run(capsys, "--plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", "--json")
+    doc = json.loads(out)
+    assert doc["fitting"] >= len(doc["ranked"]) > 0
+    assert doc["ranked"][0]["fits"] is True
+    rc, _, err = run(capsys, "--plan", "--model", "llama3-8b", "--gpus", "12", "--global-batch", "64",
+                     "--topology", "h100_nv18_8gpu_dual_numa")
+    assert rc == 2 and "--gpus-per-node" in err
+    rc, _, err = run(capsys, "--plan", "--model", "gpt2", "--gpu-memory", "lots", "--global-batch", "8")
+    assert rc == 2 and "--gpu-memory" in err
