@@ -24,6 +24,12 @@ class LinkComparison:
         return self.measured_Bps / self.nominal_Bps
 
 
+def _size(r) -> str:
+    from labkit.core.units import fmt_bytes
+
+    return f"median at {fmt_bytes(r.largest.size_bytes)}"
+
+
 def _pcie_nominal(topo: Topology | None, gen: Generation | None) -> tuple[float | None, str]:
     g = topo.generation if topo is not None else gen
     if g is None:
@@ -32,18 +38,19 @@ def _pcie_nominal(topo: Topology | None, gen: Generation | None) -> tuple[float 
 
 
 def compare_links(m: LinkMeasurements, topo: Topology | None = None, gen: Generation | None = None) -> list[LinkComparison]:
-    """Host<->device (peak over sizes) against the GPU's PCIe link, device copies (no nominal figure
+    """Host<->device (at the largest size measured) against the GPU's PCIe link, device copies (no nominal figure
     here: HBM bandwidth is not in the table), GPU pairs against their link (P2P on)."""
     rows: list[LinkComparison] = []
     nominal, pcie = _pcie_nominal(topo, gen)
     for r in m.device_copy:
-        rows.append(LinkComparison(f"GPU{r.gpu} device copy", None, r.peak_Bps,
-                                   "bytes copied per second (memory traffic is 2x)"))
+        rows.append(LinkComparison(f"GPU{r.gpu} device copy", None, r.largest.bytes_per_s,
+                                   f"{_size(r)}; bytes copied per second (memory traffic is 2x)"))
     for r in m.host:
-        rows.append(LinkComparison(f"GPU{r.gpu} {r.what} {r.memory}", nominal, r.peak_Bps, pcie))
+        rows.append(LinkComparison(f"GPU{r.gpu} {r.what} {r.memory}", nominal, r.largest.bytes_per_s,
+                                   f"{_size(r)}; nominal {pcie}"))
     for r in m.numa:
         rows.append(LinkComparison(f"GPU{r.gpu} {r.what} {r.memory}, CPU+memory on NUMA node {r.numa_node}",
-                                   nominal, r.peak_Bps, r.note))
+                                   nominal, r.largest.bytes_per_s, f"{_size(r)}; {r.note}"))
     if m.p2p is not None:
         rows += compare_p2p(m.p2p, topo, gen)
     return rows

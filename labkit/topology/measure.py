@@ -52,7 +52,13 @@ class CopyResult:
 
     @property
     def peak_Bps(self) -> float:
+        """The best size's bandwidth."""
         return max(p.bytes_per_s for p in self.points)
+
+    @property
+    def largest(self) -> Point:
+        """The largest size's point: the sustained rate (a cache or staging buffer can favour mid sizes)."""
+        return max(self.points, key=lambda p: p.size_bytes)
 
 
 @dataclass
