@@ -95,6 +95,12 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
     if device >= len(snap.device_traces) or not snap.device_traces[device]:
         raise LabkitError(f"{snap.source}: no trace for device {device} (devices with traces: {devs})")
     tr = snap.device_traces[device]
+    private = [s for s in snap.segments if s.get("device", device) == device
+               and tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0)]
+    if private:
+        raise LabkitError(f"{snap.source}: {len(private)} segment(s) belong to a private memory pool (CUDA graphs or "
+                          f"torch.cuda.MemPool, pool {tuple(private[0]['segment_pool_id'])}); the trace does not say "
+                          "which requests went there, and this lab simulates the default pools only")
 
     streams = sorted({e.get("stream", 0) for e in tr if e["action"] in ("alloc", "oom")} | {0})
     srank = {s: i for i, s in enumerate(streams)}

@@ -131,3 +131,9 @@ def test_empty_cache_in_a_trace_is_replayed():
     assert [op[0] for op in t.ops] == [0, 1, 4, 0]
     r = replay(t, "")
     assert r.num_device_alloc == 2 and r.stats["num_device_free"] == 1
+
+
+def test_private_pools_are_refused(snap_dict):
+    seg = dict(snap_dict["segments"][0], segment_pool_id=(1, 0))
+    with pytest.raises(LabkitError, match="private memory pool"):
+        compile_trace(read_snapshot(dict(snap_dict, segments=[seg])))
