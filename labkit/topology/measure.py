@@ -410,13 +410,14 @@ def measure_numa(gpus: list[int], size: int, repeats: int = 5) -> tuple[list[Cop
     for node, cpus in nodes.items():
         with tempfile.TemporaryDirectory() as td:
             res = Path(td) / "numa.json"
-            cmd = [sys.executable, "-m", "labkit.topology.measure", "--numa-child", str(node), "--gpus",
+            cmd = [sys.executable, "-c", "import sys; from labkit.topology.measure import _main; sys.exit(_main(sys.argv[1:]))",
+                   "--numa-child", str(node), "--gpus",
                    ",".join(map(str, gpus)), "--size", str(size), "--repeats", str(repeats), "--result", str(res)]
             if numactl:
                 cmd = [numactl, f"--cpunodebind={node}", f"--membind={node}"] + cmd
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-            _log(f"  NUMA node {node}: {' '.join(cmd[:4])} ...")
+            _log(f"  NUMA node {node}: {'numactl' if numactl else 'CPU affinity'} binding, child process ...")
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
             if r.returncode != 0 or not res.exists():
                 return out, f"child bound to NUMA node {node} failed (exit {r.returncode}): {r.stderr.strip()[-300:]}"

@@ -47,3 +47,17 @@ def test_record_script_dry_run(tmp_path):
     m = links_from_json(doc["data"])
     if cuda_unavailable_reason():
         assert "skipped" in r.stdout and m.skipped
+
+
+def test_numa_part_needs_two_nodes_and_reports_a_failing_child(monkeypatch):
+    from labkit.topology import measure
+
+    monkeypatch.setattr(measure, "numa_nodes_with_cpus", lambda: {0: [0]})
+    res, why = measure.measure_numa([0], 1024)
+    assert res == [] and "1 NUMA node" in why
+    # Two nodes: one child per node; without a GPU the child fails and the reason is reported, not raised.
+    monkeypatch.setattr(measure, "numa_nodes_with_cpus", lambda: {0: [0], 1: [1]})
+    monkeypatch.setattr(measure.shutil, "which", lambda name: None)  # CPU-affinity binding, no numactl
+    res, why = measure.measure_numa([0], 1024, repeats=1)
+    if cuda_unavailable_reason():
+        assert res == [] and why.startswith("child bound to NUMA node 0 failed")
