@@ -95,8 +95,9 @@ def link_graph(topo, origin: str, *, highlight_groups: list[list[int]] | None = 
                           text_color="white", text_font_size="8pt"))
     p.axis.visible = False
     p.grid.visible = False
-    p.legend.location = "bottom_right"
-    p.legend.label_text_font_size = "8pt"
+    if p.legend:
+        p.legend.location = "bottom_right"
+        p.legend.label_text_font_size = "8pt"
     return p
 
 
