@@ -331,10 +331,15 @@ def place(topo: Topology, tp: int, pp: int = 1, dp: int = 1, *, sizes: Sizes | N
                 suggestions.append(f"tp={alt} keeps TP on NVLink; cover the other factor {tp // alt if tp % alt == 0 else '?'} "
                                    f"with pp or dp (e.g. tp={alt}, pp={pp * (tp // alt) if tp % alt == 0 else pp}, "
                                    f"dp={dp if tp % alt == 0 else rest // pp}).")
+        elif placed.weakest_tp_link in ("PIX", "PXB"):
+            good = True
+            verdict = (f"acceptable: no NVLink on this server; every TP group stays behind one PCIe switch "
+                       f"(weakest TP link {placed.weakest_tp_link}), the closest path there is.")
+            suggestions.append("PCIe-only: keep tp at this size or smaller and scale with dp/FSDP or pp.")
         else:
-            verdict = (f"no good placement: this server has no NVLink, so every TP group all-reduces over PCIe "
-                       f"(weakest TP link {placed.weakest_tp_link}).")
-            suggestions.append("keep tp small (1 or 2 on the closest PCIe pairs) and scale with dp/FSDP or pp instead.")
+            verdict = (f"no good placement: this server has no NVLink and no PCIe switch joins a whole TP group, so "
+                       f"TP all-reduces cross host bridges (weakest TP link {placed.weakest_tp_link}).")
+            suggestions.append("keep tp small (1, or 2 on the closest PCIe pairs) and scale with dp/FSDP or pp instead.")
         if placed.weakest_tp_link == "SYS":
             verdict += " A TP group also crosses the inter-socket link (SYS)."
     else:

@@ -136,3 +136,11 @@ def test_local_search_beyond_8_gpus():
     p = place(t, 2, 1, 2)
     assert "local search" in p.method
     assert p.comparison.placed.cost <= p.comparison.naive.cost
+
+
+def test_pcie_only_server_pairs_behind_one_switch_are_acceptable():
+    t = load_sample("pcie_8gpu_dual_socket_pix_node_sys")
+    p2 = place(t, 2, 1, 4)
+    assert p2.good and p2.weakest_tp_link == "PIX" and "acceptable" in p2.verdict
+    p4 = place(t, 4, 1, 2)
+    assert not p4.good and p4.weakest_tp_link == "NODE" and "no good placement" in p4.verdict
