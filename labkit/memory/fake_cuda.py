@@ -70,8 +70,10 @@ class CudaTarget:
     allocator_rounding: int = 512
     cublas_workspace_bytes: int = 32 * MiB   # sm90 default CUBLAS_WORKSPACE_CONFIG :4096:8
     cublas_handles: int = 2                   # forward thread + autograd device thread
-    flash_for_16bit: bool = True              # flash attention for fp16/bf16, head_dim <= 256
-    efficient_lse_block: int = 32             # mem-efficient kernel pads logsumexp to 32 rows
+    attention_16bit: str = "cudnn"            # SDPA kernel for fp16/bf16: "cudnn" (seen on the H200, torch 2.11) or "flash"
+    efficient_lse_block: int = 32             # mem-efficient kernel (float32) pads logsumexp to 32 rows
+    sm_count: int = 132                       # streaming multiprocessors (reduction launch configuration)
+    max_threads_per_sm: int = 2048
     emulate_kernels: bool = True              # False: count exactly what the CPU kernels allocate
     simulate_allocator: bool = True           # replay the requests through the caching-allocator simulator
 
@@ -208,6 +210,10 @@ class CudaEmulator:
             self._sdpa_forward(args, out, tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
             self._sdpa_backward(args, out, tracker)
+        elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
+            self._reduction(args, kwargs, out, tracker)
+        elif base == "embedding_dense_backward":
+            self._embedding_backward(args, tracker)
 
     def _cublas(self, tracker: Any) -> None:
         in_backward = tracker.phases[-1] == "backward"
@@ -219,30 +225,70 @@ class CudaEmulator:
             if in_backward:
                 self._backward_thread_ws = True
 
-    def _uses_flash(self, q: torch.Tensor) -> bool:
-        return self.target.flash_for_16bit and q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) <= 256
+    def _kernel_16bit(self, q: torch.Tensor) -> str:
+        """Which CUDA SDPA kernel the target runs: "cudnn" or "flash" for 16-bit, else "efficient"."""
+        if q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) <= 256:
+            return self.target.attention_16bit
+        return "efficient"
 
     def _sdpa_forward(self, args: tuple, out: Any, tracker: Any) -> None:
+        # CPU: (out, logsumexp (B, H, T) float32). The GPU kernels save the same output and a float32
+        # logsumexp: (B, H, T, 1) for cuDNN plus two int64 scalars on the device (philox seed and
+        # offset, 512 B blocks); (B, H, T) for flash; (B, H, T padded to 32) for mem-efficient.
         q = args[0]
         B, H, T = q.size(0), q.size(1), q.size(2)
         lse = out[1]
-        if self._uses_flash(q):
-            tracker.resize(lse, B * H * T * 4)
-        else:
+        kind = self._kernel_16bit(q)
+        if kind == "cudnn":
+            tracker.tie(lse, 8)
+            tracker.tie(lse, 8)
+        elif kind == "efficient":
             blk = self.target.efficient_lse_block
             tracker.resize(lse, B * H * (math.ceil(T / blk) * blk) * 4)
+        if kind == "cudnn":
+            tracker.transient(8)   # a scalar inside the cuDNN forward (measured: 512 B)
 
     def _sdpa_backward(self, args: tuple, out: Any, tracker: Any) -> None:
+        # Workspaces inside the backward kernels, measured on the H200 (torch 2.11) per op:
+        #   cuDNN: float32 dQ accumulator (B, H, T, D) + float32 (B, H, T) + a 512 B scalar;
+        #   mem-efficient (float32): (B, H, T, D) float32 + two float32 (B, H, T padded to 32);
+        #   flash (FlashAttention-2 source): dq_accum (B, T->128, H, D->32) + softmax_d (B, H, T->128), float32.
         q = args[1]
         B, H, T, D = q.size(0), q.size(1), q.size(2), q.size(3)
-        if self._uses_flash(q):
+        kind = self._kernel_16bit(q)
+        if kind == "cudnn":
+            tracker.transient_group([B * H * T * D * 4, B * H * T * 4, 8])
+        elif kind == "flash":
             t_r = math.ceil(T / 128) * 128
             d_r = math.ceil(D / 32) * 32
-            # softmax_d (B, H, T_rounded) and dq_accum (B, T_rounded, H, D_rounded) in float32
-            tracker.transient(B * H * t_r * 4 + B * t_r * H * d_r * 4)
+            tracker.transient_group([B * t_r * H * d_r * 4, B * H * t_r * 4])
         else:
             blk = self.target.efficient_lse_block
-            tracker.transient(B * H * (math.ceil(T / blk) * blk) * 4)
+            t_p = math.ceil(T / blk) * blk
+            tracker.transient_group([B * H * T * D * 4, B * H * t_p * 4, B * H * t_p * 4])
+
+    def _reduction(self, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
+        x = args[0]
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+            return
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(x.dim()))
+        elif isinstance(dims, int):
+            dims = [dims]
+        n = reduction_global_buffer_bytes(list(x.shape), list(x.stride()), [d % max(x.dim(), 1) for d in dims],
+                                          x.element_size(), self.target.sm_count, self.target.max_threads_per_sm)
+        if n:
+            tracker.transient_group([n, 8])   # the global staging buffer and the semaphores
+
+    def _embedding_backward(self, args: tuple, tracker: Any) -> None:
+        # embedding_dense_backward on CUDA sorts the indices and reduces per segment: measured on the
+        # H200 as about (indices x dim) float32 partial sums plus ~350 B per index (sort buffers,
+        # segment offsets); the exact figure depends on how many distinct ids the batch holds.
+        grad, indices = args[0], args[1]
+        n_idx = indices.numel()
+        dim = grad.size(-1)
+        tracker.transient_group([n_idx * dim * 4, n_idx * 350])
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
@@ -288,6 +334,81 @@ def data_dependent_choices() -> Iterator[list[str]]:
     finally:
         for mod, name, fn in undo:
             setattr(mod, name, fn)
+
+
+def _last_pow2(n: int) -> int:
+    return max(1, 1 << (max(n, 1).bit_length() - 1))
+
+
+def reduction_global_buffer_bytes(shape: list[int], strides: list[int], reduce_dims: list[int], elem_size: int,
+                                  sm_count: int = 132, max_threads_per_sm: int = 2048) -> int:
+    """Bytes of the inter-block staging buffer a CUDA reduction allocates (``Reduce.cuh``
+    ``setReduceConfig`` and ``ReduceConfig::global_memory_size``; accumulation in float32).
+
+    Handles a contiguous input whose reduced dims are all leading (e.g. a bias gradient
+    ``grad.sum(0)``) or all trailing; other layouts return 0 (not modelled).
+    """
+    nd = len(shape)
+    red = sorted(set(reduce_dims))
+    if nd == 0 or not red:
+        return 0
+    contiguous = all(strides[i] == math.prod(shape[i + 1:]) for i in range(nd))
+    if not contiguous:
+        return 0
+    inputs = math.prod(shape[i] for i in red)
+    outputs = math.prod(shape[i] for i in range(nd) if i not in red)
+    if outputs == 0 or inputs <= 1:
+        return 0
+    leading = red == list(range(len(red)))
+    trailing = red == list(range(nd - len(red), nd))
+    if outputs == 1:
+        leading, trailing = False, True
+    if not (leading or trailing):
+        return 0
+    acc = 4
+    max_threads = 512
+    vt0 = 4
+    if trailing:          # reduction along the fastest dimension: block.x reduces
+        dim0, dim1 = inputs, outputs
+        if dim0 > 128:
+            dim0 //= vt0  # vectorised input loads
+        out_vec = 1
+    else:                 # reduction across rows: block.x spans outputs, vectorised along outputs
+        out_vec = 4
+        while outputs % out_vec:
+            out_vec //= 2
+        dim0, dim1 = outputs // out_vec, inputs
+    mnt = max_threads // out_vec
+    d0 = _last_pow2(dim0) if dim0 < mnt else mnt
+    d1 = _last_pow2(dim1) if dim1 < mnt else mnt
+    bw = min(d0, 32)
+    bh = min(d1, mnt // bw)
+    bw = min(d0, mnt // bh)
+    nthreads = bw * bh
+    step_input, step_output = 1, 1
+    block_x_reduce = trailing
+    if trailing:
+        step_input *= bw
+    else:
+        step_output *= bw
+    vpt = -(-inputs // step_input)
+    split_warps = vpt >= min(bh * 16, 256)
+    if split_warps:
+        step_input *= bh
+    else:
+        step_output *= bh
+    target_grid = sm_count * (max_threads_per_sm // nthreads)
+    grid_x = -(-(outputs // out_vec) // step_output)
+    vpt = -(-inputs // step_input)
+    if not (split_warps and vpt >= 256 and grid_x <= target_grid):
+        return 0
+    ctas = max(min(-(-target_grid // grid_x), -(-vpt // 16)), -(-vpt // 256))
+    if ctas <= 1:
+        return 0
+    size = acc * outputs * ctas
+    if not block_x_reduce:
+        size *= bw * out_vec
+    return size
 
 
 def _mode_active(cls: type) -> bool:

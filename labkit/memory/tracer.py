@@ -67,6 +67,7 @@ class StorageTracker(TorchDispatchMode):
         self._ids: dict[int, tuple[weakref.ref, int]] = {}   # id(storage obj) -> (ref, storage id)
         self.sizes: dict[int, int] = {}
         self.alloc_index: dict[int, int] = {}   # storage id -> index of its allocation event
+        self._ties: list[Any] = []
         self.live: set[int] = set()
         self.events: list[tuple[int, int, int]] = []  # (storage id, +/- bytes, phase index)
         self.phases: list[str] = []
@@ -175,6 +176,42 @@ class StorageTracker(TorchDispatchMode):
         self._bump()
         self.current -= n
         self.events.append((sid, -n, self.phase_index))
+
+    def transient_group(self, sizes: list[int]) -> None:
+        """Several allocations live together inside the current op, then all freed."""
+        sids = []
+        for nbytes in sizes:
+            n = round_up(nbytes, self.rounding)
+            if n <= 0:
+                continue
+            sid = self._next_id
+            self._next_id += 1
+            self.sizes[sid] = n
+            self.current += n
+            self.events.append((sid, n, self.phase_index))
+            self._bump()
+            sids.append(sid)
+        for sid in sids:
+            n = self.sizes[sid]
+            self.current -= n
+            self.events.append((sid, -n, self.phase_index))
+
+    def tie(self, t: torch.Tensor, nbytes: int) -> None:
+        """An extra allocation that lives exactly as long as the storage of ``t`` (e.g. a kernel's
+        small side outputs saved together with its main output)."""
+        sts = storages_of(t)
+        if not sts:
+            return
+        n = round_up(nbytes, self.rounding)
+        sid = self._next_id
+        self._next_id += 1
+        self.sizes[sid] = n
+        self.live.add(sid)
+        self.current += n
+        self.alloc_index[sid] = len(self.events)
+        self.events.append((sid, n, self.phase_index))
+        self._bump()
+        self._ties.append(weakref.finalize(sts[0], self._freed, sid, -sid - 1))
 
     def hold(self, nbytes: int) -> int:
         """A lasting allocation that is not a tensor storage (e.g. a cuBLAS workspace)."""
