@@ -11,6 +11,7 @@ INTERNAL 0, SINGLE 10 ~ PIX, MULTIPLE 20 ~ PXB, HOSTBRIDGE 30 ~ PHB, NODE 40, SY
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -67,6 +68,7 @@ def nvml_topology(use_smi: bool = True) -> Topology:
         hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
         gpus: list[GPU] = []
         buses: list[str] = []
+        pcie: list[tuple[int, int] | None] = []
         ncpu = os.cpu_count() or 64
         for i, h in enumerate(hs):
             bus = _s(pynvml.nvmlDeviceGetPciInfo(h).busId)
@@ -78,6 +80,10 @@ def nvml_topology(use_smi: bool = True) -> Topology:
                 aff = cpulist(cpus)
             except Exception as exc:
                 warnings.append(f"GPU{i}: CPU affinity unavailable ({exc})")
+            try:  # the most this GPU and this slot can do (the current link may downshift when idle)
+                pcie.append((int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)), int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))))
+            except Exception:
+                pcie.append(None)
             gpus.append(GPU(index=i, name=_s(pynvml.nvmlDeviceGetName(h)),
                             memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(h).total), bus_id=bus,
                             numa=pci_numa_node(bus), cpu_affinity=aff))
@@ -175,4 +181,12 @@ def nvml_topology(use_smi: bool = True) -> Topology:
                 warnings.append(f"NVML gave GPU{i}->GPU{j} {matrix[i][j]} but GPU{j}->GPU{i} {matrix[j][i]}: kept the weaker")
                 weaker = max(matrix[i][j], matrix[j][i], key=lambda lab: (not lab.startswith("NV"), -int(lab[2:]) if lab.startswith("NV") else 0))
                 matrix[i][j] = matrix[j][i] = weaker
-    return build("live (NVML)", gpus, matrix, warnings=warnings, p2p=p2p, raw_text=text)
+    topo = build("live (NVML)", gpus, matrix, warnings=warnings, p2p=p2p, raw_text=text)
+    if pcie and all(pcie) and len(set(pcie)) == 1:
+        gen, width = pcie[0]
+        if (gen, width) != (topo.generation.pcie_gen, topo.generation.pcie_width) and gen in (3, 4, 5):
+            topo.warnings.append(f"NVML: the PCIe link can reach Gen{gen} x{width} here (the GPU model's table says "
+                                 f"Gen{topo.generation.pcie_gen} x{topo.generation.pcie_width}): nominal PCIe figures use Gen{gen} x{width}")
+            topo.generation = dataclasses.replace(topo.generation, pcie_gen=gen, pcie_width=width)
+            topo.__post_init__()
+    return topo

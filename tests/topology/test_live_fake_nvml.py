@@ -13,7 +13,7 @@ class NVMLError(Exception):
     pass
 
 
-def fake_pynvml(n, nvlink, ancestor, remote_type=None, p2p_ok=True):
+def fake_pynvml(n, nvlink, ancestor, remote_type=None, p2p_ok=True, pcie=(5, 16)):
     """nvlink(i, link) -> ("peer", j) | ("switch", None) | None (link down) | "unsupported" | "end"."""
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError
@@ -50,6 +50,8 @@ def fake_pynvml(n, nvlink, ancestor, remote_type=None, p2p_ok=True):
     m.nvmlDeviceGetNvLinkRemotePciInfo_v2 = remote_pci
     m.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: ancestor(a, b)
     m.nvmlDeviceGetP2PStatus = lambda a, b, idx: 0 if p2p_ok else 2
+    m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: pcie[0]
+    m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: pcie[1]
     return m
 
 
@@ -116,3 +118,11 @@ def test_no_driver(monkeypatch):
     from labkit.core.errors import LabkitError
     with pytest.raises(LabkitError, match="no NVIDIA driver"):
         live.nvml_topology()
+
+
+def test_pcie_generation_from_nvml_overrides_the_model_table(monkeypatch):
+    use(monkeypatch, fake_pynvml(2, lambda h, link: "end", lambda a, b: 10, pcie=(4, 16)))
+    t = live.nvml_topology()
+    from labkit.topology.links import pcie_bps
+    assert t.generation.pcie_gen == 4 and t.link(0, 1).bandwidth_Bps == pytest.approx(pcie_bps(4))
+    assert any("Gen4 x16" in w for w in t.warnings)
