@@ -1,7 +1,7 @@
 """What the GPU recording script wrote (data/measurements/topology/), checked for physical sense."""
 
 from labkit.core.provenance import load_measurement
-from labkit.topology import compare_links, generation_for, load_sample, recorded_links
+from labkit.topology import compare_links, generation_for, load_sample, recorded_links, recorded_topology
 from labkit.topology.links import pcie_bps
 from labkit.topology.recorded import measurements_dir
 
@@ -35,7 +35,11 @@ def test_recorded_links_on_h200():
         n = m.p2p.n
         on = m.p2p.uni_Bps.get("p2p_on")
         assert on and all(on[i][j] > 0 for i in range(n) for j in range(n) if on[i][j] is not None)
-    rows = compare_links(m, gen=gen)
+    rec_topo = recorded_topology()
+    topo = rec_topo[0] if rec_topo else None
+    if m.p2p is not None:
+        assert topo is not None and topo.n == m.p2p.n  # the link labels were recorded with the matrix
+    rows = compare_links(m, topo, gen=gen)
     assert all(r.ratio is None or 0 < r.ratio < 1.0 for r in rows)
 
 
