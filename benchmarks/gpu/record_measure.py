@@ -179,6 +179,7 @@ def main() -> None:
     # ---- cases ---------------------------------------------------------------------------------
     cases: list[dict] = []
     extra_cases: list[dict] = []
+    heldout_cases: list[dict] = []
     if args.smoke:
         w = get_workload("tiny")
         for prec in ("fp32", "amp-bf16"):
@@ -214,15 +215,32 @@ def main() -> None:
         w = get_workload("gpt-small-ref")
         for prec, ck in (("amp-fp16", "none"), ("bf16", "none"), ("amp-bf16", "selective"), ("amp-bf16", "every-2")):
             extra_cases.append(gpt_case(f"gpt-small-ref-{prec}-{ck}", w.config, w.batch_size, prec, ck))
+        # held out (the fake mode was calibrated on the cases above): other shapes, optimizers, policies
+        xl = HFGPT2Spec.named("gpt2-xl")
+        for ck in ("none", "full"):
+            heldout_cases.append(hf_case(f"hf-gpt2-xl-b4-amp-bf16-{ck}", xl, 4, 1024, "amp-bf16", ck))
+        odd = GPTConfig(n_layer=8, n_head=8, n_embd=1024, seq_len=1000, vocab_size=32000)   # head_dim 128, T=1000
+        for prec in ("fp32", "amp-bf16"):
+            for ck in ("none", "selective"):
+                heldout_cases.append(gpt_case(f"gpt-d128-t1000-{prec}-{ck}", odd, 6, prec, ck))
+        for opt in ("adamw-foreach", "sgd"):
+            heldout_cases.append(gpt_case(f"gpt-small-ref-fp32-none-{opt}", w.config, w.batch_size, "fp32", "none",
+                                          optimizer=opt))
+        g2 = HFGPT2Spec.named("gpt2")
+        for prec, ck in (("amp-fp16", "none"), ("amp-bf16", "every-3"), ("amp-bf16", "selective")):
+            heldout_cases.append(hf_case(f"hf-gpt2-b8-{prec}-{ck}", g2, 8, 1024, prec, ck))
+        w124 = get_workload("gpt2-124m")
+        heldout_cases.append(gpt_case("gpt2-124m-bf16-full", w124.config, w124.batch_size, "bf16", "full"))
 
-    rows: list[dict] = []
+    table_rows: dict[str, list[dict]] = {}
     try:
         import transformers  # noqa: F401
         have_hf = True
     except ImportError:
         have_hf = False
         log("transformers not installed: Hugging Face cases skipped")
-    def run_cases(todo: list[dict]) -> None:
+    def run_cases(todo: list[dict], table: str = "reference_peaks.json") -> None:
+        rows = table_rows.setdefault(table, [])
         for case in todo:
             if case["model"] == "hf-gpt2" and not have_hf:
                 continue
@@ -237,7 +255,7 @@ def main() -> None:
             log(f"{case['name']}: peak allocated {row['peak_allocated'] / 2**20:.1f} MiB "
                 f"(tracker {row['tracker_peak'] / 2**20:.1f} MiB, reserved "
                 f"{(row['peak_reserved'] or 0) / 2**20:.1f} MiB) in {row['wall_s']:.1f}s")
-        write_measurement(args.out / "reference_peaks.json", "measure_peaks",
+        write_measurement(args.out / table, "measure_peaks",
                           {"device": device, "cases": [{k: v for k, v in r.items() if k not in ("by_phase",)}
                                                        for r in rows]},
                           provenance=prov)
@@ -289,15 +307,27 @@ def main() -> None:
                           {"workload": wname, "sweep": sname, "device": device, "points": res}, provenance=prov)
 
     # ---- tracer overhead ----------------------------------------------------------------------
-    if budget_left(20):
-        case = gpt_case(f"{wname}-amp-bf16-none", w.config, w.batch_size, "amp-bf16", "none")
+    overheads = []
+    ov_cases = [gpt_case(f"{wname}-amp-bf16-none", w.config, w.batch_size, "amp-bf16", "none")]
+    if not args.smoke and have_hf:
+        from labkit.workloads.hf import HFGPT2Spec
+
+        ov_cases.append(hf_case("hf-gpt2-medium-b4-amp-bf16-none", HFGPT2Spec.named("gpt2-medium"), 4, 1024,
+                                "amp-bf16", "none"))
+    for case in ov_cases:
+        if not budget_left(20):
+            log(f"budget: skipping the tracer overhead on {case['name']}")
+            continue
         ov = tracer_overhead(case, device)
-        write_measurement(args.out / "tracer_overhead.json", "measure_overhead", ov, provenance=prov)
-        log(f"tracer overhead: plain {ov['plain_median_s'] * 1e3:.1f} ms, traced "
+        overheads.append(ov)
+        log(f"tracer overhead on {case['name']}: plain {ov['plain_median_s'] * 1e3:.1f} ms, traced "
             f"{(ov['traced_median_s'] or 0) * 1e3:.1f} ms ({ov['overhead_pct']:.1f}%)")
-    else:
-        log("budget: skipping the tracer overhead")
+    if overheads:
+        write_measurement(args.out / "tracer_overhead.json", "measure_overhead",
+                          dict(overheads[0], cases=overheads), provenance=prov)
     run_cases(extra_cases)
+    # ---- held-out cases: recorded after the fake mode was calibrated, to test it out of sample ----
+    run_cases(heldout_cases, "heldout_peaks.json")
     log("done")
 
 

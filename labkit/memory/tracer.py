@@ -109,36 +109,50 @@ class StorageTracker(TorchDispatchMode):
             self.current -= n
             self.events.append((sid, -n, self.phase_index))
 
+    def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
+        key = id(st)
+        known = self._ids.get(key)
+        if known is not None and known[0]() is st:
+            return 0
+        if self.device_type is not None and st.device.type != self.device_type:
+            return 0
+        sid = self._next_id
+        self._next_id += 1
+        try:
+            raw = st.nbytes() if nbytes is None else nbytes
+        except Exception:  # noqa: BLE001 - storages without a size
+            return 0
+        r = self.rounding
+        n = -(-raw // r) * r if raw > 0 else 0
+        try:
+            ref = weakref.ref(st, lambda _r, sid=sid, key=key: self._freed(sid, key))
+        except TypeError:
+            return 0
+        self._ids[key] = (ref, sid)
+        self.sizes[sid] = n
+        self.live.add(sid)
+        self.current += n
+        self.alloc_index[sid] = len(self.events)
+        self.events.append((sid, n, len(self.phases) - 1))
+        self._bump()
+        return n
+
     def track(self, t: Any, *, nbytes: int | None = None) -> int:
         """Register the storages of ``t`` (a tensor or a pytree of them); returns the bytes added."""
+        if isinstance(t, torch.Tensor):
+            leaves = [t]
+        elif isinstance(t, (tuple, list)) and all(isinstance(x, torch.Tensor) or x is None for x in t):
+            leaves = t
+        else:
+            leaves = tree_leaves(t)
         added = 0
-        for leaf in tree_leaves(t):
-            for st in storages_of(leaf):
-                if self.device_type is not None and st.device.type != self.device_type:
-                    continue
-                key = id(st)
-                known = self._ids.get(key)
-                if known is not None and known[0]() is st:
-                    continue
-                sid = self._next_id
-                self._next_id += 1
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
                 try:
-                    raw = st.nbytes() if nbytes is None else nbytes
-                except Exception:  # noqa: BLE001 - storages without a size
+                    st = leaf.untyped_storage()
+                except (NotImplementedError, RuntimeError):  # sparse, nested or functional wrappers
                     continue
-                n = round_up(raw, self.rounding)
-                try:
-                    ref = weakref.ref(st, lambda _r, sid=sid, key=key: self._freed(sid, key))
-                except TypeError:
-                    continue
-                self._ids[key] = (ref, sid)
-                self.sizes[sid] = n
-                self.live.add(sid)
-                self.current += n
-                self.alloc_index[sid] = len(self.events)
-                self.events.append((sid, n, self.phase_index))
-                self._bump()
-                added += n
+                added += self._track_storage(st, nbytes)
         return added
 
     def storage_id(self, t: torch.Tensor) -> int | None:
@@ -227,6 +241,13 @@ class StorageTracker(TorchDispatchMode):
 
     # -- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self.emulator is None and not self.op_log_enabled:
+            # fast path (the overhead on a real GPU step): views share their input's storage
+            out = func(*args, **(kwargs or {}))
+            self.op_count += 1
+            if not getattr(func, "is_view", False):
+                self.track(out)
+            return out
         kwargs = kwargs or {}
         stats = self.cuda_op_stats
         cuda_before = None

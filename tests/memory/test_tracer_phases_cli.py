@@ -73,3 +73,27 @@ def test_measure_cli_table_and_errors(run_cli):
     assert bad.returncode == 2 and "checkpointing" in bad.stderr
     bad = run_cli("measure", "--hidden", "30", "--heads", "4")
     assert bad.returncode == 2 and "divisible" in bad.stderr
+
+
+def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
+    """benchmarks/gpu/record_measure.py --smoke: tiny cases on the CPU, the same files as on a GPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from labkit.core.provenance import load_measurement
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_measure.py", "--out", str(tmp_path), "--smoke"],
+                       cwd=repo, capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                                  "PYTHONPATH": str(repo)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no CUDA GPU" in r.stdout or "device cuda" in r.stdout
+    peaks = load_measurement(tmp_path / "reference_peaks.json", kind="measure_peaks")
+    cases = peaks["data"]["cases"]
+    assert {c["model"] for c in cases} == {"labkit-gpt", "hf-gpt2"}
+    for c in cases:
+        assert c["fake_inputs"]["precision"] == c["precision"] and c["peak_allocated"] > 0
+    sweep = load_measurement(tmp_path / "sweep_checkpointing.json", kind="measure_sweep")
+    assert [p["checkpointing"] for p in sweep["data"]["points"]][:3] == ["none", "selective", "full"]
+    assert (tmp_path / "tracer_overhead.json").exists()
