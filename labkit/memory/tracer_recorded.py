@@ -116,3 +116,21 @@ def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
         pred.predicted_reserved = rep.reserved_bytes
         pred.reserved_error_pct = 100.0 * (rep.reserved_bytes - case.peak_reserved) / case.peak_reserved
     return pred
+
+
+def recorded_label(prov: dict[str, Any]) -> str:
+    """Short source label for a figure: 'recorded on 1 x NVIDIA H200, 2026-11-29'."""
+    gpu = f"{prov.get('gpu_count')} x {prov.get('gpu_name')}" if prov.get("gpu_count") else "a machine without GPU"
+    return f"recorded on {gpu}, {str(prov.get('date'))[:10]}"
+
+
+def load_recorded(name: str, kind: str) -> dict[str, Any]:
+    """One recorded document of this chapter (``case_*.json``, ``sweep_*.json``, ``tracer_overhead.json``)."""
+    from labkit.core.provenance import load_measurement
+
+    return load_measurement(measure_dir() / name, kind=kind)
+
+
+def predict_all(cases: list[RecordedCase], *, target: Any = None) -> list[Prediction]:
+    """Fake-mode predictions for every case (seconds each on a CPU)."""
+    return [predict_case(c, target=target) for c in cases]
