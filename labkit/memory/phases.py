@@ -137,5 +137,41 @@ def profiler_memory_timeline(fn: Callable[[], Any], path: str | Path, *, device:
     with profile(activities=acts, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         for _ in range(steps):
             fn()
-    prof.export_memory_timeline(str(path), device=device)
+    import warnings
+
+    with warnings.catch_warnings():
+        # deprecated in favour of the allocator's memory history (labkit's allocator chapter reads those)
+        warnings.simplefilter("ignore", FutureWarning)
+        prof.export_memory_timeline(str(path), device=device)
     return path
+
+
+# torch.profiler's memory timeline columns (torch/profiler/_memory_profiler.py, _CATEGORY_TO_INDEX + 1)
+PROFILER_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
+                       "autograd_detail", "unknown")
+
+
+@dataclass
+class ProfilerTimeline:
+    """A memory timeline exported by ``torch.profiler``: bytes per category over time (microseconds)."""
+
+    times_us: list[float]
+    by_category: dict[str, list[int]]
+
+    @property
+    def peak_bytes(self) -> int:
+        n = len(self.times_us)
+        return max((sum(v[i] for v in self.by_category.values()) for i in range(n)), default=0)
+
+
+def read_profiler_timeline(path: str | Path) -> ProfilerTimeline:
+    """Read the JSON written by :func:`profiler_memory_timeline` (``[times, sizes]``)."""
+    import json
+
+    try:
+        times, sizes = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise LabkitError(f"{path}: not a torch.profiler memory timeline ({exc})") from None
+    t0 = times[0] if times else 0
+    cols = {c: [int(row[i + 1]) for row in sizes] for i, c in enumerate(PROFILER_CATEGORIES)}
+    return ProfilerTimeline([(t - t0) / 1000.0 for t in times], cols)

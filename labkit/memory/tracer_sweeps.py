@@ -100,3 +100,33 @@ def recorded_sweep(doc: dict[str, Any]) -> list[SweepPoint]:
                               peak_phase=max(p["phase_peaks_allocated"], key=p["phase_peaks_allocated"].get),
                               step_time_s=p.get("step_time_s")))
     return pts
+
+
+@dataclass
+class SegmentFit:
+    """``memory(K) = base + (L / K) * boundary + K * layer``, fitted to an every-K sweep."""
+
+    base: float
+    boundary: float          # bytes kept per checkpoint boundary (a layer's input)
+    layer: float             # bytes one layer holds while it is recomputed in backward
+    k_star: float            # sqrt(L * boundary / layer): the K that minimises the fit
+
+    def predict(self, n_layers: int, k: int) -> float:
+        return self.base + n_layers / k * self.boundary + k * self.layer
+
+
+def fit_segments(points: list[SweepPoint], n_layers: int) -> SegmentFit:
+    """Least-squares fit of the segment model to every-K points (``beyond_states_bytes``)."""
+    import numpy as np
+
+    rows, ys = [], []
+    for p in points:
+        if p.checkpointing.startswith("every-") or p.checkpointing == "full":
+            k = 1 if p.checkpointing == "full" else int(p.checkpointing.split("-")[1])
+            rows.append([1.0, n_layers / k, float(k)])
+            ys.append(float(p.beyond_states_bytes))
+    if len(rows) < 3:
+        raise LabkitError(f"fitting the segment model needs >= 3 every-K points, got {len(rows)}")
+    (base, boundary, layer), *_ = np.linalg.lstsq(np.array(rows), np.array(ys), rcond=None)
+    k_star = (n_layers * boundary / layer) ** 0.5 if boundary > 0 and layer > 0 else float("nan")
+    return SegmentFit(float(base), float(boundary), float(layer), float(k_star))

@@ -115,3 +115,22 @@ def prediction_scatter(names: Iterable[str], recorded: Sequence[int], predicted:
                                       ("error", "@err{+0.0}%")]))
     fig.legend.location = "top_left"
     return fig
+
+
+def profiler_timeline(times_us: Sequence[float], by_category: Mapping[str, Sequence[int]], *, title: str, source: str,
+                      width: int = 760, height: int = 300):
+    """Stacked bytes per category over time, from ``torch.profiler``'s memory timeline."""
+    from bokeh.plotting import figure
+
+    colors = {"parameter": "#1f77b4", "optimizer_state": "#2ca02c", "input": "#8c564b", "temporary": "#9467bd",
+              "activation": "#d62728", "gradient": "#ff7f0e", "autograd_detail": "#17becf", "unknown": "#7f7f7f"}
+    cats = [c for c in colors if any(by_category.get(c, []))]
+    fig = figure(width=width, height=height, title=f"{title} ({source})", x_axis_label="time, ms",
+                 y_axis_label="MiB (2^20 bytes)")
+    data = {"t": [t / 1000.0 for t in times_us]}
+    for c in cats:
+        data[c] = [v / 2**20 for v in by_category[c]]
+    fig.varea_stack(cats, x="t", source=data, color=[colors[c] for c in cats],
+                    legend_label=[c.replace("_", " ") for c in cats])
+    fig.legend.location = "top_left"
+    return fig

@@ -51,6 +51,17 @@ def test_profiler_memory_timeline_export(tmp_path):
     times, sizes = json.loads(p.read_text())
     assert len(times) == len(sizes) > 0
     assert max(sum(s) for s in sizes) > 0
+    from labkit.memory.phases import read_profiler_timeline
+
+    tl = read_profiler_timeline(p)
+    assert tl.times_us[0] == 0 and len(tl.times_us) == len(times)
+    assert max(tl.by_category["parameter"]) >= 64 * 65 * 4      # the Linear's weight and bias
+    assert max(tl.by_category["gradient"]) > 0
+    assert tl.peak_bytes >= max(tl.by_category["parameter"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(LabkitError, match="not a torch.profiler memory timeline"):
+        read_profiler_timeline(bad)
 
 
 def test_measure_cli_json(run_cli):
