@@ -78,7 +78,8 @@ def run_replay(args: argparse.Namespace) -> int:
         doc = {k: getattr(r, k) for k in REPLAY_KEYS}
         doc.update({"trace": r.trace, "config": r.config, "cap_bytes": r.cap_bytes, "requests": r.requests,
                     "events": r.events, "inactive_split_peak_bytes": r.inactive_split_peak_bytes,
-                    "recorded_conf": tr.recorded_conf, "source": "model: labkit allocator simulator"})
+                    "recorded_conf": tr.recorded_conf, "empty_cache_runs": tr.empty_cache_runs,
+                    "ambiguous_release_runs": tr.ambiguous_runs, "source": "model: labkit allocator simulator"})
         print(dumps(doc))
         return 0
     print(f"{r.trace}: {r.requests} requests ({r.events} trace events), recorded under "
@@ -92,6 +93,9 @@ def run_replay(args: argparse.Namespace) -> int:
     print(render(["quantity", "value"], rows))
     for o in r.ooms[:3]:
         print(f"OOM at request {o.index}: {o.message}")
+    if tr.ambiguous_runs:
+        print(f"note: {tr.ambiguous_runs} of {tr.empty_cache_runs} cache releases in the trace were followed by a new "
+              "segment: replayed as empty_cache() calls, though some may have been the allocator's own retry")
     return 0
 
 

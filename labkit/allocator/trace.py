@@ -47,6 +47,8 @@ class Trace:
     segment_oracle: list[tuple[int, int]] = field(default_factory=list)  # (size, address) of segment_alloc
     map_oracle: list[int] = field(default_factory=list)  # address of each segment_map (expandable segments)
     recorded_addresses: list[int] = field(default_factory=list)  # address each alloc id got when recorded
+    empty_cache_runs: int = 0  # runs of segment_free/unmap replayed as the program's empty_cache()
+    ambiguous_runs: int = 0  # of those, runs directly followed by a new segment (could be a retry that succeeded)
 
     @property
     def requests(self) -> int:
@@ -113,6 +115,7 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
     maps: list[int] = []
     rec_addr: list[int] = []
     problems: list[str] = []
+    n_empty = n_ambiguous = 0
     n = 0
     i = 0
     N = len(tr)
@@ -180,6 +183,9 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
             followed_by_oom = k < N and tr[k]["action"] == "oom"
             if not followed_by_oom:
                 ops.append((EMPTY_CACHE, -1, 0, 0))
+                n_empty += 1
+                if k < N and tr[k]["action"] in ("segment_alloc", "segment_map"):
+                    n_ambiguous += 1
             i = j
             continue
         elif a == "oom":
@@ -197,7 +203,8 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
                 break
     t = Trace(name=snap.source, ops=ops, n_ids=n, events=N, complete=not problems,
               incomplete_reason=problems[0] if problems else "", recorded_conf=snap.alloc_conf(), device=device,
-              streams=streams, segment_oracle=oracle, map_oracle=maps, recorded_addresses=rec_addr)
+              streams=streams, segment_oracle=oracle, map_oracle=maps, recorded_addresses=rec_addr,
+              empty_cache_runs=n_empty, ambiguous_runs=n_ambiguous)
     return t
 
 
