@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     s, batch = _sizes(args)
     if args.model == "gpt":
-        from labkit.workloads.gpt import GPT, GPTConfig
-        from labkit.workloads.harness import gpt_batch, gpt_call, gpt_loss
+        from labkit.workloads import GPT, GPTConfig
+        from labkit.workloads import gpt_batch, gpt_call, gpt_loss
 
         cfg = GPTConfig(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"], seq_len=s["seq"],
                         vocab_size=s["vocab"])
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                            device=args.device, steps=args.steps)
     else:
         from labkit.core.errors import LabkitError
-        from labkit.workloads.hf import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
+        from labkit.workloads import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
 
         if s["hidden"] % s["heads"]:
             raise LabkitError(f"--hidden {s['hidden']} is not divisible by --heads {s['heads']}")
@@ -95,12 +95,13 @@ def run(args: argparse.Namespace) -> int:
              "cpu": "measured on this CPU"}[args.device]
     print(f"peak {fmt_bytes(rep.peak_bytes)} ({rep.peak_bytes} bytes) in phase {rep.peak_phase}, {where}; "
           f"{rep.num_params / 1e6:.1f}M parameters, step {rep.steps} of {rep.steps}")
-    print(render(["phase", "start", "peak", "end"],
-                 [[p.phase, fmt_bytes(p.start_bytes), fmt_bytes(p.peak_bytes), fmt_bytes(p.end_bytes)]
-                  for p in rep.by_phase]))
+    print(render(["phase", "peak allocated", "tensor storages: start", "peak", "end"],
+                 [[p.phase, fmt_bytes(p.peak_bytes), fmt_bytes(p.start_bytes), fmt_bytes(p.storage_peak_bytes),
+                   fmt_bytes(p.end_bytes)] for p in rep.by_phase]))
     print()
     print(render(["category (at the peak)", "bytes"], [[k, fmt_bytes(v)] for k, v in rep.by_category.items() if v]))
-    if rep.cuda:
-        print(f"\nallocator: max_memory_allocated {fmt_bytes(rep.cuda['steady_peak_allocated'])}, "
-              f"reserved peak {fmt_bytes(rep.cuda['reserved_peak'])}")
+    if rep.reserved_bytes is not None:
+        what = "predicted by the allocator simulator" if args.device == "fake-cuda" else "torch.cuda.memory_stats"
+        print(f"\ntensor storages at their peak {fmt_bytes(rep.storage_peak_bytes)}; allocator reserved "
+              f"{fmt_bytes(rep.reserved_bytes)} ({what})")
     return 0

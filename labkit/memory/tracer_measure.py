@@ -118,7 +118,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     torch 2.11). ``op_log`` keeps one record per op (on CUDA with the allocator's view: slow).
     ``rounding``: bytes each storage is rounded up to (default 512 for cuda and fake-cuda, 1 for cpu).
     """
-    from labkit.workloads.harness import StepPolicy, TrainStep, move_batch
+    from labkit.workloads import StepPolicy, TrainStep, move_batch
 
     if device not in DEVICES:
         raise LabkitError(f"device {device!r} is not one of {', '.join(DEVICES)}")

@@ -84,13 +84,13 @@ def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
 def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
     """(model factory, CPU batch, extra measure_step kwargs) that rebuild a recorded case."""
     if case.model == "labkit-gpt":
-        from labkit.workloads.gpt import GPT, GPTConfig
-        from labkit.workloads.harness import gpt_batch, gpt_call, gpt_loss
+        from labkit.workloads import GPT, GPTConfig
+        from labkit.workloads import gpt_batch, gpt_call, gpt_loss
 
         cfg = GPTConfig(**case.config)
         return (lambda: GPT(cfg)), gpt_batch(cfg, case.batch), {"loss_fn": gpt_loss, "call": gpt_call}
     if case.model == "hf-gpt2":
-        from labkit.workloads.hf import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
+        from labkit.workloads import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
 
         spec = HFGPT2Spec(**case.config)
         return hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, case.batch, case.seq), {}

@@ -45,7 +45,7 @@ def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: st
                 device: str, n: int) -> float:
     import torch
 
-    from labkit.workloads.harness import StepPolicy, TrainStep, move_batch
+    from labkit.workloads import StepPolicy, TrainStep, move_batch
 
     with torch.device(device):
         model = factory()

@@ -51,3 +51,17 @@ def test_recorded_sweeps_and_figures():
     assert len(f3.x_range.factors) == 5
     f4 = vm.prediction_scatter(["a"], [100], [101], title="t", source="model")
     assert "model" in f4.title.text
+
+
+def test_segment_fit_recovers_the_model():
+    from labkit.memory.tracer_sweeps import SweepPoint, fit_segments
+
+    L, base, boundary, layer = 24, 1e8, 3e7, 6e8
+    pts = [SweepPoint(f"K={k}", "amp-bf16", f"every-{k}", 0, 0, int(base + L / k * boundary + k * layer), {}, "backward")
+           for k in (1, 2, 3, 4, 6, 8, 12, 24)]
+    fit = fit_segments(pts, L)
+    assert fit.boundary == pytest.approx(boundary, rel=1e-3)
+    assert fit.layer == pytest.approx(layer, rel=1e-3)
+    assert fit.k_star == pytest.approx((L * boundary / layer) ** 0.5, rel=1e-3)
+    with pytest.raises(LabkitError, match=">= 3"):
+        fit_segments(pts[:2], L)
