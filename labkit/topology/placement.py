@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain, permutations
+from itertools import permutations
 
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, MiB

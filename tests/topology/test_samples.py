@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from labkit.core.errors import LabkitError
-from labkit.topology import list_samples, load_p2p_table, load_sample, load_topology, parse_smi_text
-from labkit.topology.load import NCCL_XML, P2P_TEST, SMI
+from labkit.topology import list_samples, load_p2p_table, load_sample, load_topology
+from labkit.topology.load import SMI
 
 SAMPLES = list_samples()
 SHARED = Path("/work/shared/topologies")
