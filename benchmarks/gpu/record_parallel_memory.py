@@ -190,7 +190,13 @@ def run_config(workload_name: str, cfg: GPTConfig, batch: int, parallel: str, pr
         for block in model.blocks:
             fully_shard(block, **kw)
         fully_shard(model, **kw)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    # foreach AdamW (the CUDA default) cannot mix DTensor and plain parameters in one list: under TP
+    # the blocks' weights are DTensors and the embeddings/norms plain, so they go in two groups.
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    groups = [g for g in ([p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]) if g]
+    opt = torch.optim.AdamW([{"params": g} for g in groups], lr=1e-4, weight_decay=0.1, foreach=True)
     # Autocast for the single and TP runs; FSDP2's mixed precision policy plays that role there.
     use_autocast = precision == "amp-bf16" and mp_policy is None
     after_setup = _mem(device)
@@ -245,7 +251,8 @@ def run_config(workload_name: str, cfg: GPTConfig, batch: int, parallel: str, pr
         "precision": precision,
         "mixed_precision": ("FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)" if mp_policy is not None
                             else ("torch.autocast(bf16)" if use_autocast else "none")),
-        "optimizer": "AdamW(lr=1e-4, weight_decay=0.1, foreach default)",
+        "optimizer": "AdamW(lr=1e-4, weight_decay=0.1, foreach=True), one param group per tensor type",
+        "optimizer_groups": [sum(p.numel() for p in g) for g in groups],
         "harness": "loss = model(x, y)[1]; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)",
         "steps": steps,
         "rank": rank,
