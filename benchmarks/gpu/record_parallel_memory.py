@@ -269,7 +269,7 @@ def run_config(workload_name: str, cfg: GPTConfig, batch: int, parallel: str, pr
         "peak_allocated_first_step": (max(step_records[0][p]["peak_allocated"] for p in ("forward", "backward", "optimizer"))
                                       if cuda else None),
     }
-    del model, opt, x, y
+    del model, opt, x, y, params, groups
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
