@@ -56,3 +56,19 @@ def test_missing_or_malformed_recordings_are_user_errors(tmp_path):
     with pytest.raises(LabkitError, match="provenance"):
         load_recorded_peaks(bad)
     assert (measure_dir() / "reference_peaks.json").exists()
+
+
+HELDOUT = {c.name: c for c in load_recorded_peaks(measure_dir() / "heldout_peaks.json")}
+
+
+def test_heldout_recordings_present():
+    # recorded on the H200 after the fake mode was calibrated: other shapes, optimizers and policies
+    assert {"hf-gpt2-xl-b4-amp-bf16-none", "gpt-d128-t1000-fp32-none", "gpt-small-ref-fp32-none-sgd"} <= set(HELDOUT)
+    assert HELDOUT["hf-gpt2-xl-b4-amp-bf16-none"].num_params > 1_500_000_000
+
+
+@pytest.mark.parametrize("name", ["gpt-d128-t1000-amp-bf16-selective", "gpt-small-ref-fp32-none-sgd",
+                                  "gpt-small-ref-fp32-none-adamw-foreach"])
+def test_fake_prediction_of_heldout_cases(name):
+    pred = predict_case(HELDOUT[name])
+    assert abs(pred.error_pct) < 5.0, pred
