@@ -10,6 +10,7 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="/tmp/site/bin:$PATH"
+  export JUPYTER_PATH="/tmp/site/share/jupyter"  # nbconvert templates and widget/bokeh extensions installed with --target
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
