@@ -1,5 +1,6 @@
 """Every notebook executes headless through the report runner with smoke parameters."""
 
+import ast
 import json
 
 import nbformat
@@ -24,6 +25,10 @@ def test_notebook_is_committed_clean_with_smoke_parameter(name):
     assert len(tagged) == 1, f"{name}: needs exactly one cell tagged 'parameters'"
     params = parameters(path)
     assert "smoke" in params and params["smoke"].type_name == "bool"
+    # papermill silently drops a line it cannot parse (e.g. an '=' in a comment): every assignment must be declared
+    assigned = {t.id for node in ast.parse(tagged[0].source).body
+                for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)}
+    assert assigned == set(params), f"{name}: papermill does not see parameter(s) {sorted(assigned - set(params))}"
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name} is committed with outputs"
     assert nb.cells[0].cell_type == "markdown", f"{name}: must open with what the reader will learn"
     assert "on your own server" in nb.cells[-1].source.lower(), f"{name}: must end with what to do on your own server"
