@@ -298,7 +298,7 @@ def main() -> None:
             row = run_case(case, device, args.out)
             if row is None:
                 continue
-            tm = time_steps(case, device)
+            tm = time_steps(case, device, 2 if args.smoke else 6)
             row.update({"step_time_s": tm["median_s"], "step_times_s": tm["times_s"]})
             res.append({k: v for k, v in row.items() if k != "by_phase"} | {"by_phase": row["by_phase"]})
             log(f"sweep {sname} {case['name']}: peak {row['peak_allocated'] / 2**20:.1f} MiB, "
@@ -318,7 +318,7 @@ def main() -> None:
         if not budget_left(20):
             log(f"budget: skipping the tracer overhead on {case['name']}")
             continue
-        ov = tracer_overhead(case, device)
+        ov = tracer_overhead(case, device, 2 if args.smoke else 6)
         overheads.append(ov)
         log(f"tracer overhead on {case['name']}: plain {ov['plain_median_s'] * 1e3:.1f} ms, traced "
             f"{(ov['traced_median_s'] or 0) * 1e3:.1f} ms ({ov['overhead_pct']:.1f}%)")
