@@ -64,7 +64,7 @@ class BufferRow:
     step_ms_p10: float
     step_ms_p90: float
     allocator_requests_per_step: float | None  # torch.cuda.memory_stats allocation.all.allocated delta
-    device_mallocs_per_step: float | None  # cudaMalloc calls (num_device_alloc or segment.all.allocated delta)
+    device_mallocs_per_step: float | None  # new segments from cudaMalloc (segment.all.allocated delta)
 
 
 @dataclass
@@ -220,8 +220,8 @@ def _alloc_counters() -> tuple[int, int]:
     import torch
 
     s = torch.cuda.memory_stats()
-    mallocs = s.get("num_device_alloc", s.get("segment.all.allocated", 0))
-    return int(s.get("allocation.all.allocated", 0)), int(mallocs)
+    # segment.all.allocated counts the segments the allocator obtained from cudaMalloc
+    return int(s.get("allocation.all.allocated", 0)), int(s.get("segment.all.allocated", 0))
 
 
 def buffer_reuse(ctx, *, n_tensors: int = 64, nbytes: int = 64 * MiB, steps: int = 20,
@@ -271,6 +271,7 @@ def buffer_reuse(ctx, *, n_tensors: int = 64, nbytes: int = 64 * MiB, steps: int
                 step(buf)
                 del buf
                 if mode == "in_loop_empty_cache":
+                    torch.cuda.synchronize()
                     torch.cuda.empty_cache()
             _sync(ctx)
             if i >= 2:
