@@ -164,9 +164,12 @@ def _from_oom(m: OOMMessage) -> list[Finding]:
                                [f"allocated {fmt_bytes(P)} + request {fmt_bytes(R)} = {fmt_bytes(P + R)}, "
                                 f"{100 * (P + R) / L:.0f}% of {lim}"], FIXES["too_large"]))
     elif not out:
-        out.append(Finding("too_large", "The device is nearly full",
-                           [f"allocated {fmt_bytes(P)}, reserved-unallocated {fmt_bytes(U)}, request {fmt_bytes(R)}, "
-                            f"free {fmt_bytes(m.free_bytes or 0)} of {lim}"], FIXES["too_large"]))
+        used = P + U + R
+        ev = [f"allocated {fmt_bytes(P)} + reserved-unallocated {fmt_bytes(U)} + request {fmt_bytes(R)} = "
+              f"{fmt_bytes(used)}" + (f", {100 * used / L:.0f}% of {lim}" if L else "")]
+        if m.allowed_bytes is None and m.free_bytes is not None:
+            ev.append(f"the device reports {fmt_bytes(m.free_bytes)} free")
+        out.append(Finding("too_large", "The memory limit is nearly reached by live tensors", ev, FIXES["too_large"]))
     return out
 
 
@@ -397,5 +400,6 @@ def format_diagnosis(d: Diagnosis) -> str:
         lines.append(f"   fix: {f.fix}")
         if f.simulator_check:
             lines.append(f"   checked: {f.simulator_check}")
-    lines += [f"\nnote: {n}" for n in d.notes]
+    shown = {f.simulator_check for f in d.findings}
+    lines += [f"\nnote: {n}" for n in d.notes if n not in shown]
     return "\n".join(lines)

@@ -144,7 +144,7 @@ class CachingAllocatorSim:
         self.oversize_allocations = [0, 0]
         self.oversize_segments = [0, 0]
         self.pending: dict[int, Block] = {}
-        self._next_va = 1 << 40
+        self._next_va = 1 << 46  # synthetic addresses grow down from here, far from the recorded ones
         self._oracle: list[tuple[int, int]] | None = list(address_oracle or [])
         self._oracle_i = 0
         self._map_oracle = list(map_oracle or [])
@@ -180,8 +180,12 @@ class CachingAllocatorSim:
                 self._oracle_i += 1
                 return oaddr
             self._oracle = None  # diverged from the recording: synthetic addresses from here on
-        a = (self._next_va + align - 1) // align * align
-        self._next_va = a + size + align
+        # cudaMalloc's address choice matters only to break ties between equal-size cached blocks (best fit
+        # orders by address). In the recorded H200 traces the driver handed out addresses mostly top-down;
+        # doing the same made every recorded configuration's replay exact, where bottom-up left one segment
+        # off in 77 (train_then_eval, max_split_size_mb:128,roundup_power2_divisions:4).
+        a = (self._next_va - size) // align * align
+        self._next_va = a - align
         return a
 
     # ------------------------------------------------------------------ pool helpers

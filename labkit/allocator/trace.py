@@ -155,8 +155,8 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
             ident = pending.pop(e["addr"], None)
             if ident is None:
                 if not problems:
-                    problems.append(f"entry {i}: free_completed of {e['addr']:#x} without its free_requested in "
-                                    "the history")
+                    problems.append(f"entry {i}: free_completed of {e['addr']:#x}, whose free_requested is before "
+                                    "the history starts")
             else:
                 ops.append((FREE_DONE, ident, 0, 0))
         elif a in ("segment_alloc", "segment_map"):

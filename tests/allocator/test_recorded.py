@@ -15,7 +15,9 @@ def test_recordings_are_present_with_provenance():
     assert len(WORKLOADS) >= 2 and len(RUNS) >= 12
     for r in RUNS:
         assert r.provenance["gpu_name"] and "H200" in r.device_name
-        assert r.stats["num_ooms"] == 0 and r.stats["num_alloc_retries"] == 0
+        assert r.stats["num_ooms"] == 0 and r.oom_message is None
+        if r.cap_bytes is None:
+            assert r.stats["num_alloc_retries"] == 0
 
 
 def test_data_stays_small():
@@ -49,6 +51,19 @@ def test_default_trace_replayed_under_other_configurations_within_1_percent(fide
         assert r.extra["allocated_peak_sim"] == r.extra["allocated_peak_real"], (r.workload, r.config)
 
 
+def test_memory_cap_decisions_match(fidelity_rows):
+    """Under set_per_process_memory_fraction the real allocator garbage-collects, releases oversize blocks,
+    flushes its cache and retries; the simulator makes the same decisions, as many times."""
+    capped = [r for r in fidelity_rows if r.cap_bytes]
+    assert {"cap", "cap+gc_0.6", "cap+expandable", "cap+max_split_128"} <= {r.config for r in capped}
+    assert any(r.extra["num_alloc_retries_real"] > 0 for r in capped)
+    assert any(r.extra["num_device_free_real"] > 10 for r in capped)
+    for r in capped:
+        assert r.simulated == r.real, (r.workload, r.config)
+        for k in ("num_alloc_retries", "num_device_free", "num_ooms"):
+            assert r.extra[f"{k}_sim"] == r.extra[f"{k}_real"], (r.workload, r.config, k)
+
+
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_expandable_recording_replayed_under_every_configuration(workload):
     """The request stream does not depend on the recording configuration: the expandable-segments trace,
@@ -56,7 +71,7 @@ def test_expandable_recording_replayed_under_every_configuration(workload):
     tr = compile_trace(read_snapshot(recorded.trace_path(workload, "expandable")))
     assert tr.complete and tr.recorded_conf == "expandable_segments:True"
     for run in (r for r in RUNS if r.workload == workload):
-        res = replay(tr, run.alloc_conf, device_total_bytes=run.device_total_bytes)
+        res = replay(tr, run.alloc_conf, cap_bytes=run.cap_bytes, device_total_bytes=run.device_total_bytes)
         assert res.reserved_peak_bytes == run.stats["reserved_bytes.all.peak"], run.config
         assert res.segments_peak == run.stats["segment.all.peak"], run.config
         assert res.num_device_alloc == run.stats["num_device_alloc"], run.config
