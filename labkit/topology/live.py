@@ -150,19 +150,32 @@ def nvml_topology(use_smi: bool = True) -> Topology:
         text, why = smi_topo_text()
         if text is None:
             warnings.append(f"nvidia-smi topo -m not available ({why})")
+    smi = None
+    if text is not None:
+        from labkit.topology.smi import parse_smi_text
+
+        try:
+            smi = parse_smi_text(text, "nvidia-smi topo -m (live)")
+        except LabkitError as exc:
+            warnings.append(f"nvidia-smi topo -m could not be read ({exc})")
+    if smi is not None and smi.n == n:
+        # sysfs may not know a GPU's NUMA node (a VM reports -1); nvidia-smi's NUMA Affinity column may.
+        filled = []
+        for g, sg in zip(gpus, smi.gpus):
+            if g.numa is None and sg.numa is not None:
+                g.numa = sg.numa
+                filled.append(g.index)
+            if g.cpu_affinity is None and sg.cpu_affinity:
+                g.cpu_affinity = sg.cpu_affinity
+        if filled:
+            warnings.append(f"NUMA node of GPU(s) {filled} not in sysfs: taken from nvidia-smi topo -m")
     if not all(known):
         unknown = [i for i in range(n) if not known[i]]
         if text is not None:
-            from labkit.topology.smi import parse_smi_text
-
-            try:
-                smi = parse_smi_text(text, "nvidia-smi topo -m (live)")
-            except LabkitError as exc:
-                smi = None
-                warnings.append(f"NVML could not report NVLink for GPU(s) {unknown} and nvidia-smi topo -m could not be "
-                                f"read ({exc}): labels are PCIe paths only")
             if smi is None:
-                pass
+                warnings.append(f"NVML could not report NVLink for GPU(s) {unknown}: labels are PCIe paths only")
+            elif n == 1:
+                pass  # no pairs: nothing NVLink could add
             elif smi.n == n:
                 for i in range(n):
                     for j in range(n):

@@ -149,16 +149,8 @@ class _Tables:
         return v
 
 
-def evaluate(topo: Topology, gpu_of_rank: list[int], tp: int, pp: int = 1, dp: int = 1,
-             sizes: Sizes | None = None, _tables: _Tables | None = None) -> Layout:
-    """Cost of one mapping (rank r runs on GPU ``gpu_of_rank[r]``)."""
-    world = _check(topo, tp, pp, dp)
-    sizes = sizes or Sizes()
-    if len(gpu_of_rank) != world or len(set(gpu_of_rank)) != world:
-        raise LabkitError(f"a mapping needs {world} distinct GPUs, got {gpu_of_rank}")
-    for g in gpu_of_rank:
-        topo._check(g)
-    T = _tables or _Tables(topo, sizes, tp, dp)
+def _cost(gpu_of_rank, tp: int, pp: int, dp: int, T: _Tables):
+    """The objective tuple of one mapping, and its (TP, PP, DP) groups as GPU lists."""
     tpr, ppr, dpr = rank_groups(tp, pp, dp)
     G = lambda ranks: [gpu_of_rank[r] for r in ranks]  # noqa: E731
     tpg, ppg, dpg = [G(x) for x in tpr], [G(x) for x in ppr], [G(x) for x in dpr]
@@ -172,6 +164,21 @@ def evaluate(topo: Topology, gpu_of_rank: list[int], tp: int, pp: int = 1, dp: i
             max(ppv), sum(ppv), sum(ppd),
             max(v[0] for v in dpv), sum(v[0] for v in dpv), sum(v[1] for v in dpv),
             numa_span)
+    return cost, (tpg, ppg, dpg)
+
+
+def evaluate(topo: Topology, gpu_of_rank: list[int], tp: int, pp: int = 1, dp: int = 1,
+             sizes: Sizes | None = None, _tables: _Tables | None = None) -> Layout:
+    """Cost of one mapping (rank r runs on GPU ``gpu_of_rank[r]``)."""
+    world = _check(topo, tp, pp, dp)
+    sizes = sizes or Sizes()
+    if len(gpu_of_rank) != world or len(set(gpu_of_rank)) != world:
+        raise LabkitError(f"a mapping needs {world} distinct GPUs, got {gpu_of_rank}")
+    for g in gpu_of_rank:
+        topo._check(g)
+    T = _tables or _Tables(topo, sizes, tp, dp)
+    cost, (tpg, ppg, dpg) = _cost(gpu_of_rank, tp, pp, dp, T)
+    numa_span = cost[-1]
     weakest: PairLink | None = None
     if tp > 1:
         for g in tpg:
@@ -381,10 +388,10 @@ def brute_force(topo: Topology, tp: int, pp: int = 1, dp: int = 1, sizes: Sizes 
     world = _check(topo, tp, pp, dp)
     sizes = sizes or Sizes()
     T = _Tables(topo, sizes, tp, dp)
-    best: Layout | None = None
+    best, best_cost = None, None
     for perm in permutations(range(topo.n), world):
-        lay = evaluate(topo, list(perm), tp, pp, dp, sizes, T)
-        if best is None or lay.cost < best.cost:
-            best = lay
+        c = _cost(perm, tp, pp, dp, T)[0]
+        if best_cost is None or c < best_cost:
+            best, best_cost = perm, c
     assert best is not None
-    return best
+    return evaluate(topo, list(best), tp, pp, dp, sizes, T)

@@ -106,6 +106,8 @@ def test_single_h200_like_the_recorded_one(monkeypatch):
     use(monkeypatch, fake_pynvml(1, lambda h, link: "unsupported", lambda a, b: 0), text)
     t = live.nvml_topology()
     assert t.n == 1 and t.matrix == [["X"]] and t.gpu_model == "NVIDIA H200"
+    # sysfs does not know the GPU's NUMA node here; nvidia-smi's NUMA Affinity column does.
+    assert t.gpus[0].numa == 0 and any("taken from nvidia-smi" in w for w in t.warnings)
 
 
 def test_no_driver(monkeypatch):
