@@ -2,6 +2,7 @@
 30 s on the 2-core CPU machine (no GPU, no real memory).
 
     .venv/bin/python benchmarks/bench_tracer.py [--repeats 3] [--batch 4] [--model hf|labkit]
+    .venv/bin/python benchmarks/bench_tracer.py --validate   # every recorded H200 case, predicted here
 
 One prediction is ``measure_step(device="fake-cuda", steps=2)``: model construction on fake
 tensors, two full training steps (AdamW, amp-bf16), the steady-state peak of the second. The median
@@ -30,8 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpointing", default="none")
     ap.add_argument("--model", choices=("hf", "labkit"), default="hf",
                     help="hf: transformers GPT2LMHeadModel gpt2-xl; labkit: the reference GPT at gpt2-xl size")
+    ap.add_argument("--validate", action="store_true",
+                    help="instead: predict every recorded H200 case (reference and held-out) and print the errors")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
+    if args.validate:
+        return validate()
 
     from labkit.memory.tracer_measure import measure_step
 
@@ -61,6 +66,38 @@ def main(argv: list[str] | None = None) -> int:
     med = statistics.median(times)
     ok = med < TARGET_S
     print(f"median {med:.2f} s over {len(times)} runs (target < {TARGET_S:.0f} s): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def validate() -> int:
+    from labkit.memory.tracer_recorded import load_recorded_peaks, measure_dir, predict_case, recorded_label
+
+    worst_all = 0.0
+    for fname in ("reference_peaks.json", "heldout_peaks.json"):
+        path = measure_dir() / fname
+        if not path.exists():
+            print(f"# {fname}: not recorded here, skipped")
+            continue
+        cases = load_recorded_peaks(path)
+        print(f"# {fname}: {len(cases)} cases, {recorded_label(cases[0].provenance) if cases else ''}", flush=True)
+        errs, rerrs = [], []
+        for c in cases:
+            t = time.perf_counter()
+            p = predict_case(c)
+            errs.append(p.error_pct)
+            if p.reserved_error_pct is not None:
+                rerrs.append(p.reserved_error_pct)
+            print(f"{c.name:42s} recorded {c.peak_allocated / 2**30:8.3f} GiB  predicted {p.predicted_peak / 2**30:8.3f} "
+                  f"GiB  error {p.error_pct:+6.2f}%  reserved {p.reserved_error_pct or 0:+6.2f}%  "
+                  f"({time.perf_counter() - t:.1f} s)", flush=True)
+        if errs:
+            worst = max(errs, key=abs)
+            worst_all = max(worst_all, abs(worst))
+            print(f"# {fname}: worst allocated-peak error {worst:+.2f}%, median |error| "
+                  f"{statistics.median(abs(e) for e in errs):.2f}%; reserved: worst {max(rerrs, key=abs):+.2f}%, "
+                  f"median |error| {statistics.median(abs(e) for e in rerrs):.2f}%")
+    ok = worst_all < 5.0
+    print(f"worst over all recorded cases {worst_all:.2f}% (target < 5%): {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
