@@ -67,20 +67,6 @@ def test_gloo_bench_rows(gloo2):
         assert r.algbw_GBps == pytest.approx(r.bytes / (r.time_us * 1e-6) / 1e9)
 
 
-def test_cli_bench_json(capsys):
-    rc = main(["comm", "bench", "--world", "2", "--op", "all_reduce,all_gather", "--max-bytes", "64KiB",
-               "--repeats", "2", "--json"])
-    assert rc == 0
-    doc = json.loads(capsys.readouterr().out)
-    rows = doc["bench"]["rows"]
-    assert [r["bytes"] for r in rows] == [4096, 16384, 65536] * 2
-    for r in rows:
-        assert {"bytes", "time_us", "algbw_GBps", "busbw_GBps"} <= set(r)
-        factor = 1.0 if r["op"] == "all_reduce" else 0.5
-        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor)
-    assert any("no topology prediction" in n for n in doc["bench"]["notes"])
-
-
 @pytest.mark.parametrize("argv,msg", [
     (["--op", "alltoall"], "unknown collective"),
     (["--backend", "nccl"], "needs CUDA GPUs"),
@@ -92,15 +78,24 @@ def test_cli_bench_errors_exit_2(argv, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
-def test_bench_runs_unchanged_under_torchrun():
+def test_cli_bench_json_runs_unchanged_under_torchrun():
+    """``labkit comm bench --json`` under torchrun: rank 0 prints one JSON document with nccl-tests' rows."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     assert torchrun, "torchrun ships with torch"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     r = subprocess.run([torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                        "--rdzv-endpoint", "127.0.0.1:0", "-m", "labkit", "comm", "bench", "--op", "broadcast",
-                        "--max-bytes", "16KiB", "--repeats", "2", "--json"],
+                        "--rdzv-endpoint", "127.0.0.1:0", "-m", "labkit", "comm", "bench", "--op", "all_reduce,all_gather",
+                        "--max-bytes", "64KiB", "--repeats", "2", "--json"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)  # exactly one JSON document: only rank 0 prints
     assert doc["bench"]["world"] == 2
-    assert [row["bytes"] for row in doc["bench"]["rows"]] == [4096, 16384]
+    rows = doc["bench"]["rows"]
+    assert [(row["op"], row["bytes"]) for row in rows] == [(op, s) for op in ("all_reduce", "all_gather")
+                                                           for s in (4096, 16384, 65536)]
+    for row in rows:
+        assert {"bytes", "time_us", "algbw_GBps", "busbw_GBps"} <= set(row)
+        factor = 1.0 if row["op"] == "all_reduce" else 0.5  # 2(n-1)/n and (n-1)/n at n = 2
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor)
+    assert any("no topology prediction" in n for n in doc["bench"]["notes"])
+    assert {f["op"] for f in doc["fits"]} <= {"all_reduce", "all_gather"}
