@@ -46,6 +46,7 @@ correctly split Megatron-style layer.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shlex
@@ -54,7 +55,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from pathlib import Path
 
 import torch
@@ -95,6 +95,15 @@ def _tp_attn_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.resid_drop(self.proj(y))
 
 
+_TP_CLASSES: dict = {}
+
+
+def _tp_attention_class(base: type) -> type:
+    if base not in _TP_CLASSES:
+        _TP_CLASSES[base] = type(f"TP{base.__name__}", (base,), {"forward": _tp_attn_forward})
+    return _TP_CLASSES[base]
+
+
 def apply_tp(model: GPT, mesh, sequence_parallel: bool) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -104,7 +113,9 @@ def apply_tp(model: GPT, mesh, sequence_parallel: bool) -> None:
     for block in model.blocks:
         attn = block.attn
         attn.n_head_local = attn.n_head // t
-        attn.forward = types.MethodType(_tp_attn_forward, attn)
+        # a subclass, not a bound method stored on the instance: that would make a reference cycle
+        # and keep the model alive (on the GPU) until the garbage collector runs
+        attn.__class__ = _tp_attention_class(type(attn))
         if sequence_parallel:
             plan = {
                 "ln1": SequenceParallel(use_local_output=True),
@@ -165,6 +176,7 @@ def run_config(workload_name: str, cfg: GPTConfig, batch: int, parallel: str, pr
 
     torch.manual_seed(1234)  # same weights on every rank (TP needs it; FSDP broadcasts nothing)
     cuda = device.type == "cuda"
+    gc.collect()  # whatever an earlier (failed) configuration left in reference cycles
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -270,6 +282,7 @@ def run_config(workload_name: str, cfg: GPTConfig, batch: int, parallel: str, pr
                                       if cuda else None),
     }
     del model, opt, x, y, params, groups
+    gc.collect()
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -343,6 +356,7 @@ def worker(rank: int, world: int, port: int, tmpdir: str, plan: list, steps: int
             results["errors"].append({"config": name, "error": f"{type(exc).__name__}: {exc}",
                                       "traceback": traceback.format_exc()[-3000:]})
             log(f"rank {rank}: {name} failed: {type(exc).__name__}: {exc}")
+            gc.collect()
             if use_cuda:
                 torch.cuda.empty_cache()
     if use_cuda:
