@@ -351,14 +351,14 @@ def child_empty_cache(args) -> int:
     rows.append(state("after empty_cache()"))
     a = torch.empty(1 * GiB, dtype=torch.uint8, device=dev)
     del a
-    rows.append(state("a 1 GiB tensor allocated and freed (segment cached)"))
+    rows.append(state("a 1 GiB tensor allocated and freed"))
     b = torch.empty(100 * MiB, dtype=torch.uint8, device=dev)
-    rows.append(state("a 100 MiB tensor allocated: it splits the cached 1 GiB segment"))
+    rows.append(state("a 100 MiB tensor allocated"))
     torch.cuda.empty_cache()
-    rows.append(state("empty_cache() while the 100 MiB tensor lives: the split segment stays"))
+    rows.append(state("empty_cache() while the 100 MiB tensor lives"))
     del b
     torch.cuda.empty_cache()
-    rows.append(state("100 MiB tensor freed, empty_cache(): the segment is released"))
+    rows.append(state("the 100 MiB tensor freed, then empty_cache()"))
     _write(Path(args.out), "exp__empty_cache.json", "allocator.empty_cache",
            {"rows": rows, "workload_steps": run.steps, **_device_info()})
     for r in rows:

@@ -193,8 +193,8 @@ def _from_stats(st: dict, rank: int | None = None) -> list[Finding]:
     if cached_whole > max(1 * GiB, 0.25 * max(r, 1)):
         out.append(Finding("cache_held", "The allocator caches far more than is allocated",
                            [f"reserved {fmt_bytes(r)} vs allocated {fmt_bytes(a)}: {fmt_bytes(cached_whole)} cached in "
-                            "whole free segments (releasable by empty_cache())",
-                            f"peaks: reserved {fmt_bytes(rp)}, allocated {fmt_bytes(ap)}"]
+                            "whole free segments (releasable by empty_cache())"]
+                           + ([f"peaks: reserved {fmt_bytes(rp)}, allocated {fmt_bytes(ap)}"] if rp else [])
                            + ([f"num_alloc_retries = {retries}: the cache was already flushed {retries} time(s) to make "
                                "room (each a full synchronisation)"] if retries else []),
                            FIXES["cache_held"], rank=rank))
