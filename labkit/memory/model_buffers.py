@@ -34,11 +34,12 @@ MiB = 1024**2
 # the measured ones from the recordings and fails if they drift.
 ALLOCATOR_OVERHEAD = 0.109           # median reserved/allocated - 1 at the peak, 16 recorded H200 cases
 WORKSPACE_BYTES = 70 * MiB           # median CUDA peak - tracked tensors, same cases
-CUDA_CONTEXT_BYTES = 520 * MiB       # not yet measured here: within FACTS' 300 MB - 2 GB range
-NCCL_BYTES_PER_COMMUNICATOR = 300 * MiB  # not yet measured here: "hundreds of MB" (FACTS)
+CUDA_CONTEXT_BYTES = 619 * MiB       # device memory used after creating the context, minus torch's reserve
+NCCL_BYTES_PER_COMMUNICATOR = 300 * MiB  # not measured here (no 2-GPU machine was lent): "hundreds of MB" (FACTS)
 DEFAULTS_SOURCE = ("allocator overhead and workspace: recorded on 1 x NVIDIA H200, 2026-11-29 "
-                   "(data/measurements/measure/, the lab GPT's 16 reference cases); CUDA context and NCCL "
-                   "buffers: assumed, not measured")
+                   "(data/measurements/measure/, the lab GPT's 16 reference cases); CUDA context: recorded on "
+                   "1 x NVIDIA H200, 2026-11-29 (data/measurements/parallel_memory/summary.json, torch 2.11, "
+                   "CUDA 13.0); NCCL buffers per communicator: assumed (300 MiB), not measured")
 
 
 @dataclass(frozen=True)

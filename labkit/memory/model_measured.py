@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.memory.model_buffers import Overheads
 from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec
 from labkit.memory.model_totals import estimate
 
@@ -40,6 +41,7 @@ class Comparison:
     measured_phases: dict[str, int]
     tracer_peak: int | None = None       # the tracer's tensor-only peak of the same step (single-GPU cases)
     tracer_error_pct: float | None = None  # model's tensors (peak minus workspace) vs the tracer's peak
+    baseline_subtracted: int = 0         # bytes held before the configuration started (see compare_parallel)
 
 
 def gpt_model_spec(cfg: dict[str, Any], name: str = "gpt") -> ModelSpec:
@@ -113,25 +115,32 @@ def compare_parallel(path: str | Path) -> Comparison:
     if data.get("device") != "cuda":
         raise LabkitError(f"{path}: recorded on {data.get('device')}, not a GPU: no memory figures")
     m, par, train = parallel_specs(data)
-    est = estimate(m, par, train)
+    oh = Overheads()
+    est = estimate(m, par, train, oh)
+    # Bytes a rank held before the configuration was built (library workspaces created by earlier
+    # configurations of the same process; in run 2 also tensors leaked by failed ones) are not this
+    # configuration's: subtract them from the measurement, and the workspaces from the model.
+    bases = [int((r.get("baseline") or {}).get("allocated") or 0) for r in data["ranks"]]
     peaks, phases_all, reserved = [], [], []
-    for r in data["ranks"]:
+    for r, base in zip(data["ranks"], bases):
         last = r["step_records"][-1]
-        ph = {p: int(last[p]["peak_allocated"]) for p in PHASES}
+        ph = {p: int(last[p]["peak_allocated"]) - base for p in PHASES}
         phases_all.append(ph)
         peaks.append(max(ph.values()))
-        reserved.append(max(int(last[p]["peak_reserved"]) for p in PHASES))
+        reserved.append(max(int(last[p]["peak_reserved"]) for p in PHASES) - base)
     i = max(range(len(peaks)), key=lambda k: peaks[k])
     measured = peaks[i]
-    model = est.peak_allocated
+    ws = min(bases[i], oh.workspace)
+    model = est.peak_allocated - ws
+    model_phases = {p: v - ws for p, v in est.by_stage[0].phases.items()}
     name = f"{data['workload']} {data['parallel']} {data['precision']}"
     if data.get("shared_gpu"):
         name += " (2 ranks on 1 GPU)"
     return Comparison(name=name, source=_source(doc["provenance"]), measured_peak=measured, model_peak=model,
                       error_pct=(model - measured) / measured * 100,
                       measured_phase=max(PHASES, key=lambda p: phases_all[i][p]), model_phase=est.peak_phase,
-                      measured_reserved=reserved[i], per_rank_peaks=peaks, model_phases=est.by_stage[0].phases,
-                      measured_phases=phases_all[i])
+                      measured_reserved=reserved[i], per_rank_peaks=peaks, model_phases=model_phases,
+                      measured_phases=phases_all[i], baseline_subtracted=bases[i])
 
 
 def compare_parallel_dir(directory: str | Path | None = None) -> list[Comparison]:
@@ -158,8 +167,6 @@ def tracer_specs(case: Any) -> tuple[ModelSpec, ParallelSpec, TrainSpec]:
 
 
 def compare_tracer_case(case: Any) -> Comparison:
-    from labkit.memory.model_buffers import Overheads
-
     m, par, train = tracer_specs(case)
     oh = Overheads()
     est = estimate(m, par, train, oh)
