@@ -121,6 +121,9 @@ def run_compare(args: argparse.Namespace) -> int:
     print(f"{tr.name}: {tr.n_ids} requests, recorded under {tr.recorded_conf or 'default'} (figures: simulated)")
     print(render(["configuration", "allocated peak", "reserved peak", "vs first", "segments", "device allocs",
                   "retries", "OOMs"], rows))
+    if any("expandable_segments:True" in r.config for r in res):
+        print("segments = memory_stats()['segment.all.peak']: cudaMalloc segments only; expandable segments map pages "
+              "instead (each mapping is one device alloc), so PyTorch counts 0 there too")
     return 0
 
 
