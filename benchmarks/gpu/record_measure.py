@@ -157,6 +157,52 @@ def tracer_overhead(case: dict, device: str, n: int = 6) -> dict:
             "overhead_pct": 100.0 * (traced - plain["median_s"]) / plain["median_s"] if traced else None}
 
 
+def api_checks(out: Path, device: str, prov: dict) -> None:
+    """phase_snapshots and profiler_memory_timeline on a small loop, and `labkit measure --json`, on this device."""
+    import subprocess
+
+    from labkit.memory.phases import phase_snapshots, profiler_memory_timeline, read_profiler_timeline
+
+    cleanup(device == "cuda")
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(device)
+    x = torch.randn(256, 1024, device=device)
+    opt = torch.optim.AdamW(net.parameters())
+    snaps = phase_snapshots(device)
+    for _ in range(2):
+        with snaps.phase("forward"):
+            loss = net(x).square().mean()
+        with snaps.phase("backward"):
+            loss.backward()
+        with snaps.phase("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    write_measurement(out / "api_phase_snapshots.json", "measure_api_snapshots",
+                      {"device": device, "snapshots": snaps.snapshots, "peaks": snaps.peaks,
+                       "params_bytes": sum(p.numel() * 4 for p in net.parameters())}, provenance=prov)
+    log("phase_snapshots:\n" + snaps.table())
+
+    def one():
+        net(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    dev = "cuda:0" if device == "cuda" else "cpu"
+    p = profiler_memory_timeline(one, out / "api_profiler_timeline.json", device=dev, steps=2)
+    tl = read_profiler_timeline(p)
+    log(f"profiler timeline: {len(tl.times_us)} points, peak {tl.peak_bytes / 2**20:.1f} MiB")
+    del net, x, opt
+    cleanup(device == "cuda")
+    wl = "gpt-small-ref" if device == "cuda" else "tiny"
+    r = subprocess.run([sys.executable, "-m", "labkit", "measure", "--workload", wl, "--precision",
+                        "amp-bf16", "--device", device, "--json"], capture_output=True, text=True, timeout=120)
+    doc = {"returncode": r.returncode, "stderr_tail": r.stderr[-2000:]}
+    if r.returncode == 0:
+        doc["report"] = json.loads(r.stdout)
+    write_measurement(out / "api_cli_measure.json", "measure_api_cli", doc, provenance=prov)
+    log(f"labkit measure --device {device} --json: exit {r.returncode}"
+        + (f", peak {doc['report']['peak_bytes'] / 2**20:.1f} MiB" if r.returncode == 0 else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True, type=Path)
@@ -328,6 +374,12 @@ def main() -> None:
     run_cases(extra_cases)
     # ---- held-out cases: recorded after the fake mode was calibrated, to test it out of sample ----
     run_cases(heldout_cases, "heldout_peaks.json")
+    # ---- the user-facing tools on this device: phase_snapshots, the profiler timeline, the CLI ---------
+    if budget_left(15):
+        try:
+            api_checks(args.out, device, prov)
+        except Exception as exc:  # noqa: BLE001 - report and go on: the measurements above are written
+            log(f"api checks failed: {type(exc).__name__}: {exc}")
     log("done")
 
 
