@@ -89,6 +89,8 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     la = la or layer_activations(m, par, train, by)
     pc = stage_params(m, par, stage)
     ms = model_states(pc.total, par, train, by)
+    if par.zero == 0 and par.dp * par.cp > 1 and train.framework == "pytorch" and par.ddp_bucket_view:
+        ms = ModelStates(params=ms.params, grads=0, optimizer=ms.optimizer)  # grads live in the DDP buckets
     sa = stage_activations(m, par, train, by, stage, la)
     last = stage == par.pp - 1
     lg = logits_bytes(m, par, train, by) if last else None
