@@ -74,16 +74,21 @@ class MeasureReport:
         return {p.phase: p.peak_bytes for p in self.by_phase}
 
 
+def _fake_copy(model: nn.Module, fake: Any) -> nn.Module:
+    """A structural copy of ``model`` whose parameters and buffers are fake (no real memory is copied).
+    Call it before entering ``fake`` (converting real tensors inside the mode is refused)."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(fake.from_tensor(p.detach()), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = fake.from_tensor(b)
+    return copy.deepcopy(model, memo)
+
+
 def _build_model(model: nn.Module | Callable[[], nn.Module], device: str) -> nn.Module:
     if isinstance(model, nn.Module):
         if device == "fake-cuda":
-            from torch._subclasses.fake_tensor import FakeCopyMode
-
-            # the active FakeTensorMode converts the copy's tensors (no real memory)
-            fake = torch._guards.detect_fake_mode()
-            with FakeCopyMode(fake):
-                m = copy.deepcopy(model)
-            return m
+            return model   # already a fake copy (see _fake_copy)
         return model.to(device)
     if not callable(model):
         raise LabkitError(f"model must be an nn.Module or a zero-argument callable, got {type(model).__name__}")
@@ -143,6 +148,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         emulator = CudaEmulator(target or CudaTarget(), policy)
         fake = FakeTensorMode(allow_non_fake_inputs=False)
         emulator.assumptions = stack.enter_context(data_dependent_choices())
+        if isinstance(model, nn.Module):
+            model = _fake_copy(model, fake)
         stack.enter_context(fake)
         if policy.autocast_dtype is not None:
             autocast = emulator.autocast_factory(policy.autocast_dtype)

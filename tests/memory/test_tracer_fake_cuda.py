@@ -141,3 +141,28 @@ def test_fake_prediction_of_a_large_model_uses_no_memory():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 8 * 2**20   # KiB: well under 8 GiB used
     assert rep.by_category["parameters"] >= cfg.num_params * 4
     assert rep.by_category["optimizer_state"] >= 2 * cfg.num_params * 4
+
+
+def test_module_instance_in_fake_mode_is_copied_without_memory():
+    model = GPT(CFG)
+    before = [p.data_ptr() for p in model.parameters()]
+    a = measure_step(model, gpt_batch(CFG, 2), loss_fn=gpt_loss, call=gpt_call, device="fake-cuda")
+    b = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), loss_fn=gpt_loss, call=gpt_call, device="fake-cuda")
+    assert a.peak_bytes == b.peak_bytes and a.by_category == b.by_category
+    assert [p.data_ptr() for p in model.parameters()] == before          # the user's model is untouched
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_plain_tensor_batch_and_custom_loss():
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(256, 256)
+
+        def forward(self, x):
+            return self.lin(x).square().mean()
+
+    rep = measure_step(Tiny, torch.randn(8, 256), loss_fn=lambda out, batch: out, device="fake-cuda", optimizer="sgd")
+    assert rep.by_category["parameters"] == 256 * 256 * 4 + 1024   # weight + bias (1 KiB: two 512-B units)
+    assert rep.by_category["optimizer_state"] == rep.by_category["parameters"]          # SGD momentum
+    assert rep.by_category["inputs"] == 8 * 256 * 4
