@@ -1,7 +1,7 @@
 """Record the CUDA caching allocator's real behaviour: traces, stats, experiments, real OOMs.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_allocator.py --out DIR [--smoke] [--budget-s 170]
-        [--parts all|fidelity|capped|experiments] [--fid workload:config,...]
+        [--parts all|fidelity|capped|experiments|imbalance] [--fid workload:config,...]
 
 Every allocator configuration runs in a FRESH process (``PYTORCH_ALLOC_CONF`` is read once, at CUDA
 initialisation). Parts, in order of importance:
@@ -584,7 +584,7 @@ def parent(args) -> int:
         parent_other_process(args, deadline)
     else:
         log("other-process experiment: skipped, out of time budget")
-    if not ("experiments" in parts or "all" in parts):
+    if not ("experiments" in parts or "all" in parts or "imbalance" in parts):
         pass
     elif time.time() < deadline - 15:
         parent_imbalance(args, deadline)
@@ -601,7 +601,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes; on a CPU-only machine, check the orchestration")
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop starting new runs after this many seconds")
     ap.add_argument("--concurrency", type=int, default=3, help="children running at once (they may share a GPU)")
-    ap.add_argument("--parts", default="all", help="comma list of: all, fidelity, capped, experiments (default all)")
+    ap.add_argument("--parts", default="all", help="comma list of: all, fidelity, capped, experiments, imbalance (default all)")
     ap.add_argument("--fid", default="", help="only these fidelity runs: workload:config,... (overrides --parts fidelity)")
     ap.add_argument("--child", choices=["fidelity", "oom", "holder", "victim", "empty_cache", "rank"])
     ap.add_argument("--workload")
