@@ -18,6 +18,13 @@ _LAZY_NAMES = {
     "profiler_memory_timeline": "labkit.memory.phases",
     "load_recorded_peaks": "labkit.memory.tracer_recorded",
     "RecordedCase": "labkit.memory.tracer_recorded",
+    "Prediction": "labkit.memory.tracer_recorded",
+    "predict_case": "labkit.memory.tracer_recorded",
+    "recorded_label": "labkit.memory.tracer_recorded",
+    "SweepPoint": "labkit.memory.tracer_sweeps",
+    "run_sweep": "labkit.memory.tracer_sweeps",
+    "fit_segments": "labkit.memory.tracer_sweeps",
+    "read_profiler_timeline": "labkit.memory.phases",
     # estimate (the analytical model, presets, planner)
     "ModelSpec": "labkit.memory.model",
     "ParallelSpec": "labkit.memory.model",
