@@ -289,13 +289,15 @@ def _from_nvml(nvml: list[dict], ranks: list[dict] | None) -> list[Finding]:
                         f"{len(g.get('processes', []))} process(es)" for g in nvml)]
         if extra:
             pids = {p["pid"] for g in nvml for p in g.get("processes", [])}
-            rank_pids = {r.get("pid") for r in (ranks or [])}
+            # rank r is expected on GPU r (set_device(local_rank)); a rank's PID on another GPU is a stray context
+            own_gpu = {r.get("pid"): r.get("rank", i) for i, r in enumerate(ranks or []) if r.get("pid") is not None}
             for g in extra:
-                stray = [p for p in g.get("processes", []) if rank_pids and p["pid"] in rank_pids]
+                stray = [p for p in g.get("processes", []) if p["pid"] in own_gpu and own_gpu[p["pid"]] != g["gpu"]]
                 ev.append(f"GPU {g['gpu']} hosts {len(g.get('processes', []))} processes while others host "
                           f"{min(counts)}: {len(pids)} distinct PIDs in all"
-                          + (f"; PIDs {[p['pid'] for p in stray]} are ranks with their own GPU elsewhere: "
-                             "stray CUDA contexts" if stray else ""))
+                          + (f"; PIDs {[p['pid'] for p in stray]} (ranks {[own_gpu[p['pid']] for p in stray]}, "
+                             f"{', '.join(fmt_bytes(int(p.get('used_bytes') or 0)) for p in stray)}) belong on other "
+                             "GPUs: stray CUDA contexts" if stray else ""))
         return [Finding("imbalance", "GPU memory is unbalanced across the ranks' GPUs", ev, FIXES["imbalance"])]
     return []
 
