@@ -174,7 +174,9 @@ def _from_oom(m: OOMMessage) -> list[Finding]:
 
 
 def _from_stats(st: dict, rank: int | None = None) -> list[Finding]:
-    out = []
+    out: list[Finding] = []
+    if "allocated_bytes.all.current" not in st or "reserved_bytes.all.current" not in st:
+        return out  # partial statistics (e.g. only reserved per rank): nothing to compare
     a = _stat(st, "allocated_bytes.all.current")
     r = _stat(st, "reserved_bytes.all.current")
     isb = _stat(st, "inactive_split_bytes.all.current")
