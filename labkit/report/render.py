@@ -29,14 +29,26 @@ table { border-collapse: collapse; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
 .passed { color: #11772d; font-weight: bold; } .failed { color: #b00020; font-weight: bold; }
 .incomplete { color: #b26a00; font-weight: bold; } .changed { background: #ffe9a8; }
-.src { color: #666; font-size: 90%; } pre { white-space: pre-wrap; margin: 0; }
+.src { color: #666; font-size: 90%; max-width: 24em; } pre { white-space: pre-wrap; margin: 0; }
+table table { font-size: 90%; margin: 0; } table table td:nth-child(2) { white-space: nowrap; }
 """
 
 
-def _fmt(v) -> str:
+def _fmt(v, unit: str = "") -> str:
+    if unit in ("bytes", "B") and isinstance(v, (int, float)):
+        from labkit.core.units import fmt_bytes
+
+        return fmt_bytes(v)
     if isinstance(v, float):
         return f"{v:.4g}"
     return "" if v is None else str(v)
+
+
+def _short_source(src: str) -> str:
+    """'recorded on 1 x H200, 2026-11-29 (driver ...); command: ...' -> the part before the details."""
+    for cut in (" (driver", "; command"):
+        src = src.split(cut, 1)[0]
+    return src
 
 
 def index_html(summary: dict, comparison: dict, previous_id: str | None) -> str:
@@ -58,10 +70,13 @@ def index_html(summary: dict, comparison: dict, previous_id: str | None) -> str:
             c = comparison.get(nb["name"], {}).get(rname, {})
             flag = " class='changed'" if c.get("flagged") else ""
             delta = f"{c['rel_change'] * 100:+.1f}%" if c.get("rel_change") is not None else ""
-            prev = _fmt(c.get("previous")) if "previous" in c else "—"
-            res_rows.append(f"<tr{flag}><td>{e(rname)}</td><td>{e(_fmt(r['value']))} {e(r.get('unit', ''))}</td>"
+            unit = r.get("unit", "")
+            shown_unit = "" if unit in ("bytes", "B") else f" {unit}"
+            prev = _fmt(c.get("previous"), unit) + shown_unit if "previous" in c else "—"
+            src = r.get("source", "")
+            res_rows.append(f"<tr{flag}><td>{e(rname)}</td><td>{e(_fmt(r['value'], unit) + shown_unit)}</td>"
                             f"<td>{e(prev)}</td><td>{e(delta)}{' changed' if c.get('flagged') else ''}</td>"
-                            f"<td class='src'>{e(r.get('source', ''))}</td></tr>")
+                            f"<td class='src' title='{e(src)}'>{e(_short_source(src))}</td></tr>")
         results = ("<table><tr><th>result</th><th>value</th><th>previous</th><th>change</th><th>source</th></tr>"
                    + "".join(res_rows) + "</table>") if res_rows else ""
         params = e(", ".join(f"{k}={v!r}" for k, v in (nb.get("parameters") or {}).items()))
