@@ -155,8 +155,15 @@ def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: 
         threads_per_rank = max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 0
     with tempfile.TemporaryDirectory(prefix="labkit-comm-") as tmp:
         result = os.path.join(tmp, "rank0.pkl")
-        mp.start_processes(_spawned, args=(fn, backend, world, free_port(), threads_per_rank, result, args, timeout_s),
-                           nprocs=world, join=True, start_method="spawn")
+        for attempt in range(3):
+            try:
+                mp.start_processes(_spawned, args=(fn, backend, world, free_port(), threads_per_rank, result, args,
+                                                   timeout_s), nprocs=world, join=True, start_method="spawn")
+                break
+            except mp.ProcessRaisedException as exc:
+                # the free port was taken by another process between our probe and rank 0's bind: retry
+                if attempt == 2 or "address already in use" not in str(exc).lower():
+                    raise
         if not os.path.exists(result):
             raise RuntimeError("rank 0 finished without a result")
         return pickle.loads(Path(result).read_bytes())

@@ -18,7 +18,7 @@ def test_record_comm_smoke(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/gpu/record_comm.py", "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "FAILED" not in r.stdout
+    assert "FAILED" not in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     assert "SKIP pinned vs pageable: needs a CUDA GPU" in r.stdout
     assert "SKIP DataParallel vs DDP: needs 2 CUDA GPUs" in r.stdout
     kinds = {"comm_collectives.json": "comm.collectives", "comm_launch_overhead.json": "comm.launch_overhead",
