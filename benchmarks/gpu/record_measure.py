@@ -157,7 +157,7 @@ def tracer_overhead(case: dict, device: str, n: int = 6) -> dict:
             "overhead_pct": 100.0 * (traced - plain["median_s"]) / plain["median_s"] if traced else None}
 
 
-def api_checks(out: Path, device: str, prov: dict) -> None:
+def api_checks(out: Path, device: str, prov: dict, cli: bool = True) -> None:
     """phase_snapshots and profiler_memory_timeline on a small loop, and `labkit measure --json`, on this device."""
     import subprocess
 
@@ -192,6 +192,8 @@ def api_checks(out: Path, device: str, prov: dict) -> None:
     log(f"profiler timeline: {len(tl.times_us)} points, peak {tl.peak_bytes / 2**20:.1f} MiB")
     del net, x, opt
     cleanup(device == "cuda")
+    if not cli:
+        return
     wl = "gpt-small-ref" if device == "cuda" else "tiny"
     r = subprocess.run([sys.executable, "-m", "labkit", "measure", "--workload", wl, "--precision",
                         "amp-bf16", "--device", device, "--json"], capture_output=True, text=True, timeout=120)
@@ -328,9 +330,9 @@ def main() -> None:
     ks = [k for k in (2, 3, 4, 6) if k < L] + [L]
     sweeps = {
         "checkpointing": [gpt_case(f"{wname}-amp-bf16-{ck}", w.config, w.batch_size, "amp-bf16", ck)
-                          for ck in ["none", "selective", "full"] + [f"every-{k}" for k in ks]],
+                          for ck in (["none", "selective", "full"] + [f"every-{k}" for k in ks])[:3 if args.smoke else None]],
         "precision": [gpt_case(f"{wname}-{p}-none", w.config, w.batch_size, p, "none")
-                      for p in ("fp32", "amp-bf16", "amp-fp16", "bf16")],
+                      for p in (("fp32", "bf16") if args.smoke else ("fp32", "amp-bf16", "amp-fp16", "bf16"))],
     }
     for sname, scases in sweeps.items():
         res = []
@@ -377,7 +379,7 @@ def main() -> None:
     # ---- the user-facing tools on this device: phase_snapshots, the profiler timeline, the CLI ---------
     if budget_left(15):
         try:
-            api_checks(args.out, device, prov)
+            api_checks(args.out, device, prov, cli=not args.smoke)
         except Exception as exc:  # noqa: BLE001 - report and go on: the measurements above are written
             log(f"api checks failed: {type(exc).__name__}: {exc}")
     log("done")

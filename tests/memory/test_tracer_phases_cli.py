@@ -110,5 +110,4 @@ def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
     assert (tmp_path / "tracer_overhead.json").exists()
     snaps = load_measurement(tmp_path / "api_phase_snapshots.json", kind="measure_api_snapshots")["data"]
     assert [s["name"] for s in snaps["snapshots"]] == ["forward", "backward", "optimizer"] * 2
-    cli = load_measurement(tmp_path / "api_cli_measure.json", kind="measure_api_cli")["data"]
-    assert cli["returncode"] == 0 and cli["report"]["peak_bytes"] > 0
+    assert (tmp_path / "api_profiler_timeline.json").exists()
