@@ -41,6 +41,17 @@ class PhaseSnapshot:
     summary_excerpt: str = ""
 
 
+SUMMARY_ROWS = ("CUDA OOMs", "Metric", "Allocated memory", "Requested memory", "GPU reserved memory",
+                "Non-releasable memory", "Allocations", "GPU reserved segments")
+
+
+def summary_excerpt(text: str, max_lines: int = 12) -> str:
+    """The rows of ``torch.cuda.memory_summary()`` that matter per phase: OOMs and retries, the column
+    header, allocated / requested / reserved / non-releasable memory, allocation and segment counts."""
+    keep = [ln for ln in text.splitlines() if any(ln.lstrip("| ").startswith(r) for r in SUMMARY_ROWS)]
+    return "\n".join(keep[:max_lines])
+
+
 @dataclass
 class PhaseSnapshots:
     """Per-phase memory statistics of a user's loop; create it with :func:`phase_snapshots`."""
@@ -72,9 +83,7 @@ class PhaseSnapshots:
         torch.cuda.reset_peak_memory_stats(dev)
         yield
         torch.cuda.synchronize(dev)
-        summary = torch.cuda.memory_summary(dev, abbreviated=True).splitlines()
-        excerpt = "\n".join(ln for ln in summary if ("Allocated memory" in ln or "Reserved memory" in ln
-                                                     or "|---" in ln)[: self.summary_lines])
+        excerpt = summary_excerpt(torch.cuda.memory_summary(dev, abbreviated=True), self.summary_lines)
         self.snapshots.append(PhaseSnapshot(
             name, start, torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev),
             torch.cuda.max_memory_reserved(dev), "torch.cuda allocator stats", excerpt))

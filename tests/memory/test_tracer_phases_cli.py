@@ -111,3 +111,64 @@ def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
     snaps = load_measurement(tmp_path / "api_phase_snapshots.json", kind="measure_api_snapshots")["data"]
     assert [s["name"] for s in snaps["snapshots"]] == ["forward", "backward", "optimizer"] * 2
     assert (tmp_path / "api_profiler_timeline.json").exists()
+
+
+def _fake_cuda_stats(monkeypatch):
+    """Make torch.cuda's statistics functions answer from a dict (the CUDA path runs on a CPU build);
+    memory_summary stays torch's own formatter, fed by the patched memory_stats."""
+    import collections
+
+    import torch.cuda.memory as tcm
+
+    state = {"cur": 1000, "peak": 1000}
+    stats = collections.defaultdict(int)
+    for k in ("num_ooms", "num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free"):
+        stats[k] = 0
+
+    def memory_stats(device=None):
+        for n in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes", "inactive_split_bytes"):
+            for pool in ("all", "large_pool", "small_pool"):
+                stats[f"{n}.{pool}.current"] = state["cur"]
+                stats[f"{n}.{pool}.peak"] = state["peak"]
+        return stats
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["cur"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 2 * state["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: state.update(peak=state["cur"]))
+    monkeypatch.setattr(tcm, "memory_stats", memory_stats)
+    monkeypatch.setattr(torch.cuda, "memory_summary",
+                        lambda device=None, abbreviated=False: tcm.memory_summary(device=0, abbreviated=abbreviated))
+    return state
+
+
+def test_summary_excerpt_of_torch_memory_summary(monkeypatch):
+    from labkit.memory.phases import summary_excerpt
+
+    _fake_cuda_stats(monkeypatch)
+    text = torch.cuda.memory_summary(0, abbreviated=True)
+    ex = summary_excerpt(text)
+    rows = ex.splitlines()
+    assert rows[0].lstrip("| ").startswith("CUDA OOMs")
+    assert any(r.lstrip("| ").startswith("Allocated memory") for r in rows)
+    assert any(r.lstrip("| ").startswith("GPU reserved memory") for r in rows)
+    assert not any("Oversize" in r for r in rows)
+    assert len(summary_excerpt(text, 3).splitlines()) == 3
+
+
+def test_phase_snapshots_cuda_path(monkeypatch):
+    state = _fake_cuda_stats(monkeypatch)
+    snaps = phase_snapshots("cuda")
+    assert not snaps.use_tracker
+    with snaps.phase("forward"):
+        state["cur"] = 5000
+        state["peak"] = 9000
+    with snaps.phase("backward"):
+        state["cur"] = 3000
+    f, b = snaps.snapshots
+    assert (f.start_allocated, f.peak_allocated, f.end_allocated, f.peak_reserved) == (1000, 9000, 5000, 18000)
+    assert (b.start_allocated, b.peak_allocated, b.end_allocated) == (5000, 5000, 3000)
+    assert f.source == "torch.cuda allocator stats" and "Allocated memory" in f.summary_excerpt
+    assert snaps.peaks == {"forward": 9000, "backward": 5000}
