@@ -8,13 +8,20 @@ tensors and the GPU's different choices are made deliberately:
   ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
   ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
   of lower-precision copies of leaf weights, cleared when the outermost region exits.
-* **Attention**: the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``; a GPU runs the
-  flash kernel (16-bit inputs) or the memory-efficient kernel (float32). Both save the output and
-  a float32 logsumexp (not the attention matrix); the logsumexp is resized to the GPU kernel's
-  shape and the backward kernels' workspaces are added as transients.
-* **Allocator**: every storage rounds up to 512 bytes; cuBLAS keeps a workspace per handle and
-  stream (the forward thread and the autograd engine's device thread use different handles).
+* **Attention**: the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``; the H200 (torch 2.11)
+  ran cuDNN attention for bf16/fp16 and the memory-efficient kernel for float32. All save the output
+  and a float32 logsumexp (not the attention matrix): cuDNN adds two int64 scalars on the device,
+  mem-efficient pads the logsumexp to 32 rows; the backward kernels' float32 workspaces are added as
+  transients (sizes measured per op on the H200).
+* **Reductions**: a bias gradient ``grad.sum(0)`` allocates an inter-block staging buffer whose size
+  follows ``Reduce.cuh``'s launch configuration (SM count, threads per SM): reproduced exactly.
+* **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
+* **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
+  device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
+* **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide.
+* **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.tracer_allocator`` replays
+  the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
 
 from __future__ import annotations
