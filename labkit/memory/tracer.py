@@ -179,17 +179,7 @@ class StorageTracker(TorchDispatchMode):
 
     def transient(self, nbytes: int) -> None:
         """An allocation that lives only inside the current op (a kernel's workspace)."""
-        n = round_up(nbytes, self.rounding)
-        if n <= 0:
-            return
-        sid = self._next_id
-        self._next_id += 1
-        self.sizes[sid] = n
-        self.current += n
-        self.events.append((sid, n, self.phase_index))
-        self._bump()
-        self.current -= n
-        self.events.append((sid, -n, self.phase_index))
+        self.transient_group([nbytes])
 
     def transient_group(self, sizes: list[int]) -> None:
         """Several allocations live together inside the current op, then all freed."""
