@@ -16,7 +16,6 @@ Cases (``Finding.kind``):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from labkit.allocator.oom_message import OOMMessage, parse_oom_message
 from labkit.allocator.snapshot import Snapshot, read_snapshot
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import read_json
 from labkit.core.units import fmt_bytes
 
 GiB = 1024**3
@@ -84,13 +84,7 @@ def _stat(stats: dict, key: str) -> int:
 
 def load_stats_file(path: str | Path) -> Any:
     """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise LabkitError(f"{p}: no such stats file") from None
-    except json.JSONDecodeError as exc:
-        raise LabkitError(f"{p}: not valid JSON ({exc})") from None
+    doc = read_json(path, "stats file")
     if isinstance(doc, dict) and "provenance" in doc and "data" in doc:
         doc = doc["data"]
     return doc

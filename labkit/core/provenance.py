@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import to_jsonable
+from labkit.core.serialize import read_json, to_jsonable
 
 REQUIRED = ("date", "host", "command", "gpu_name", "gpu_count", "driver", "cuda", "torch", "labkit")
 
@@ -66,12 +66,7 @@ def write_measurement(path: str | Path, kind: str, data: Any, *, command: str | 
 
 def load_measurement(path: str | Path, kind: str | None = None) -> dict[str, Any]:
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LabkitError(f"{path}: no such recorded measurement") from None
-    except json.JSONDecodeError as exc:
-        raise LabkitError(f"{path}: not valid JSON ({exc})") from None
+    doc = read_json(path, "recorded measurement")
     prov = doc.get("provenance") if isinstance(doc, dict) else None
     if not isinstance(prov, dict) or any(k not in prov for k in REQUIRED):
         missing = [k for k in REQUIRED if not isinstance(prov, dict) or k not in prov]

@@ -34,5 +34,18 @@ def to_jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
 
 
+def read_json(path: str | Path, what: str = "file") -> Any:
+    """Parse a JSON file; a missing or malformed file is a LabkitError naming the path."""
+    from labkit.core.errors import LabkitError
+
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise LabkitError(f"{p}: no such {what}") from None
+    except json.JSONDecodeError as exc:
+        raise LabkitError(f"{p}: not valid JSON ({exc})") from None
+
+
 def dumps(obj: Any, *, indent: int | None = 2) -> str:
     return json.dumps(to_jsonable(obj), indent=indent, sort_keys=False)
