@@ -107,6 +107,13 @@ def parse_alloc_conf(text: str | None) -> AllocatorConfig:
         except ValueError:
             raise LabkitError(f"{where}: {key} needs a whole number, got {t!r}") from None
 
+    def as_float(i: int, key: str) -> float:
+        t = tok(i, "a number")
+        try:
+            return float(t)
+        except ValueError:
+            raise LabkitError(f"{where}: {key} needs a number, got {t!r}") from None
+
     def as_bool(i: int, key: str) -> bool:
         t = tok(i, f"True or False for {key}")
         if t not in ("True", "False"):
@@ -131,20 +138,12 @@ def parse_alloc_conf(text: str | None) -> AllocatorConfig:
                 raise LabkitError(f"{where}: max_non_split_rounding_mb too small, must be >= 20 (got {v})")
             opts["max_non_split_rounding_size"] = v * MiB
         elif key == "garbage_collection_threshold":
-            t = tok(i, "a number")
-            try:
-                v = float(t)
-            except ValueError:
-                raise LabkitError(f"{where}: garbage_collection_threshold needs a number, got {t!r}") from None
+            v = as_float(i, key)
             if not 0.0 < v < 1.0:
                 raise LabkitError(f"{where}: garbage_collection_threshold must be in (0.0, 1.0), got {v}")
             opts["garbage_collection_threshold"] = v
         elif key == "per_process_memory_fraction":
-            t = tok(i, "a number")
-            try:
-                v = float(t)
-            except ValueError:
-                raise LabkitError(f"{where}: per_process_memory_fraction needs a number, got {t!r}") from None
+            v = as_float(i, key)
             if not 0.0 <= v <= 1.0:
                 raise LabkitError(f"{where}: per_process_memory_fraction must be in [0, 1], got {v}")
             opts["per_process_memory_fraction"] = v

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import read_bytes
 
 TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
                  "segment_unmap", "oom", "snapshot", "user_defined"}
@@ -114,10 +115,5 @@ def read_snapshot(src: str | Path | bytes | dict) -> Snapshot:
     if isinstance(src, (bytes, bytearray)):
         return _check(_load_bytes(bytes(src), "snapshot"), "snapshot")
     path = Path(src)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LabkitError(f"{path}: no such snapshot file") from None
-    except IsADirectoryError:
-        raise LabkitError(f"{path}: is a folder, expected a snapshot file") from None
+    raw = read_bytes(path, "snapshot file")
     return _check(_load_bytes(raw, str(path)), str(path))

@@ -34,6 +34,19 @@ def to_jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
 
 
+def read_bytes(path: str | Path, what: str = "file") -> bytes:
+    """Read a user's file; a missing path or a folder is a LabkitError naming the path."""
+    from labkit.core.errors import LabkitError
+
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise LabkitError(f"{p}: no such {what}") from None
+    except IsADirectoryError:
+        raise LabkitError(f"{p}: is a folder, expected a {what}") from None
+
+
 def read_json(path: str | Path, what: str = "file") -> Any:
     """Parse a JSON file; a missing or malformed file is a LabkitError naming the path."""
     from labkit.core.errors import LabkitError

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from labkit.core import paths
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import read_bytes
 from labkit.topology.model import Topology
 from labkit.topology.ncclxml import parse_nccl_xml
 from labkit.topology.p2ptable import P2PTable, looks_like_p2p_test, parse_p2p_test
@@ -24,12 +25,7 @@ class SampleInfo:
 
 
 def _read(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise LabkitError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise LabkitError(f"{path}: is a directory, not a topology file") from None
+    data = read_bytes(path, "topology file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

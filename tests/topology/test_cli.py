@@ -42,7 +42,7 @@ def test_topo_file_and_errors(capsys, tmp_path):
     rc, _, err = run(capsys, "topo", "--file", str(notes))
     assert rc == 2 and "not `nvidia-smi topo -m` output" in err
     rc, _, err = run(capsys, "topo", "--file", str(tmp_path / "missing.txt"))
-    assert rc == 2 and "no such file" in err
+    assert rc == 2 and "no such topology file" in err
     binary = tmp_path / "b.bin"
     binary.write_bytes(b"\xff\xfe\x00")
     rc, _, err = run(capsys, "topo", "--file", str(binary))
