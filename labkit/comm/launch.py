@@ -14,6 +14,7 @@ The backend is ``gloo`` (CPU tensors) or ``nccl`` (one GPU per local rank).
 from __future__ import annotations
 
 import os
+import sys
 import pickle
 import socket
 import tempfile
@@ -164,6 +165,12 @@ def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: 
                 # the free port was taken by another process between our probe and rank 0's bind: retry
                 if attempt == 2 or "address already in use" not in str(exc).lower():
                     raise
+            except mp.ProcessExitedException as exc:
+                # a rank killed by a native abort (seen once in CI: gloo, 2 CPU processes, cause not
+                # established): start the group once more, loudly; a second abort is raised
+                if attempt >= 1 or exc.signal_name != "SIGABRT":
+                    raise
+                print(f"labkit comm: {exc}; starting the process group again", file=sys.stderr, flush=True)
         if not os.path.exists(result):
             raise RuntimeError("rank 0 finished without a result")
         return pickle.loads(Path(result).read_bytes())
