@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit.core.provenance import format_header, header  # noqa: E402
-from labkit.memory.model import ParallelSpec, TrainSpec, estimate  # noqa: E402
-from labkit.memory.planner import h100_cluster, plan  # noqa: E402
-from labkit.memory.presets import get_preset  # noqa: E402
+from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate  # noqa: E402
+from labkit.memory.estimate.planner import h100_cluster, plan  # noqa: E402
+from labkit.memory.estimate.presets import get_preset  # noqa: E402
 
 TARGET_ESTIMATE_S = 1e-3
 TARGET_PLAN_S = 1.0

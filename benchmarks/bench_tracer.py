@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         return validate()
 
-    from labkit.memory.tracer_measure import measure_step
+    from labkit.memory.trace.step import measure_step
 
     if args.model == "hf":
         from labkit.workloads.hf import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def validate() -> int:
-    from labkit.memory.tracer_recorded import load_recorded_peaks, measure_dir, predict_case, recorded_label
+    from labkit.memory.trace.recorded import load_recorded_peaks, measure_dir, predict_case, recorded_label
 
     worst_all = 0.0
     for fname in ("reference_peaks.json", "heldout_peaks.json"):

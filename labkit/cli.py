@@ -15,8 +15,8 @@ from labkit.core.errors import LabkitError
 # Each module here defines ``register(subparsers)``; its parsers set ``func(args) -> int``.
 CHAPTER_CLIS = (
     "labkit.env.cli",
-    "labkit.memory.cli_measure",
-    "labkit.memory.cli_estimate",
+    "labkit.memory.trace.cli",
+    "labkit.memory.estimate.cli",
     "labkit.topology.cli",
     "labkit.report.cli",
     "labkit.comm.cli",

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from labkit.core.provenance import header, write_measurement
-from labkit.memory.tracer_measure import measure_step
+from labkit.memory.trace.step import measure_step
 from labkit.workloads import GPT, get_workload
 from labkit.workloads.gpt import GPTConfig
 from labkit.workloads.harness import StepPolicy, TrainStep, gpt_batch, gpt_call, gpt_loss, move_batch
@@ -161,7 +161,7 @@ def api_checks(out: Path, device: str, prov: dict, cli: bool = True) -> None:
     """phase_snapshots and profiler_memory_timeline on a small loop, and `labkit measure --json`, on this device."""
     import subprocess
 
-    from labkit.memory.phases import phase_snapshots, profiler_memory_timeline, read_profiler_timeline
+    from labkit.memory.trace.phases import phase_snapshots, profiler_memory_timeline, read_profiler_timeline
 
     cleanup(device == "cuda")
     net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(device)

@@ -1,54 +1,58 @@
-"""Where GPU memory goes: the analytical per-GPU model and planner (estimate), and the
-phase-by-phase tracer that measures real or fake-GPU steps (measure).
+"""Where GPU memory goes, two ways:
 
-Two engineers own parts of this package; each adds its public names below.
+* ``labkit.memory.estimate``: the analytical per-GPU model (DP/ZeRO/FSDP, TP+SP, PP, CP,
+  recomputation, precision), the model presets and the layout planner. Plain Python, no torch.
+* ``labkit.memory.trace``: the tracer that runs a real training step (on a GPU, the CPU, or fake
+  tensors standing in for a CUDA GPU) and reports its peaks per phase and category.
+
+Both speak the vocabulary of ``labkit.core.vocab``. The names below are the chapter's public API.
 """
 
 # Lazily imported public names (name -> module), so that importing labkit.memory does not import
 # torch. One __getattr__ serves the whole package: add lazy names to this dict, don't define another.
 _LAZY_NAMES = {
-    # measure (the tracer)
-    "measure_step": "labkit.memory.tracer_measure",
-    "MeasureReport": "labkit.memory.tracer_measure",
-    "PhaseStats": "labkit.memory.tracer_measure",
-    "StorageTracker": "labkit.memory.tracer",
-    "CudaTarget": "labkit.memory.fake_cuda",
-    "phase_snapshots": "labkit.memory.phases",
-    "PhaseSnapshots": "labkit.memory.phases",
-    "profiler_memory_timeline": "labkit.memory.phases",
-    "load_recorded_peaks": "labkit.memory.tracer_recorded",
-    "RecordedCase": "labkit.memory.tracer_recorded",
-    "Prediction": "labkit.memory.tracer_recorded",
-    "predict_case": "labkit.memory.tracer_recorded",
-    "recorded_label": "labkit.memory.tracer_recorded",
-    "SweepPoint": "labkit.memory.tracer_sweeps",
-    "run_sweep": "labkit.memory.tracer_sweeps",
-    "fit_segments": "labkit.memory.tracer_sweeps",
-    "read_profiler_timeline": "labkit.memory.phases",
+    # trace (the tracer)
+    "measure_step": "labkit.memory.trace.step",
+    "MeasureReport": "labkit.memory.trace.step",
+    "PhaseStats": "labkit.memory.trace.step",
+    "StorageTracker": "labkit.memory.trace.storage",
+    "CudaTarget": "labkit.memory.trace.fake_cuda",
+    "phase_snapshots": "labkit.memory.trace.phases",
+    "PhaseSnapshots": "labkit.memory.trace.phases",
+    "profiler_memory_timeline": "labkit.memory.trace.phases",
+    "load_recorded_peaks": "labkit.memory.trace.recorded",
+    "RecordedCase": "labkit.memory.trace.recorded",
+    "Prediction": "labkit.memory.trace.recorded",
+    "predict_case": "labkit.memory.trace.recorded",
+    "recorded_label": "labkit.memory.trace.recorded",
+    "SweepPoint": "labkit.memory.trace.sweeps",
+    "run_sweep": "labkit.memory.trace.sweeps",
+    "fit_segments": "labkit.memory.trace.sweeps",
+    "read_profiler_timeline": "labkit.memory.trace.phases",
     # estimate (the analytical model, presets, planner)
-    "ModelSpec": "labkit.memory.model",
-    "ParallelSpec": "labkit.memory.model",
-    "TrainSpec": "labkit.memory.model",
-    "Overheads": "labkit.memory.model",
-    "Estimate": "labkit.memory.model",
-    "StageEstimate": "labkit.memory.model",
-    "ModelStates": "labkit.memory.model",
-    "estimate": "labkit.memory.model",
-    "model_states": "labkit.memory.model",
-    "model_states_only": "labkit.memory.model",
-    "total_params": "labkit.memory.model",
-    "CATEGORIES": "labkit.memory.model",
-    "get_preset": "labkit.memory.presets",
-    "presets": "labkit.memory.presets",
-    "Preset": "labkit.memory.presets",
-    "plan": "labkit.memory.planner",
-    "explain": "labkit.memory.planner",
-    "Plan": "labkit.memory.planner",
-    "Candidate": "labkit.memory.planner",
-    "Cluster": "labkit.memory.planner",
-    "LinkSpec": "labkit.memory.planner",
-    "cluster_from_topology": "labkit.memory.planner",
-    "uniform_cluster": "labkit.memory.planner",
+    "ModelSpec": "labkit.memory.estimate",
+    "ParallelSpec": "labkit.memory.estimate",
+    "TrainSpec": "labkit.memory.estimate",
+    "Overheads": "labkit.memory.estimate",
+    "Estimate": "labkit.memory.estimate",
+    "StageEstimate": "labkit.memory.estimate",
+    "ModelStates": "labkit.memory.estimate",
+    "estimate": "labkit.memory.estimate",
+    "model_states": "labkit.memory.estimate",
+    "model_states_only": "labkit.memory.estimate",
+    "total_params": "labkit.memory.estimate",
+    "CATEGORIES": "labkit.memory.estimate",
+    "get_preset": "labkit.memory.estimate.presets",
+    "presets": "labkit.memory.estimate.presets",
+    "Preset": "labkit.memory.estimate.presets",
+    "plan": "labkit.memory.estimate.planner",
+    "explain": "labkit.memory.estimate.planner",
+    "Plan": "labkit.memory.estimate.planner",
+    "Candidate": "labkit.memory.estimate.planner",
+    "Cluster": "labkit.memory.estimate.planner",
+    "LinkSpec": "labkit.memory.estimate.planner",
+    "cluster_from_topology": "labkit.memory.estimate.planner",
+    "uniform_cluster": "labkit.memory.estimate.planner",
 }
 
 

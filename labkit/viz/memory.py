@@ -88,8 +88,8 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     import ipywidgets as W
     from jupyter_bokeh import BokehModel
 
-    from labkit.memory.model import ModelSpec, ParallelSpec, TrainSpec, estimate
-    from labkit.memory.presets import get_preset, preset_names
+    from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
+    from labkit.memory.estimate.presets import get_preset, preset_names
 
     init = {"preset": "llama3-8b", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "sp": True, "precision": "bf16-mixed",
             "recompute": "selective", "micro_batch": 1, "global_batch": 16, **(initial or {})}

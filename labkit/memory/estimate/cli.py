@@ -68,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _model(args):
-    from labkit.memory.model import ModelSpec
-    from labkit.memory.presets import get_preset
+    from labkit.memory.estimate import ModelSpec
+    from labkit.memory.estimate.presets import get_preset
 
     given = {d: getattr(args, d) for d in DIMS if getattr(args, d) is not None}
     if args.gated:
@@ -85,7 +85,7 @@ def _model(args):
 
 
 def build(args):
-    from labkit.memory.model import ParallelSpec, TrainSpec
+    from labkit.memory.estimate import ParallelSpec, TrainSpec
 
     schedule = args.schedule or ("interleaved" if (args.vpp or 1) > 1 else "1f1b")
     par = ParallelSpec(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, zero=args.zero, sp=args.sp, vpp=args.vpp,
@@ -104,12 +104,12 @@ def _row(name, n):
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.memory.model import CATEGORIES, estimate, model_states_only
+    from labkit.memory.estimate import CATEGORIES, estimate, model_states_only
 
     if args.list_models:
-        from labkit.memory.presets import presets
+        from labkit.memory.estimate.presets import presets
 
-        from labkit.memory.model import total_params
+        from labkit.memory.estimate import total_params
 
         rows = [[p.name, p.family, f"{total_params(p.model) / 1e9:.3f}", p.model.layers, p.model.hidden, p.model.heads,
                  p.model.kv, p.model.ffn_size, p.model.vocab, p.model.seq] for p in presets().values()]
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         if args.params is not None:
             n = int(args.params)
         else:
-            from labkit.memory.model import total_params
+            from labkit.memory.estimate import total_params
 
             n = total_params(_model(args))
         ms = model_states_only(n, par, train)
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.planner import DEFAULT_ACHIEVABLE_FLOPS, LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
+    from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS, LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
 
     model = _model(args)
     if args.global_batch is None:

@@ -5,7 +5,7 @@ the tracer's single-GPU reference cases (``data/measurements/measure/reference_p
 Each recorded case is translated into the estimator's inputs exactly as it ran (the lab's GPT:
 LayerNorm with biases, learned positions, tied embeddings, GELU MLP; PyTorch layout; the
 optimizer implementation it used) and compared on the steady step's ``max_memory_allocated``.
-The allocator-overhead and CUDA-context defaults of :mod:`labkit.memory.model_buffers` are
+The allocator-overhead and CUDA-context defaults of :mod:`labkit.memory.estimate.buffers` are
 derived here from the same files.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
-from labkit.memory.model_buffers import Overheads
-from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec
-from labkit.memory.model_totals import estimate
+from labkit.memory.estimate.buffers import Overheads
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
+from labkit.memory.estimate.totals import estimate
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -185,7 +185,7 @@ def compare_tracer_case(case: Any) -> Comparison:
 
 
 def compare_tracer(path: str | Path | None = None) -> list[Comparison]:
-    from labkit.memory.tracer_recorded import load_recorded_peaks
+    from labkit.memory.trace.recorded import load_recorded_peaks
 
     return [compare_tracer_case(c) for c in load_recorded_peaks(path) if c.model == "labkit-gpt"]
 
@@ -227,7 +227,7 @@ def context_from_parallel(directory: str | Path | None = None) -> dict[str, int]
 def workspace_from_tracer(path: str | Path | None = None) -> int:
     """Bytes the allocator hands out beyond the tensors the tracer sees (cuBLAS/cuBLASLt workspaces,
     kernel scratch): the median over the lab GPT's recorded cases of CUDA peak - tracked peak."""
-    from labkit.memory.tracer_recorded import load_recorded_peaks
+    from labkit.memory.trace.recorded import load_recorded_peaks
 
     diffs = [c.peak_allocated - c.tracker_peak for c in load_recorded_peaks(path)
              if c.model == "labkit-gpt" and c.tracker_peak]

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from labkit.cli import main
-from labkit.memory.model import ModelSpec, ParallelSpec, TrainSpec, estimate
-from labkit.memory.presets import get_preset, presets
+from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
+from labkit.memory.estimate.presets import get_preset, presets
 
 KEYS = {"params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead", "total"}
 
@@ -81,7 +81,7 @@ def test_human_output_and_presets(capsys):
 
 
 def test_presets_match_published_counts():
-    from labkit.memory.model import total_params
+    from labkit.memory.estimate import total_params
 
     checked = 0
     for p in presets().values():

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
-from labkit.memory.tracer import CATEGORIES, Roles, StorageTracker, Stopwatch, categorise
+from labkit.memory.trace.storage import CATEGORIES, Roles, StorageTracker, Stopwatch, categorise
 
 DEVICES = ("fake-cuda", "cuda", "cpu")
 
@@ -119,7 +119,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     and materialised as fake tensors in fake mode, so no real memory is used). ``batch``: a tensor
     or dict of tensors on the CPU, moved to the target device (faked in fake mode). ``loss_fn(output,
     batch)`` defaults to ``output.loss``. ``target`` (fake mode): a
-    :class:`labkit.memory.fake_cuda.CudaTarget` describing the GPU's choices (default: H200,
+    :class:`labkit.memory.trace.fake_cuda.CudaTarget` describing the GPU's choices (default: H200,
     torch 2.11). ``op_log`` keeps one record per op (on CUDA with the allocator's view: slow).
     ``rounding``: bytes each storage is rounded up to (default 512 for cuda and fake-cuda, 1 for cpu).
     """
@@ -141,9 +141,9 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     if device == "fake-cuda":
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        from labkit.memory.fake_cuda import CudaEmulator, CudaTarget
+        from labkit.memory.trace.fake_cuda import CudaEmulator, CudaTarget
 
-        from labkit.memory.fake_cuda import data_dependent_choices
+        from labkit.memory.trace.fake_cuda import data_dependent_choices
 
         emulator = CudaEmulator(target or CudaTarget(), policy)
         fake = FakeTensorMode(allow_non_fake_inputs=False)
@@ -237,7 +237,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
     reserved = None
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
-        from labkit.memory.tracer_allocator import replay_tracker
+        from labkit.memory.trace.reserved import replay_tracker
 
         rp = replay_tracker(tracker)
         for p in phases:

@@ -20,7 +20,7 @@ tensors and the GPU's different choices are made deliberately:
   device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide.
-* **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.tracer_allocator`` replays
+* **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
 
@@ -157,7 +157,7 @@ class _AutocastState:
 
 
 class CudaEmulator:
-    """Hooks for :class:`~labkit.memory.tracer.StorageTracker` that add the GPU's own allocations."""
+    """Hooks for :class:`~labkit.memory.trace.storage.StorageTracker` that add the GPU's own allocations."""
 
     def __init__(self, target: CudaTarget, policy: Any) -> None:
         self.target = target

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.memory.model_buffers import ALLOCATOR_OVERHEAD, WORKSPACE_BYTES
-from labkit.memory.model_measured import allocator_overhead_from, compare_tracer, workspace_from_tracer
+from labkit.memory.estimate.buffers import ALLOCATOR_OVERHEAD, WORKSPACE_BYTES
+from labkit.memory.estimate.recorded import allocator_overhead_from, compare_tracer, workspace_from_tracer
 
 MiB = 1 << 20
 
@@ -65,7 +65,7 @@ def test_measured_defaults(comparisons):
 def test_held_out_cases_within_10_percent():
     """Cases recorded after the defaults were set (other widths, sequence 1000, foreach AdamW, SGD,
     pure bf16 with full recomputation): nothing of the model was fitted to them."""
-    from labkit.memory.tracer_recorded import measure_dir
+    from labkit.memory.trace.recorded import measure_dir
 
     held = compare_tracer(measure_dir() / "heldout_peaks.json")
     assert len(held) >= 5
@@ -86,8 +86,8 @@ def test_ddp_steps_recorded_by_the_comm_chapter():
     gradient-sized buffer at their peak, not modelled)."""
     from labkit.core.paths import MEASUREMENTS_DIR
     from labkit.core.provenance import load_measurement
-    from labkit.memory.model import ParallelSpec, TrainSpec, estimate
-    from labkit.memory.model_measured import gpt_model_spec
+    from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
+    from labkit.memory.estimate.recorded import gpt_model_spec
     from labkit.workloads.reference import get_workload
 
     doc = load_measurement(MEASUREMENTS_DIR / "comm" / "comm_buckets.json")

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from labkit.memory.model_activations import in_flight, layer_activations, logits_bytes, stage_activations
-from labkit.memory.model_buffers import Overheads, comm_buffers, communicators
-from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
-from labkit.memory.model_bytes import ModelStates, model_states, precision_bytes, stage_params, total_params
+from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
+from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
+from labkit.memory.estimate.states import ModelStates, model_states, precision_bytes, stage_params, total_params
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead")
 PHASES = ("forward", "backward", "optimizer")

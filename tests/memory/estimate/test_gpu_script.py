@@ -10,7 +10,7 @@ from pathlib import Path
 
 from labkit.core.provenance import load_measurement
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_smoke_run_on_cpu(tmp_path):

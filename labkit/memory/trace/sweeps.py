@@ -1,6 +1,6 @@
 """Sweeps for notebook 04: memory (and step time) against checkpointing granularity and precision.
 
-Each point runs :func:`~labkit.memory.tracer_measure.measure_step` on a device (``cuda``, ``cpu`` or
+Each point runs :func:`~labkit.memory.trace.step.measure_step` on a device (``cuda``, ``cpu`` or
 ``fake-cuda``); step times come from separate untraced steps (``cuda``/``cpu`` only).
 """
 
@@ -68,7 +68,7 @@ def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: st
 def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *, device: str = "fake-cuda",
               kw: dict[str, Any] | None = None, time_steps: int = 0) -> list[SweepPoint]:
     """Measure (or, in fake mode, predict) each ``(precision, checkpointing)`` policy."""
-    from labkit.memory.tracer_measure import measure_step
+    from labkit.memory.trace.step import measure_step
 
     kw = kw or {}
     out = []

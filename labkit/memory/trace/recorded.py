@@ -99,7 +99,7 @@ def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
 
 def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
     """Rerun a recorded case in fake mode (no GPU) and compare with its recorded peak."""
-    from labkit.memory.tracer_measure import measure_step
+    from labkit.memory.trace.step import measure_step
 
     factory, batch, kw = case_inputs(case)
     rep = measure_step(factory, batch, precision=case.precision, checkpointing=case.checkpointing,

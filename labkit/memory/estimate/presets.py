@@ -11,7 +11,7 @@ from pathlib import Path
 
 from labkit.core import paths
 from labkit.core.errors import LabkitError
-from labkit.memory.model_spec import ModelSpec
+from labkit.memory.estimate.spec import ModelSpec
 
 _FIELDS = ("layers", "hidden", "heads", "vocab", "seq", "kv_heads", "ffn", "gated_mlp", "head_dim", "tied_embeddings",
            "norm", "bias", "learned_pos_emb")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
 
 # (weight, grad, master, state) bytes per parameter; act and residual-stream bytes per element.
 _PRECISION = {

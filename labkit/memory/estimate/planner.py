@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, fmt_bytes
-from labkit.memory.model import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
+from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
 
 # About 40% of the dense bf16 peak of an H100/H200 (989 TFLOP/s): a typical training MFU.
 DEFAULT_ACHIEVABLE_FLOPS = 400e12

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from labkit.core.errors import LabkitError
-from labkit.memory.model import ModelSpec, ParallelSpec, TrainSpec, estimate, precision_bytes
-from labkit.memory.presets import get_preset
+from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate, precision_bytes
+from labkit.memory.estimate.presets import get_preset
 
 M = ModelSpec(layers=24, hidden=2048, heads=16, vocab=50304, seq=2048, name="m")
 

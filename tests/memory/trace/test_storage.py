@@ -1,7 +1,7 @@
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from labkit.memory.tracer import Roles, StorageTracker, categorise, round_up
+from labkit.memory.trace.storage import Roles, StorageTracker, categorise, round_up
 
 
 def test_round_up_like_the_caching_allocator():

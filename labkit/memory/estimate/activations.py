@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec
-from labkit.memory.model_bytes import Bytes
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
+from labkit.memory.estimate.states import Bytes
 
 
 @dataclass(frozen=True)

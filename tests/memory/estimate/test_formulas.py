@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.memory.model import ModelSpec, ParallelSpec, TrainSpec, estimate, model_states_only
-from labkit.memory.model_activations import in_flight, layer_activations, stage_activations
-from labkit.memory.model_bytes import precision_bytes, stage_params
+from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate, model_states_only
+from labkit.memory.estimate.activations import in_flight, layer_activations, stage_activations
+from labkit.memory.estimate.states import precision_bytes, stage_params
 
 # The paper's setting: Megatron layout, 16-bit activations, dropout on, math attention.
 PAPER = dict(framework="megatron", precision="bf16-mixed", dropout=0.1, flash=False)
@@ -191,7 +191,7 @@ def test_every_k_segments_trade_memory():
     act = [estimate(m, ParallelSpec(), TrainSpec(micro_batch=8, recompute="full", recompute_every=k)).by_stage[0]
            for k in (1, 4, 24)]
     # stored segment inputs fall with k, the recomputed segment grows
-    from labkit.memory.model_activations import stage_activations as sa_fn
+    from labkit.memory.estimate.activations import stage_activations as sa_fn
 
     by = precision_bytes(TrainSpec(recompute="full"))
     stored = [sa_fn(m, ParallelSpec(), TrainSpec(micro_batch=8, recompute="full", recompute_every=k), by, 0).layers

@@ -1,8 +1,8 @@
 import pytest
 
 from labkit.core.errors import LabkitError
-from labkit.memory.tracer_recorded import load_recorded, recorded_label
-from labkit.memory.tracer_sweeps import recorded_sweep, run_sweep, segment_lengths
+from labkit.memory.trace.recorded import load_recorded, recorded_label
+from labkit.memory.trace.sweeps import recorded_sweep, run_sweep, segment_lengths
 from labkit.workloads import GPT
 from labkit.workloads.gpt import GPTConfig
 from labkit.workloads.harness import gpt_batch, gpt_call, gpt_loss
@@ -54,7 +54,7 @@ def test_recorded_sweeps_and_figures():
 
 
 def test_segment_fit_recovers_the_model():
-    from labkit.memory.tracer_sweeps import SweepPoint, fit_segments
+    from labkit.memory.trace.sweeps import SweepPoint, fit_segments
 
     L, base, boundary, layer = 24, 1e8, 3e7, 6e8
     pts = [SweepPoint(f"K={k}", "amp-bf16", f"every-{k}", 0, 0, int(base + L / k * boundary + k * layer), {}, "backward")

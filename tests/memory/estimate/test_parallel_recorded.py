@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.memory.model_buffers import CUDA_CONTEXT_BYTES
-from labkit.memory.model_measured import compare_parallel_dir, context_from_parallel
+from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES
+from labkit.memory.estimate.recorded import compare_parallel_dir, context_from_parallel
 
 
 @pytest.fixture(scope="module")

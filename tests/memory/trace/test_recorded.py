@@ -7,7 +7,7 @@ CI runs a representative subset (each precision and checkpointing policy, both m
 import pytest
 
 from labkit.core.errors import LabkitError
-from labkit.memory.tracer_recorded import load_recorded_peaks, measure_dir, predict_case
+from labkit.memory.trace.recorded import load_recorded_peaks, measure_dir, predict_case
 
 CASES = {c.name: c for c in load_recorded_peaks()}
 SUBSET = ["gpt-small-ref-fp32-none", "gpt-small-ref-amp-bf16-full", "gpt-small-ref-amp-bf16-selective",

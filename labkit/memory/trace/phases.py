@@ -9,7 +9,7 @@
 
 On a CUDA device each phase resets the allocator's peak statistics, then reads
 ``max_memory_allocated``/``max_memory_reserved`` and keeps an excerpt of ``memory_summary``. On other
-devices (or with ``tracker=True``) a :class:`~labkit.memory.tracer.StorageTracker` counts the
+devices (or with ``tracker=True``) a :class:`~labkit.memory.trace.storage.StorageTracker` counts the
 storages the phase's ops create (what a CUDA allocator would hand out, rounded to 512 bytes).
 
 :func:`profiler_memory_timeline` runs a function under ``torch.profiler`` with memory profiling and
@@ -65,7 +65,7 @@ class PhaseSnapshots:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if self.use_tracker:
-            from labkit.memory.tracer import StorageTracker
+            from labkit.memory.trace.storage import StorageTracker
 
             if self._tracker is None:
                 self._tracker = StorageTracker(device_type=torch.device(self.device).type,
@@ -93,7 +93,7 @@ class PhaseSnapshots:
         if not self.use_tracker:
             return
         if self._tracker is None:
-            from labkit.memory.tracer import StorageTracker
+            from labkit.memory.trace.storage import StorageTracker
 
             self._tracker = StorageTracker(device_type=torch.device(self.device).type,
                                            rounding=512 if self.device.startswith("cuda") else 1)

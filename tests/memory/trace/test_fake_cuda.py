@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from labkit.memory.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
-from labkit.memory.tracer import StorageTracker
-from labkit.memory.tracer_measure import measure_step
+from labkit.memory.trace.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
+from labkit.memory.trace.storage import StorageTracker
+from labkit.memory.trace.step import measure_step
 from labkit.workloads import GPT
 from labkit.workloads.gpt import GPTConfig
 from labkit.workloads.harness import StepPolicy, gpt_batch, gpt_call, gpt_loss
@@ -105,7 +105,7 @@ def _recorded_ops():
     import json
     import re
 
-    from labkit.memory.tracer_recorded import measure_dir
+    from labkit.memory.trace.recorded import measure_dir
 
     for path in sorted(measure_dir().glob("oplog_*.json.gz")):
         with gzip.open(path, "rt") as f:
@@ -119,7 +119,7 @@ def _recorded_ops():
 def test_reduction_staging_buffer_matches_every_recorded_bias_gradient_sum():
     """Each bias-gradient sum over dim 0 recorded per op on the H200 allocated the staging buffer
     that Reduce.cuh's launch configuration predicts (plus one 512 B block of semaphores)."""
-    from labkit.memory.fake_cuda import reduction_global_buffer_bytes
+    from labkit.memory.trace.fake_cuda import reduction_global_buffer_bytes
 
     seen = 0
     for name, dtype, shape, transient in _recorded_ops():

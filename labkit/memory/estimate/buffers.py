@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.memory.model_activations import dims
-from labkit.memory.model_spec import ModelSpec, ParallelSpec, TrainSpec
-from labkit.memory.model_bytes import Bytes, ParamCounts
+from labkit.memory.estimate.activations import dims
+from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
+from labkit.memory.estimate.states import Bytes, ParamCounts
 
 MiB = 1024**2
 

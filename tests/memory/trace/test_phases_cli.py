@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from labkit.core.errors import LabkitError
-from labkit.memory.phases import phase_snapshots, profiler_memory_timeline
+from labkit.memory.trace.phases import phase_snapshots, profiler_memory_timeline
 
 
 def test_phase_snapshots_on_cpu_use_the_tracker():
@@ -51,7 +51,7 @@ def test_profiler_memory_timeline_export(tmp_path):
     times, sizes = json.loads(p.read_text())
     assert len(times) == len(sizes) > 0
     assert max(sum(s) for s in sizes) > 0
-    from labkit.memory.phases import read_profiler_timeline
+    from labkit.memory.trace.phases import read_profiler_timeline
 
     tl = read_profiler_timeline(p)
     assert tl.times_us[0] == 0 and len(tl.times_us) == len(times)
@@ -94,7 +94,7 @@ def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
 
     from labkit.core.provenance import load_measurement
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     r = subprocess.run([sys.executable, "benchmarks/gpu/record_measure.py", "--out", str(tmp_path), "--smoke"],
                        cwd=repo, capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
                                                                                   "PYTHONPATH": str(repo)})
@@ -145,7 +145,7 @@ def _fake_cuda_stats(monkeypatch):
 
 
 def test_summary_excerpt_of_torch_memory_summary(monkeypatch):
-    from labkit.memory.phases import summary_excerpt
+    from labkit.memory.trace.phases import summary_excerpt
 
     _fake_cuda_stats(monkeypatch)
     text = torch.cuda.memory_summary(0, abbreviated=True)

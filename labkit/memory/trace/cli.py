@@ -65,7 +65,7 @@ def _sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
 
 def run(args: argparse.Namespace) -> int:
     from labkit.core.units import fmt_bytes
-    from labkit.memory.tracer_measure import measure_step
+    from labkit.memory.trace.step import measure_step
 
     s, batch = _sizes(args)
     if args.model == "gpt":
