@@ -1,0 +1,143 @@
+"""One notebook section as one value: ``Section``, which displays itself.
+
+A notebook cell calls one labkit function that returns a :class:`Section` (or a subclass that
+fills it from a chapter's typed result). Displaying it shows, in order: the claims, each beside
+the number that shows it and where that number comes from; the table; the figure; then any notes
+(a stated gap, such as a recording that is not there). Displaying it also records its key results
+in the report (``labkit.report.record``), once per kernel.
+
+    sec = Section("Pinned vs pageable copies", source="measured here")
+    sec.claim("Pinned host memory copies faster", 6.1, "x", name="h2d_pinned_speedup")
+    sec.table(["size", "pageable GB/s", "pinned GB/s"], rows)
+    sec.figure(fig)
+    sec            # the last expression of the cell: it displays itself
+
+Nothing here computes a result of its own: the chapter does, the section only shows and records.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+
+@dataclass
+class Claim:
+    """A sentence and the number that shows it."""
+
+    text: str
+    value: float | int | str
+    unit: str = ""
+    source: str = ""
+    name: str | None = None              # key result name in the report, or None (not recorded)
+    tolerance: float | None = None
+    direction: str | None = None         # "higher", "lower" or None (informational), for the report
+
+    def value_text(self) -> str:
+        v = self.value
+        if isinstance(v, float):
+            v = f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return f"{v} {self.unit}".strip()
+
+
+@dataclass
+class Section:
+    """What one notebook section shows: claims, a table, a figure and notes."""
+
+    title: str
+    source: str = ""                      # default source for claims that name none
+    claims: list[Claim] = field(default_factory=list)
+    headers: list[str] | None = None
+    rows: list[list[Any]] = field(default_factory=list)
+    caption: str | None = None
+    figures: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    _recorded: bool = field(default=False, repr=False)
+
+    # -- building ---------------------------------------------------------------------------
+    def claim(self, text: str, value, unit: str = "", *, source: str | None = None, name: str | None = None,
+              tolerance: float | None = None, direction: str | None = None) -> "Section":
+        self.claims.append(Claim(text, value, unit, source or self.source, name, tolerance, direction))
+        return self
+
+    def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> "Section":
+        self.headers = list(headers)
+        self.rows = [list(r) for r in rows]
+        self.caption = caption
+        return self
+
+    def figure(self, fig) -> "Section":
+        if fig is not None:
+            self.figures.append(fig)
+        return self
+
+    def note(self, text: str) -> "Section":
+        self.notes.append(text)
+        return self
+
+    # -- reading ----------------------------------------------------------------------------
+    def value(self, name: str):
+        """The value of the claim recorded as ``name`` (KeyError if none)."""
+        for c in self.claims:
+            if c.name == name:
+                return c.value
+        raise KeyError(name)
+
+    # -- recording and display --------------------------------------------------------------
+    def record(self) -> None:
+        """Put the named claims into the report (once)."""
+        if self._recorded:
+            return
+        from labkit.report import record
+
+        for c in self.claims:
+            if c.name is None or not c.source:
+                continue
+            kwargs = {"source": c.source, "tolerance": c.tolerance}
+            if c.direction is not None:
+                kwargs["direction"] = c.direction
+            try:
+                record(c.name, c.value, c.unit, **kwargs)
+            except TypeError:  # a report module without result directions
+                kwargs.pop("direction", None)
+                record(c.name, c.value, c.unit, **kwargs)
+        self._recorded = True
+
+    def html(self) -> str:
+        parts = [f"<h4 class='labkit-section'>{html.escape(self.title)}</h4>"]
+        if self.claims:
+            items = "".join(
+                f"<li>{html.escape(c.text)}: <b>{html.escape(c.value_text())}</b>"
+                + (f" <i>({html.escape(c.source)})</i>" if c.source else "") + "</li>"
+                for c in self.claims)
+            parts.append(f"<ul class='labkit-claims'>{items}</ul>")
+        if self.headers:
+            head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in self.headers)
+            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape('' if c is None else str(c))}</td>"
+                                            for c in r) + "</tr>" for r in self.rows)
+            cap = f"<caption style='text-align:left'>{html.escape(self.caption)}</caption>" if self.caption else ""
+            parts.append(f"<table class='labkit-table'>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        for n in self.notes:
+            parts.append(f"<p class='labkit-note'><i>{html.escape(n)}</i></p>")
+        return "\n".join(parts)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+
+        from labkit.viz.display import show
+
+        self.record()
+        display(HTML(self.html()))
+        for fig in self.figures:
+            show(fig)
+
+    def __str__(self) -> str:  # plain text, e.g. in a terminal
+        lines = [self.title]
+        lines += [f"  - {c.text}: {c.value_text()}" + (f" ({c.source})" if c.source else "") for c in self.claims]
+        if self.headers:
+            from labkit.core.table import render
+
+            lines.append(render(self.headers, self.rows))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
