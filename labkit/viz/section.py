@@ -94,14 +94,7 @@ class Section:
         for c in self.claims:
             if c.name is None or not c.source:
                 continue
-            kwargs = {"source": c.source, "tolerance": c.tolerance}
-            if c.direction is not None:
-                kwargs["direction"] = c.direction
-            try:
-                record(c.name, c.value, c.unit, **kwargs)
-            except TypeError:  # a report module without result directions
-                kwargs.pop("direction", None)
-                record(c.name, c.value, c.unit, **kwargs)
+            record(c.name, c.value, c.unit, source=c.source, tolerance=c.tolerance, direction=c.direction)
         self._recorded = True
 
     def html(self) -> str:
