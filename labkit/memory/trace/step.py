@@ -68,6 +68,7 @@ class MeasureReport:
     num_params: int = 0
     step_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    reserved_by_conf: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def phase_peaks(self) -> dict[str, int]:
@@ -112,7 +113,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  device: str = "fake-cuda", steps: int = 2,
                  call: Callable[[nn.Module, Any], Any] | None = None,
                  target: Any = None, op_log: bool = False, timing: bool = False,
-                 rounding: int | None = None) -> MeasureReport:
+                 rounding: int | None = None, alloc_confs: tuple[str, ...] = ()) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -122,6 +123,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     :class:`labkit.memory.trace.fake_cuda.CudaTarget` describing the GPU's choices (default: H200,
     torch 2.11). ``op_log`` keeps one record per op (on CUDA with the allocator's view: slow).
     ``rounding``: bytes each storage is rounded up to (default 512 for cuda and fake-cuda, 1 for cpu).
+    ``alloc_confs`` (fake mode): also replay the run's allocation stream under each of these
+    ``PYTORCH_ALLOC_CONF`` values; the report's ``reserved_by_conf`` holds what each predicts.
     """
     from labkit.workloads import StepPolicy, TrainStep, move_batch
 
@@ -236,6 +239,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         acts = tuple(i for i in by_step[p.step] if tracker.phases[i] in ("forward", "loss"))
         p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
     reserved = None
+    reserved_by_conf: dict[str, dict[str, int]] = {}
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
         from labkit.memory.trace.reserved import replay_tracker
 
@@ -243,6 +247,13 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         for p in phases:
             p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
         reserved = rp.reserved_end
+        if alloc_confs:
+            from labkit.allocator import parse_alloc_conf
+
+            for conf in alloc_confs:
+                r = replay_tracker(tracker, parse_alloc_conf(conf))
+                reserved_by_conf[conf] = {"reserved_peak": r.reserved_peak, "segments": r.segments,
+                                          "peak_allocated": max(r.phase_peak_allocated, default=0)}
     elif is_cuda:
         for p in phases:
             p.peak_bytes = p.cuda_peak_allocated or 0
@@ -274,6 +285,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         emulation=emulator.describe() if emulator is not None else None, num_params=num_params,
         step_time_s=(sorted(t_steps)[len(t_steps) // 2] if timing and t_steps else None),
     )
+    rep.reserved_by_conf = reserved_by_conf
     if op_log:
         rep.op_log = tracker.op_log  # type: ignore[attr-defined]
     return rep
