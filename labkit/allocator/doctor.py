@@ -90,7 +90,65 @@ def load_stats_file(path: str | Path) -> Any:
     doc = read_json(path, "stats file")
     if isinstance(doc, dict) and "provenance" in doc and "data" in doc:
         doc = doc["data"]
+    check_stats(doc, str(path))
     return doc
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _need(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise LabkitError(f"{where}: {what}")
+
+
+def _check_ints(lst: Any, where: str) -> None:
+    _need(isinstance(lst, list), where, f"expected a list of byte counts, got a {type(lst).__name__}")
+    for i, v in enumerate(lst):
+        _need(_is_int(v) and v >= 0, f"{where}[{i}]", f"expected a byte count, got {str(v)[:40]!r}")
+
+
+def check_stats(doc: Any, where: str = "stats") -> None:
+    """Check the shape of what the doctor reads, naming the first entry it cannot read."""
+    if isinstance(doc, list):
+        for i, st in enumerate(doc):
+            _need(isinstance(st, dict), f"{where}[{i}]", f"a memory_stats() sample is a dict, got a {type(st).__name__}")
+        return
+    _need(isinstance(doc, dict), where, "expected a memory_stats() dict, a list of them, or {\"ranks\": [...]}, "
+          f"got a {type(doc).__name__}")
+    if "ranks" in doc:
+        ranks = doc["ranks"]
+        _need(isinstance(ranks, list), f"{where}: 'ranks'", f"expected a list of per-rank dicts, got "
+              f"{type(ranks).__name__} {str(ranks)[:40]!r}")
+        for i, rk in enumerate(ranks):
+            w = f"{where}: ranks[{i}]"
+            _need(isinstance(rk, dict), w, f"expected a dict, got a {type(rk).__name__}")
+            for k in ("rank", "pid", "used_bytes"):
+                if rk.get(k) is not None and not _is_int(rk[k]):
+                    raise LabkitError(f"{w}.{k}: expected an integer, got {str(rk[k])[:40]!r}")
+            _need(rk.get("stats") is None or isinstance(rk["stats"], dict), f"{w}.stats", "expected a memory_stats() dict")
+            _need(rk.get("oom_text") is None or isinstance(rk["oom_text"], str), f"{w}.oom_text", "expected text")
+        nvml = doc.get("nvml")
+        if nvml is not None:
+            _need(isinstance(nvml, list), f"{where}: 'nvml'", "expected a list of per-GPU dicts")
+            for i, g in enumerate(nvml):
+                w = f"{where}: nvml[{i}]"
+                _need(isinstance(g, dict) and _is_int(g.get("gpu")), w, "expected a dict with an integer 'gpu'")
+                _need(g.get("used_bytes") is None or _is_int(g["used_bytes"]), f"{w}.used_bytes", "expected an integer")
+                procs = g.get("processes", [])
+                _need(isinstance(procs, list), f"{w}.processes", "expected a list")
+                for j, pr in enumerate(procs):
+                    _need(isinstance(pr, dict) and _is_int(pr.get("pid")), f"{w}.processes[{j}]",
+                          "expected a dict with an integer 'pid'")
+                    _need(pr.get("used_bytes") is None or _is_int(pr["used_bytes"]),
+                          f"{w}.processes[{j}].used_bytes", "expected an integer")
+    if "stats" in doc and not isinstance(doc["stats"], dict):
+        raise LabkitError(f"{where}: 'stats' is a {type(doc['stats']).__name__}, expected a memory_stats() dict")
+    if doc.get("oom_message") is not None:
+        _need(isinstance(doc["oom_message"], str), f"{where}: 'oom_message'", "expected text")
+    if doc.get("allocated_after_step_bytes") is not None:
+        _check_ints(doc["allocated_after_step_bytes"], f"{where}: allocated_after_step_bytes")
 
 
 def _growth(series: list[int], what: str, limit: int | None = None) -> Finding | None:
@@ -404,6 +462,12 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
         raise LabkitError("doctor: give an OOM message, memory_stats(), a snapshot, or per-rank data")
     d = Diagnosis(inputs=[])
     limit = cap_bytes
+    if stats is not None:
+        check_stats(stats)
+    if ranks is not None:
+        check_stats({"ranks": ranks, **({"nvml": nvml} if nvml is not None else {})}, "ranks")
+    if step_allocated is not None:
+        _check_ints(list(step_allocated) if isinstance(step_allocated, tuple) else step_allocated, "step_allocated")
     if isinstance(stats, dict) and "ranks" in stats and ranks is None:
         ranks = stats["ranks"]
         nvml = nvml or stats.get("nvml")
