@@ -264,3 +264,35 @@ def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True):
     if not cap.complete:
         d.notes.insert(0, f"this capture is incomplete ({cap.reason}): the verdict uses what was written")
     return d
+
+
+def pack(folder: str | Path) -> dict[str, Any]:
+    """One rank's folder as one JSON-able dict (everything but the snapshot): how recordings are committed."""
+    folder = Path(folder)
+    c = read_capture(folder)
+    vt = folder / VERDICT_TXT
+    return {"folder": folder.name, "state": c.state, "complete": c.complete, "reason": c.reason,
+            "manifest": c.manifest, "steps": c.steps, "stats_at_oom": c.stats_at_oom, "oom_message": c.oom_message,
+            "verdict": c.verdict, "verdict_text": vt.read_text(encoding="utf-8", errors="replace") if vt.exists() else None,
+            "files": {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}, "notes": c.notes}
+
+
+def unpack(doc: dict[str, Any], dest: str | Path, snapshot: str | Path | None = None) -> Path:
+    """Lay a packed capture out as a rank folder again (with the snapshot file, if given), for the doctor."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("manifest"), dict):
+        raise LabkitError("a packed capture is a dict with a 'manifest'")
+    folder = Path(dest)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).write_text(json.dumps(doc["manifest"], indent=1) + "\n")
+    (folder / STATS).write_text("".join(json.dumps(r) + "\n" for r in doc.get("steps") or []))
+    if doc.get("stats_at_oom") is not None:
+        (folder / STATS_AT_OOM).write_text(json.dumps(doc["stats_at_oom"]))
+    if doc.get("oom_message") is not None:
+        (folder / MESSAGE).write_text(doc["oom_message"])
+    if doc.get("verdict") is not None:
+        (folder / VERDICT_JSON).write_text(json.dumps(doc["verdict"]))
+    if doc.get("verdict_text") is not None:
+        (folder / VERDICT_TXT).write_text(doc["verdict_text"])
+    if snapshot is not None:
+        (folder / SNAPSHOT).write_bytes(Path(snapshot).read_bytes())
+    return folder
