@@ -170,7 +170,7 @@ def _growth(series: list[int], what: str, limit: int | None = None) -> Finding |
         if limit and series[-1] < limit and per > 0:
             ev.append(f"at that rate the limit {fmt_bytes(limit)} is reached after about "
                       f"({fmt_bytes(limit)} - {fmt_bytes(series[-1])}) / {fmt_bytes(int(per))} = "
-                      f"{int((limit - series[-1]) / per)} more samples")
+                      f"{max(1, round((limit - series[-1]) / per))} more sample(s)")
         return Finding("growth", "Allocated memory grows step after step (a leak)", ev, FIXES["growth"])
     return None
 
