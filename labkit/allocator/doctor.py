@@ -86,7 +86,18 @@ def _stat(stats: dict, key: str) -> int:
 
 
 def load_stats_file(path: str | Path) -> Any:
-    """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement."""
+    """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement: a file,
+    or the JSON text itself (an argument starting with { or [ that is not a file)."""
+    text = str(path).strip()
+    if text[:1] in "{[" and not Path(text).exists():
+        import json
+
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise LabkitError(f"--stats: neither a file nor valid JSON ({exc})") from None
+        check_stats(doc, "--stats")
+        return doc
     doc = read_json(path, "stats file")
     if isinstance(doc, dict) and "provenance" in doc and "data" in doc:
         doc = doc["data"]

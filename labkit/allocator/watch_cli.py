@@ -73,7 +73,7 @@ def summarize(run: Path) -> list[dict]:
 def _print_rows(run: Path, rows: list[dict]) -> None:
     print(f"labkit watch: captures in {run}")
     if not rows:
-        print("  (no rank folder: no process initialised CUDA)")
+        print("  (no rank folder: no process initialised CUDA under the hook; python -I or -S ignores PYTHONPATH)")
     for r in rows:
         line = f"  {Path(r['folder']).name}: {r['state']}"
         if r.get("steps") is not None:

@@ -100,6 +100,14 @@ def test_doctor_on_malformed_stats(tmp_path, capsys, doc, match):
     _one_line_error(capsys, ["alloc", "doctor", "--stats", str(s)], match)
 
 
+def test_doctor_stats_given_inline(capsys):
+    _one_line_error(capsys, ["alloc", "doctor", "--stats", '{"ranks":"no"}'], r"--stats: 'ranks': expected a list")
+    _one_line_error(capsys, ["alloc", "doctor", "--stats", '{"ranks":'], r"--stats: neither a file nor valid JSON")
+    assert main(["alloc", "doctor", "--stats", json.dumps({"allocated_bytes.all.current": 1 * GiB,
+                                                           "reserved_bytes.all.current": 9 * GiB})]) == 0
+    assert "[cache_held]" in capsys.readouterr().out
+
+
 def test_doctor_on_a_self_contradictory_message(tmp_path, capsys):
     t = tmp_path / "oom.txt"
     t.write_text("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.81 GiB of which "
