@@ -259,8 +259,24 @@ def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True):
         stats = stats[0]
     if cap.oom_message is None and stats is None and cap.snapshot_path is None:
         raise LabkitError(f"{cap.folder}: nothing to diagnose (no OOM message, statistics or snapshot)")
-    d = diagnose(oom_text=cap.oom_message if cap.oom_message and "out of memory" in cap.oom_message else None,
-                 stats=stats, snapshot=cap.snapshot_path, check_with_simulator=check_with_simulator)
+    notes = []
+    snap = None
+    if cap.snapshot_path is not None:
+        from labkit.allocator.snapshot import read_snapshot
+
+        try:
+            snap = read_snapshot(cap.snapshot_path)
+        except LabkitError as exc:  # judge from the rest, and say why the snapshot was left out
+            notes.append(f"the snapshot was not used: {exc}")
+    text = cap.oom_message if cap.oom_message and "out of memory" in cap.oom_message else None
+    try:
+        d = diagnose(oom_text=text, stats=stats, snapshot=snap, check_with_simulator=check_with_simulator)
+    except LabkitError as exc:
+        if text is None:
+            raise
+        notes.append(f"the OOM message was not used: {exc}")
+        d = diagnose(stats=stats, snapshot=snap, check_with_simulator=check_with_simulator)
+    d.notes[:0] = notes
     if not cap.complete:
         d.notes.insert(0, f"this capture is incomplete ({cap.reason}): the verdict uses what was written")
     return d
