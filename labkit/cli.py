@@ -21,6 +21,7 @@ CHAPTER_CLIS = (
     "labkit.report.cli",
     "labkit.comm.cli",
     "labkit.allocator.cli",
+    "labkit.allocator.watch_cli",
     "labkit.advise.cli",
 )
 
