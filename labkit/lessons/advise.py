@@ -88,22 +88,59 @@ def layouts(adv) -> Section:
     return sec.figure(layouts_figure(adv))
 
 
-def explorer(model, job, *, sample: str, gpu_choices=(1, 2, 4, 8), initial: int = 8) -> Section:
+def explorer(model, job, *, sample: str, gpu_memory: str, gpu_choices=(1, 2, 4, 8), initial: int = 8) -> Section:
     """Re-plan the same job on fewer or more GPUs of the sample's kind (one node, NVSwitch assumed
     past the sample's size is not done: counts above the sample's GPUs are left out)."""
     from labkit.advise import MachineSource, advise
     from labkit.topology import load_sample
     from labkit.viz.advise import explorer as make
 
-    topo = load_sample(sample)
-    n = len(topo.gpus)
-    mem = next((g.memory_bytes for g in topo.gpus if g.memory_bytes), None)
+    from labkit.core.units import parse_bytes
+
+    n = len(load_sample(sample).gpus)
+    mem = parse_bytes(gpu_memory, what="gpu_memory")
     choices = [g for g in gpu_choices if g <= n] or [n]
 
     def advise_for(g: int):
-        src = MachineSource(sample=sample) if g == n else MachineSource(gpus=g, gpu_memory_bytes=mem)
+        src = (MachineSource(sample=sample, gpu_memory_bytes=mem) if g == n
+               else MachineSource(gpus=g, gpu_memory_bytes=mem))
         return advise(model, job, src, trace=False)
 
     sec = Section("Explorer: the same job on other GPU counts", source="model")
     sec.note(f"Counts below the sample's {n} GPUs assume identical GPUs on NVSwitch.")
     return sec.widget(make(advise_for, choices, initial if initial in choices else choices[-1]))
+
+
+def plan(model: str, *, sample: str, gpu_memory: str, seq: int, global_batch: int, precision: str = "amp-bf16",
+         hf_config: str = ""):
+    """The notebook's job on a bundled topology (whose GPUs have ``gpu_memory``, e.g. "80GiB"):
+    (advice, model source, job)."""
+    from labkit.advise import Job, MachineSource, ModelSource, advise
+    from labkit.core.units import parse_bytes
+
+    src = ModelSource(hf_config=hf_config) if hf_config else ModelSource(preset=model)
+    job = Job(seq=seq, global_batch=global_batch, precision=precision)
+    mem = parse_bytes(gpu_memory, what="gpu_memory")
+    return advise(src, job, MachineSource(sample=sample, gpu_memory_bytes=mem)), src, job
+
+
+# Recorded decoder-LM cases whose step the notebook re-predicts (the cheapest first); smoke: the first two.
+STEP_TIME_CASES = ("opt-b4-bf16", "gpt-neox-b4-bf16", "gpt2-b8-amp-bf16", "llama-gqa-b4-amp-bf16",
+                   "mistral-b4-bf16", "phi3-b4-amp-bf16", "qwen2-b4-bf16", "gpt2-medium-b4-amp-bf16",
+                   "falcon-b4-amp-bf16", "mistral-b4-amp-bf16", "llama-gqa-b4-bf16", "opt-b4-fp32")
+
+
+def step_time_validation(smoke: bool) -> Section:
+    """Re-predict recorded H200 steps op by op here (fake mode) and compare (a progress bar: ~10 s a case)."""
+    from tqdm.auto import tqdm
+
+    from labkit.advise import validate
+    from labkit.core.errors import LabkitError
+
+    try:
+        rec = validate.recorded_step_times()
+    except LabkitError as exc:
+        return step_time_check([]).note(str(exc))
+    names = [n for n in STEP_TIME_CASES if n in rec][: 2 if smoke else None]
+    checks = [c for n in tqdm(names, desc="predicting recorded steps") for c in validate.check([n])]
+    return step_time_check(checks)
