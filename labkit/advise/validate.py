@@ -10,7 +10,7 @@ from pathlib import Path
 from labkit.core import paths
 from labkit.core.errors import LabkitError
 
-PLAIN_FILE = paths.DATA_DIR / "measurements" / "measure" / "plain_cases.json"
+PLAIN_FILE = paths.DATA_DIR / "measurements" / "measure" / "plain__corpus.json"
 
 
 @dataclass
