@@ -2,7 +2,10 @@
 step-time model of `labkit advise` (labkit/advise/steptime.py).
 
 Square GEMMs (n x n times n x n) for n from 256 to 8192, in bf16, fp16 and fp32 (PyTorch's default:
-TF32 off for matmul), and tf32 on; each the median of CUDA-event-timed repeats after warm-up.
+TF32 off for matmul), and tf32 on; each the median of CUDA-event-timed repeats after warm-up. Also
+the device copy bandwidth (a 2 GiB tensor copied, bytes read + written over the median time) and the
+host cost of one eager op (10,000 in-place adds on a one-element tensor, wall time / count, the GPU
+synchronised once at the end: eager PyTorch's dispatch and launch path).
 Writes data/measurements/advise/matmul_rates.json (with --out DIR: DIR/matmul_rates.json).
 
     PYTHONPATH=. python3 benchmarks/gpu/record_matmul.py --out DIR [--smoke]
@@ -55,6 +58,47 @@ def time_matmul(n: int, dtype: torch.dtype, device: str, repeats: int, tf32: boo
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
+def copy_bandwidth(device: str, nbytes: int, repeats: int) -> float:
+    """Bytes read + written per second of a device-to-device copy of ``nbytes``."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(repeats + 2):
+        if device == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            dst.copy_(src)
+            e.record()
+            e.synchronize()
+            t = s.elapsed_time(e) / 1e3
+        else:
+            import time
+
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            t = time.perf_counter() - t0
+        if i >= 2:
+            times.append(t)
+    return 2 * src.numel() * 4 / statistics.median(times)
+
+
+def launch_cost(device: str, n: int) -> float:
+    """Host seconds per eager op: n tiny in-place adds issued back to back, one sync at the end."""
+    import time
+
+    x = torch.zeros(1, device=device)
+    for _ in range(100):
+        x.add_(1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
@@ -70,11 +114,14 @@ def main() -> None:
             t = time_matmul(n, dt, device, 3 if args.smoke else 20, tf32=name == "tf32")
             rows.append({"dtype": name, "n": n, "flops": 2 * n ** 3, "seconds": t, "flops_per_s": 2 * n ** 3 / t})
             print(f"{name:5s} n={n:5d} {2 * n ** 3 / t / 1e12:8.1f} TFLOP/s", flush=True)
+    bw = copy_bandwidth(device, (64 << 20) if args.smoke else (2 << 30), 3 if args.smoke else 10)
+    launch = launch_cost(device, 500 if args.smoke else 10000)
+    print(f"copy {bw / 1e12:.2f} TB/s (read + write); eager op {launch * 1e6:.1f} us", flush=True)
     cmd = "python3 benchmarks/gpu/record_matmul.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     path = write_measurement(args.out / "matmul_rates.json", "matmul_rates",
                              {"device": device, "method": "median of CUDA-event-timed n^3 GEMMs after 3 warm-ups; "
                                                           "fp32 with TF32 off (PyTorch's default), tf32 with it on",
-                              "rows": rows}, provenance=header(cmd))
+                              "rows": rows, "bandwidth_Bps": bw, "launch_s": launch}, provenance=header(cmd))
     print(f"wrote {path}")
 
 

@@ -137,8 +137,8 @@ def _plan(spec, machine: Machine, job: Job):
 
 
 def _smallest_fit(spec, machine: Machine, job: Job) -> tuple[int | None, str | None]:
-    """Double the GPU count (same GPUs, same node size) until a layout fits; and what dominates the
-    nearest miss at this size."""
+    """Double the GPU count (the same GPUs, in nodes of 8 once past one node) until a layout with
+    ZeRO-3, micro-batch 1 and full recomputation fits; and what dominates at this size."""
     from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
     from labkit.memory.estimate.planner import plan, uniform_cluster
 
@@ -147,17 +147,19 @@ def _smallest_fit(spec, machine: Machine, job: Job) -> tuple[int | None, str | N
     tp = min(machine.gpus_per_node, max(d for d in range(1, n + 1) if n % d == 0 and spec.heads % d == 0
                                         and d <= machine.gpus_per_node))
     dp = n // tp
-    est = estimate(spec, ParallelSpec(tp=tp, dp=dp, zero=3 if dp > 1 else 0, sp=tp > 1),
+    zero = 3 if dp > 1 else 0
+    est = estimate(spec, ParallelSpec(tp=tp, dp=dp, zero=zero, sp=tp > 1),
                    TrainSpec(micro_batch=1, seq=job.seq, precision=job.precision, optimizer=job.optimizer,
                              recompute="full", framework="pytorch"), all_stages=False)
     cats = {k: v for k, v in est.per_gpu_bytes.items() if k != "total"}
     top = max(cats, key=cats.get)
-    dominant = (f"{top} {fmt_bytes(cats[top])} of {fmt_bytes(est.total)} per GPU even at tp={tp} ZeRO-3 "
-                f"micro-batch 1 with full recomputation")
+    dominant = (f"{top} {fmt_bytes(cats[top])} of {fmt_bytes(est.total)} per GPU even at tp={tp} dp={dp} "
+                f"ZeRO-{zero}, micro-batch 1, full recomputation")
     g = machine.gpus
+    node = max(machine.gpus_per_node, 8)  # growing past one node: nodes of 8 such GPUs (the usual server)
     while g < MAX_GPUS:
         g *= 2
-        per_node = machine.gpus_per_node
+        per_node = min(node, g)
         cl = uniform_cluster(f"{g} GPUs", g, per_node, machine.gpu_memory_bytes, machine.cluster.intra[max(machine.cluster.intra)],
                              machine.cluster.inter)
         gb = max(job.global_batch, g)

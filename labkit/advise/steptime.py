@@ -42,28 +42,58 @@ def dtype_of(precision: str) -> str:
     return "fp32" if precision == "fp32" else ("fp16" if precision in ("amp-fp16", "fp16-mixed") else "bf16")
 
 
-def matmul_rate(precision: str, m: int, n: int, k: int) -> Rate:
-    """Measured throughput of a GEMM of about this size in the precision's compute dtype
-    (log-log interpolation between the recorded square sizes, by the GEMM's FLOPs)."""
+def dtype_of_torch(dt) -> str:
+    import torch
+
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dt, "fp32")
+
+
+def matmul_rate_flops(dtype: str, flops: float) -> float:
+    """Measured matmul throughput (FLOP/s) in ``dtype`` (bf16, fp16, fp32) for a GEMM of ``flops``
+    FLOPs: log-log interpolation between the recorded square sizes, clamped at both ends."""
     from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS
 
     rec = _recorded()
-    if rec is None:
-        return Rate(DEFAULT_ACHIEVABLE_FLOPS, "model: assumed 400 TFLOP/s (no matmul recording under data/)")
-    data, src = rec
-    rows = sorted((r["flops"], r["flops_per_s"]) for r in data["rows"] if r["dtype"] == dtype_of(precision))
+    rows = sorted((r["flops"], r["flops_per_s"]) for r in rec[0]["rows"] if r["dtype"] == dtype) if rec else []
     if not rows:
-        return Rate(DEFAULT_ACHIEVABLE_FLOPS, f"model: assumed 400 TFLOP/s (no {dtype_of(precision)} recording)")
-    f = 2.0 * m * n * k
+        return DEFAULT_ACHIEVABLE_FLOPS
+    f = max(float(flops), 1.0)
     if f <= rows[0][0]:
-        return Rate(rows[0][1], src)
+        return rows[0][1] * f / rows[0][0]  # below the smallest size: a fixed time per GEMM
     if f >= rows[-1][0]:
-        return Rate(rows[-1][1], src)
+        return rows[-1][1]
     for (f0, r0), (f1, r1) in zip(rows, rows[1:]):
         if f0 <= f <= f1:
             w = (math.log(f) - math.log(f0)) / (math.log(f1) - math.log(f0))
-            return Rate(math.exp(math.log(r0) + w * (math.log(r1) - math.log(r0))), src)
-    return Rate(rows[-1][1], src)  # unreachable: the ranges above cover every f
+            return math.exp(math.log(r0) + w * (math.log(r1) - math.log(r0)))
+    return rows[-1][1]
+
+
+def matmul_rate(precision: str, m: int, n: int, k: int) -> Rate:
+    """Measured throughput of an (m x k) @ (k x n) GEMM in the precision's compute dtype."""
+    rec = _recorded()
+    if rec is None:
+        from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS
+
+        return Rate(DEFAULT_ACHIEVABLE_FLOPS, "model: assumed 400 TFLOP/s (no matmul recording under data/)")
+    return Rate(matmul_rate_flops(dtype_of(precision), 2.0 * m * n * k), rec[1])
+
+
+@dataclass(frozen=True)
+class Hardware:
+    bandwidth_Bps: float    # device memory, bytes read + written per second
+    launch_s: float         # host time to issue one small kernel from eager PyTorch
+    source: str
+
+
+def hardware() -> Hardware:
+    """Copy bandwidth and kernel-issue cost: recorded by record_matmul.py when present, else the
+    figures seen on this workplace's H200 (KINDS.md: ~4.3 TB/s device copy, read + write) and an
+    assumed 6 us per eager op."""
+    rec = _recorded()
+    if rec is not None and "bandwidth_Bps" in rec[0] and "launch_s" in rec[0]:
+        return Hardware(rec[0]["bandwidth_Bps"], rec[0]["launch_s"], rec[1])
+    return Hardware(4.3e12, 6e-6, "assumed: 4.3 TB/s copy (seen on an H200 here), 6 us per eager op")
 
 
 def achievable_flops(spec, precision: str, micro_batch: int, seq: int, tp: int = 1) -> Rate:

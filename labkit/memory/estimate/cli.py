@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--gpus", type=int, default=8, help="GPUs in the cluster (default 8)")
     pl.add_argument("--gpus-per-node", type=int, default=8)
     pl.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
-    pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (labkit topology sample or file); "
+    pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
                     "default: NVSwitch-like 450 GB/s links")
     pl.add_argument("--margin", type=float, default=0.10, help="memory kept free, fraction (default 0.10)")
     pl.add_argument("--tflops", type=float, default=400.0, help="achievable TFLOP/s per GPU (default 400)")

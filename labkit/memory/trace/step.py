@@ -113,7 +113,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  device: str = "fake-cuda", steps: int = 2,
                  call: Callable[[nn.Module, Any], Any] | None = None,
                  target: Any = None, op_log: bool = False, timing: bool = False,
-                 rounding: int | None = None, alloc_confs: tuple[str, ...] = ()) -> MeasureReport:
+                 rounding: int | None = None, alloc_confs: tuple[str, ...] = (),
+                 observers: tuple = ()) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -125,6 +126,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     ``rounding``: bytes each storage is rounded up to (default 512 for cuda and fake-cuda, 1 for cpu).
     ``alloc_confs`` (fake mode): also replay the run's allocation stream under each of these
     ``PYTORCH_ALLOC_CONF`` values; the report's ``reserved_by_conf`` holds what each predicts.
+    ``observers``: callables ``(func, args, kwargs, out, phase)`` the tracker calls after every op
+    (e.g. :class:`labkit.advise.roofline.Roofline`, which prices each op on the target GPU).
     """
     from labkit.workloads import StepPolicy, TrainStep, move_batch
 
@@ -156,17 +159,19 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         stack.enter_context(fake)
         if policy.autocast_dtype is not None:
             autocast = emulator.autocast_factory(policy.autocast_dtype)
-        tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log)  # fake storages are meta
+        tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log,
+                                 observers=observers)  # fake storages are meta
         to_device: Callable[[torch.Tensor], torch.Tensor] = fake.from_tensor
         device_type = "cpu"
     elif is_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        tracker = StorageTracker(device_type="cuda", rounding=rounding or 512, op_log=op_log, cuda_op_stats=op_log)
+        tracker = StorageTracker(device_type="cuda", rounding=rounding or 512, op_log=op_log, cuda_op_stats=op_log,
+                                 observers=observers)
         to_device = lambda t: t.to("cuda", non_blocking=False)  # noqa: E731
         device_type = "cuda"
     else:
-        tracker = StorageTracker(device_type="cpu", rounding=rounding or 1, op_log=op_log)
+        tracker = StorageTracker(device_type="cpu", rounding=rounding or 1, op_log=op_log, observers=observers)
         to_device = lambda t: t  # noqa: E731
         device_type = "cpu"
         fused = None  # fused AdamW has a CPU kernel too
