@@ -10,7 +10,8 @@ from labkit.cli import main
 from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
 from labkit.memory.estimate.presets import get_preset, presets
 
-KEYS = {"params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead", "total"}
+KEYS = {"parameters", "gradients", "optimizer_state", "activations", "logits", "comm_buffers", "context",
+        "allocator_overhead", "total"}
 
 
 def run(capsys, *args):

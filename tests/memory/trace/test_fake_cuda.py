@@ -17,7 +17,7 @@ CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, seq_len=64, vocab_size=256)
 
 @pytest.mark.parametrize("ck", ["none", "full", "selective"])
 def test_fake_mode_counts_exactly_what_real_cpu_kernels_allocate(ck):
-    kw = dict(loss_fn=gpt_loss, call=gpt_call, checkpointing=ck)
+    kw = dict(loss_fn=gpt_loss, call=gpt_call, recompute=ck)
     real = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), device="cpu", rounding=512, **kw)
     fake = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), device="fake-cuda", target=CudaTarget.plain(), **kw)
     assert fake.phase_peaks == real.phase_peaks

@@ -55,9 +55,9 @@ def test_profiler_memory_timeline_export(tmp_path):
 
     tl = read_profiler_timeline(p)
     assert tl.times_us[0] == 0 and len(tl.times_us) == len(times)
-    assert max(tl.by_category["parameter"]) >= 64 * 65 * 4      # the Linear's weight and bias
-    assert max(tl.by_category["gradient"]) > 0
-    assert tl.peak_bytes >= max(tl.by_category["parameter"])
+    assert max(tl.by_category["parameters"]) >= 64 * 65 * 4      # the Linear's weight and bias
+    assert max(tl.by_category["gradients"]) > 0
+    assert tl.peak_bytes >= max(tl.by_category["parameters"])
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(LabkitError, match="not a torch.profiler memory timeline"):
@@ -69,7 +69,7 @@ def test_measure_cli_json(run_cli):
                 "--checkpointing", "full", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["device"] == "fake-cuda" and doc["policy"]["checkpointing"] == "full"
+    assert doc["device"] == "fake-cuda" and doc["policy"]["recompute"] == "full"
     assert doc["peak_bytes"] == max(p["peak_bytes"] for p in doc["by_phase"])
     assert [p["phase"] for p in doc["by_phase"]] == ["forward", "loss", "backward", "optimizer", "zero_grad"]
     assert doc["by_category"]["parameters"] > 0
