@@ -106,7 +106,12 @@ def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
     for c in cases:
         assert c["fake_inputs"]["precision"] == c["precision"] and c["peak_allocated"] > 0
     sweep = load_measurement(tmp_path / "sweep_checkpointing.json", kind="measure_sweep")
-    assert [p["checkpointing"] for p in sweep["data"]["points"]][:3] == ["none", "selective", "full"]
+    assert [p["recompute"] for p in sweep["data"]["points"]][:3] == ["none", "selective", "full"]
+    # a new recording states the optimizer implementation and loads back as it ran
+    from labkit.core.vocab import OptimizerSpec
+    from labkit.memory.trace.recorded import load_recorded_peaks
+
+    assert {c.optimizer for c in load_recorded_peaks(tmp_path / "reference_peaks.json")} == {OptimizerSpec("adamw", "fused")}
     assert (tmp_path / "tracer_overhead.json").exists()
     snaps = load_measurement(tmp_path / "api_phase_snapshots.json", kind="measure_api_snapshots")["data"]
     assert [s["name"] for s in snaps["snapshots"]] == ["forward", "backward", "optimizer"] * 2
