@@ -21,6 +21,8 @@ REPLAY_KEYS = ("allocated_peak_bytes", "reserved_peak_bytes", "segments_peak", "
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from labkit.core.cliargs import Deprecated, nonnegative_int
+
     p = sub.add_parser("alloc", help="replay memory snapshots under allocator configurations; the OOM doctor",
                        description="A faithful simulator of PyTorch's CUDA caching allocator: replay a snapshot's "
                                    "requests under any PYTORCH_ALLOC_CONF, compare configurations, diagnose OOMs.")
@@ -30,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--conf", default="", help='PYTORCH_ALLOC_CONF value, e.g. "expandable_segments:True" (default: none)')
     r.add_argument("--cap-bytes", type=str, default=None, help="memory cap like set_per_process_memory_fraction "
                    "(bytes or e.g. 40GiB)")
-    r.add_argument("--device", type=int, default=None, help="which device's trace (default: the first with one)")
+    r.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N",
+                   help="which GPU's trace (device index; default: the first with one)")
+    r.add_argument("--device", dest="gpu", type=nonnegative_int, action=Deprecated, new="--gpu N")
     r.add_argument("--json", action="store_true", help="print one JSON document")
     r.set_defaults(func=run_replay)
     c = s.add_parser("compare", help="replay TRACE under several configurations (a table)")
@@ -38,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--conf", action="append", default=None,
                    help='a configuration (repeat); "" or default for the default. Default: a standard set')
     c.add_argument("--cap-bytes", type=str, default=None)
-    c.add_argument("--device", type=int, default=None)
+    c.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N", help="which GPU's trace (device index)")
+    c.add_argument("--device", dest="gpu", type=nonnegative_int, action=Deprecated, new="--gpu N")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=run_compare)
     d = s.add_parser("doctor", help="diagnose an out-of-memory case")
@@ -72,7 +77,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from labkit.allocator.replay import replay
     from labkit.core.units import fmt_bytes
 
-    tr = _trace(args.trace, args.device)
+    tr = _trace(args.trace, args.gpu)
     r = replay(tr, args.conf, cap_bytes=_cap(args.cap_bytes))
     if args.json:
         doc = {k: getattr(r, k) for k in REPLAY_KEYS}
@@ -109,7 +114,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from labkit.core.units import fmt_bytes
 
     confs = ["" if c in ("default",) else c for c in (args.conf or DEFAULT_COMPARE)]
-    tr = _trace(args.trace, args.device)
+    tr = _trace(args.trace, args.gpu)
     res = compare(tr, confs, cap_bytes=_cap(args.cap_bytes))
     if args.json:
         print(dumps([{"config": r.config, **{k: getattr(r, k) for k in REPLAY_KEYS}} for r in res]))

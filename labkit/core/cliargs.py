@@ -3,7 +3,7 @@
 * :class:`Parser`: argparse's own errors (a bad type or choice, a missing or unknown flag) become
   one line on stderr and exit status 2, like every other user error.
 * :class:`Deprecated`: an old flag name that still works, stores into the new flag's destination
-  and says so in one line on stderr.
+  and says so in one line on stderr (after the run: an error is the only line its refusal prints).
 * Argument types that check what they read: integers and finite floats in range, and the lab's
   vocabulary (:mod:`labkit.core.vocab`), old spellings mapped with one line on stderr.
 """
@@ -33,9 +33,23 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+_pending: list[str] = []
+
+
 def deprecation_note(old: str, new: str, prog: str = "labkit") -> None:
-    """The one line that an old spelling prints on stderr."""
-    sys.stderr.write(f"{prog}: {old} is deprecated: use {new}\n")
+    """Queue the one line an old spelling prints on stderr; :func:`flush_notes` prints it once the
+    verb has run (a refused call prints only its error line)."""
+    line = f"{prog}: {old} is deprecated: use {new}"
+    if line not in _pending:
+        _pending.append(line)
+
+
+def flush_notes(*, show: bool = True) -> None:
+    """Print (or, with ``show=False``, drop) the queued deprecation lines."""
+    if show:
+        for line in _pending:
+            sys.stderr.write(line + "\n")
+    _pending.clear()
 
 
 class Deprecated(argparse.Action):
@@ -52,12 +66,12 @@ class Deprecated(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        deprecation_note(option_string or self.option_strings[0], self.new, parser.prog)
         if self.convert is not None:
             try:
                 values = self.convert(values)
             except LabkitError as exc:
                 parser.error(f"argument {option_string}: {exc}")
+        deprecation_note(option_string or self.option_strings[0], self.new, parser.prog)
         setattr(namespace, self.dest, values)
 
 
@@ -109,7 +123,8 @@ def finite_float(*, gt: float | None = None, ge: float | None = None, lt: float 
 
 # ------------------------------------------------------------------ the vocabulary
 
-def vocab_value(kind: str, choices: tuple[str, ...] | None = None) -> Callable[[str], str]:
+def vocab_value(kind: str, choices: tuple[str, ...] | None = None, *, flag: str | None = None
+                ) -> Callable[[str], str]:
     """An argument type for a word of :mod:`labkit.core.vocab` (``precision``, ``optimizer``,
     ``optimizer_impl``, ...): its canonical spelling; an old spelling prints one deprecation line;
     ``choices`` narrows what this verb accepts."""
@@ -123,7 +138,8 @@ def vocab_value(kind: str, choices: tuple[str, ...] | None = None) -> Callable[[
             except LabkitError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
         if caught:
-            deprecation_note(repr(text), repr(value))
+            name = flag or "--" + kind.replace("_", "-")
+            deprecation_note(f"{name} {text}", f"{name} {value}")
         if choices is not None and value not in choices:
             raise argparse.ArgumentTypeError(f"{value!r} does not apply here; choose one of {', '.join(choices)}")
         return value
