@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         flush_notes(show=False)
         print(f"{label}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (| head): nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     flush_notes()
     return rc
 
