@@ -15,6 +15,11 @@ from labkit.core.errors import LabkitError
 from labkit.core.vocab import OptimizerSpec, Recompute, canonical
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+# What the model supports: dimensions and batch sizes up to 2^24 (16,777,216) and parallel sizes up
+# to 2^20 keep every byte count finite; one estimate per pipeline stage bounds pp.
+MAX_DIM = 1 << 24
+MAX_PARALLEL = 1 << 20
+MAX_PP = 1024
 FRAMEWORKS = ("pytorch", "megatron")
 
 
@@ -40,8 +45,12 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "vocab", "seq"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LabkitError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        for f in ("layers", "hidden", "heads", "vocab", "seq", "kv_heads", "ffn", "head_dim"):
+            v = getattr(self, f)
+            if v is not None and v > MAX_DIM:
+                raise LabkitError(f"model {self.name}: {f} {v} is above the {MAX_DIM} the model supports")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise LabkitError(f"model {self.name}: heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
         if self.head_dim is None and self.hidden % self.heads:
@@ -159,8 +168,14 @@ def validate(model: ModelSpec, par: ParallelSpec, train: TrainSpec) -> None:
     """Raise LabkitError naming the input and what is wrong, for impossible combinations."""
     for f in ("tp", "pp", "dp", "cp"):
         v = getattr(par, f)
-        if not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise LabkitError(f"--{f} must be a positive integer, got {v!r}")
+        if v > (MAX_PP if f == "pp" else MAX_PARALLEL):
+            raise LabkitError(f"--{f} {v} is above the {MAX_PP if f == 'pp' else MAX_PARALLEL} the model supports")
+    for f in ("micro_batch", "global_batch", "seq"):
+        v = getattr(train, f)
+        if v is not None and isinstance(v, int) and v > MAX_DIM:
+            raise LabkitError(f"--{f.replace('_', '-')} {v} is above the {MAX_DIM} the model supports")
     if par.zero not in (0, 1, 2, 3):
         raise LabkitError(f"--zero must be 0, 1, 2 or 3, got {par.zero!r}")
     if par.schedule not in SCHEDULES:
