@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--precision", default="amp-bf16")
-    ap.add_argument("--checkpointing", default="none")
+    ap.add_argument("--recompute", default="none", help="none, selective, full or every-K")
+    ap.add_argument("--checkpointing", dest="recompute", help=argparse.SUPPRESS)  # the old name
     ap.add_argument("--model", choices=("hf", "labkit"), default="hf",
                     help="hf: transformers GPT2LMHeadModel gpt2-xl; labkit: the reference GPT at gpt2-xl size")
     ap.add_argument("--validate", action="store_true",
@@ -53,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = GPTConfig(n_layer=48, n_head=25, n_embd=1600, seq_len=args.seq, vocab_size=50304)
         factory, batch, kw = (lambda: GPT(cfg)), gpt_batch(cfg, args.batch), {"loss_fn": gpt_loss, "call": gpt_call}
         what = f"labkit GPT at gpt2-xl size ({cfg.num_params / 1e9:.2f}B parameters)"
-    print(f"# {what}, batch {args.batch} x {args.seq}, {args.precision}, checkpointing {args.checkpointing}, "
+    print(f"# {what}, batch {args.batch} x {args.seq}, {args.precision}, recompute {args.recompute}, "
           f"AdamW, 2 steps, device fake-cuda", flush=True)
     times = []
     for i in range(args.repeats):
         t = time.perf_counter()
-        rep = measure_step(factory, batch, precision=args.precision, checkpointing=args.checkpointing,
+        rep = measure_step(factory, batch, precision=args.precision, recompute=args.recompute,
                            device="fake-cuda", steps=2, **kw)
         times.append(time.perf_counter() - t)
         print(f"run {i + 1}: {times[-1]:.2f} s, predicted peak {rep.peak_bytes / 2**30:.2f} GiB (2^30 B) "

@@ -1,6 +1,9 @@
 """``labkit``: one entry point; each chapter adds its verbs through ``register(subparsers)``.
 
-A :class:`~labkit.core.errors.LabkitError` becomes exit status 2 and one line on stderr.
+The error contract, for every verb: bad input (argparse's own errors included, through
+:class:`labkit.core.cliargs.Parser`, and every :class:`~labkit.core.errors.LabkitError`) is exit
+status 2 and one line on stderr naming the input and what is wrong; exit 1 only for a run that
+failed (a notebook, a rank).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import importlib
 import sys
 
 from labkit import __version__
+from labkit.core.cliargs import Parser, flush_notes, one_line
 from labkit.core.errors import LabkitError
 
 # Each module here defines ``register(subparsers)``; its parsers set ``func(args) -> int``.
@@ -27,7 +31,7 @@ CHAPTER_CLIS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="labkit",
         description="GPU Memory Lab: how GPU memory is spent and moved on this server.",
     )
@@ -40,18 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    flush_notes(show=False)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a usage error already printed (2)
+        flush_notes(show=False)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    verb = args.command
+    sub = getattr(args, f"{verb}_command", None)   # a chapter's own sub-verbs (comm bench, alloc replay)
+    label = f"labkit {verb} {sub}" if isinstance(sub, str) else f"labkit {verb}"
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
     except LabkitError as exc:
-        print(f"labkit {args.command}: error: {exc}", file=sys.stderr)
+        flush_notes(show=False)
+        print(f"{label}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"labkit {args.command}: interrupted", file=sys.stderr)
+        flush_notes(show=False)
+        print(f"{label}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (| head): nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    flush_notes()
+    return rc
 
 
 if __name__ == "__main__":

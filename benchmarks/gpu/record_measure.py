@@ -34,6 +34,7 @@ from labkit.core.provenance import header, write_measurement
 from labkit.memory.trace.step import measure_step
 from labkit.workloads import GPT, get_workload
 from labkit.workloads.gpt import GPTConfig
+from labkit.core.vocab import OptimizerSpec
 from labkit.workloads.harness import StepPolicy, TrainStep, gpt_batch, gpt_call, gpt_loss, move_batch
 
 T0 = time.perf_counter()
@@ -54,15 +55,22 @@ def cleanup(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def gpt_case(name: str, cfg: GPTConfig, batch: int, precision: str, ckpt: str, optimizer: str = "adamw") -> dict:
+def gpt_case(name: str, cfg: GPTConfig, batch: int, precision: str, ckpt: str, optimizer: str = "adamw",
+             impl: str = "fused") -> dict:
     return {"name": name, "model": "labkit-gpt", "config": cfg.__dict__.copy(), "batch": batch,
-            "seq": cfg.seq_len, "precision": precision, "checkpointing": ckpt, "optimizer": optimizer,
-            "num_params": cfg.num_params}
+            "seq": cfg.seq_len, "precision": precision, "recompute": ckpt, "optimizer": optimizer,
+            "optimizer_impl": impl, "num_params": cfg.num_params}
 
 
-def hf_case(name: str, spec: Any, batch: int, seq: int, precision: str, ckpt: str, optimizer: str = "adamw") -> dict:
+def hf_case(name: str, spec: Any, batch: int, seq: int, precision: str, ckpt: str, optimizer: str = "adamw",
+            impl: str = "fused") -> dict:
     return {"name": name, "model": "hf-gpt2", "config": spec.as_dict(), "batch": batch, "seq": seq,
-            "precision": precision, "checkpointing": ckpt, "optimizer": optimizer, "num_params": spec.num_params}
+            "precision": precision, "recompute": ckpt, "optimizer": optimizer, "optimizer_impl": impl,
+            "num_params": spec.num_params}
+
+
+def case_optimizer(case: dict) -> OptimizerSpec:
+    return OptimizerSpec(case["optimizer"], case["optimizer_impl"])
 
 
 def case_inputs(case: dict) -> tuple[Any, Any, dict]:
@@ -82,8 +90,8 @@ def run_case(case: dict, device: str, out: Path, op_log: bool = False) -> dict |
     factory, batch, kw = case_inputs(case)
     t = time.perf_counter()
     try:
-        rep = measure_step(factory, batch, precision=case["precision"], checkpointing=case["checkpointing"],
-                           optimizer=case["optimizer"], device=device, steps=2, op_log=op_log, **kw)
+        rep = measure_step(factory, batch, precision=case["precision"], recompute=case["recompute"],
+                           optimizer=case_optimizer(case), device=device, steps=2, op_log=op_log, **kw)
     except torch.cuda.OutOfMemoryError as exc:  # type: ignore[attr-defined]
         log(f"  {case['name']}: out of memory ({str(exc).splitlines()[0]}), skipped")
         cleanup(cuda)
@@ -102,8 +110,8 @@ def run_case(case: dict, device: str, out: Path, op_log: bool = False) -> dict |
         "cuda": rep.cuda,
         "by_phase": rep.by_phase,
         "fake_inputs": {"model": case["model"], "config": case["config"], "batch": case["batch"], "seq": case["seq"],
-                        "precision": case["precision"], "checkpointing": case["checkpointing"],
-                        "optimizer": case["optimizer"], "steps": 2},
+                        "precision": case["precision"], "recompute": case["recompute"],
+                        "optimizer": case["optimizer"], "optimizer_impl": case["optimizer_impl"], "steps": 2},
         "wall_s": time.perf_counter() - t,
     })
     if op_log:
@@ -124,7 +132,7 @@ def time_steps(case: dict, device: str, n: int = 6) -> dict:
     with torch.device(device):
         model = factory()
     b = move_batch(batch, lambda x: x.to(device))
-    policy = StepPolicy(precision=case["precision"], optimizer=case["optimizer"], checkpointing=case["checkpointing"])
+    policy = StepPolicy(precision=case["precision"], optimizer=case_optimizer(case), recompute=case["recompute"])
     step = TrainStep(model, b, policy=policy, device_type=device, loss_fn=kw.get("loss_fn"), call=kw.get("call"),
                      fused=None if cuda else False)
     step.run()
@@ -149,8 +157,8 @@ def tracer_overhead(case: dict, device: str, n: int = 6) -> dict:
     plain = time_steps(case, device, n)
     factory, batch, kw = case_inputs(case)
     cleanup(device == "cuda")
-    rep = measure_step(factory, batch, precision=case["precision"], checkpointing=case["checkpointing"],
-                       optimizer=case["optimizer"], device=device, steps=n + 2, timing=True, **kw)
+    rep = measure_step(factory, batch, precision=case["precision"], recompute=case["recompute"],
+                       optimizer=case_optimizer(case), device=device, steps=n + 2, timing=True, **kw)
     traced = rep.step_time_s
     cleanup(device == "cuda")
     return {"case": case, "plain_median_s": plain["median_s"], "traced_median_s": traced,
@@ -271,9 +279,9 @@ def main() -> None:
         for prec in ("fp32", "amp-bf16"):
             for ck in ("none", "selective"):
                 heldout_cases.append(gpt_case(f"gpt-d128-t1000-{prec}-{ck}", odd, 6, prec, ck))
-        for opt in ("adamw-foreach", "sgd"):
-            heldout_cases.append(gpt_case(f"gpt-small-ref-fp32-none-{opt}", w.config, w.batch_size, "fp32", "none",
-                                          optimizer=opt))
+        for name, opt in (("adamw-foreach", "adamw"), ("sgd", "sgd")):
+            heldout_cases.append(gpt_case(f"gpt-small-ref-fp32-none-{name}", w.config, w.batch_size, "fp32", "none",
+                                          optimizer=opt, impl="foreach"))
         g2 = HFGPT2Spec.named("gpt2")
         for prec, ck in (("amp-fp16", "none"), ("amp-bf16", "every-3"), ("amp-bf16", "selective")):
             heldout_cases.append(hf_case(f"hf-gpt2-b8-{prec}-{ck}", g2, 8, 1024, prec, ck))

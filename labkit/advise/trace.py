@@ -54,5 +54,5 @@ def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tup
         build, vocab = _factory(model.factory), 32000
     precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"
     batch = hf_lm_batch(vocab, micro_batch, job.seq)
-    return measure_step(build, batch, precision=precision, optimizer=job.optimizer, checkpointing=recompute,
+    return measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
                         device="fake-cuda", steps=2, alloc_confs=alloc_confs)

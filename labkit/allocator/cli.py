@@ -24,26 +24,13 @@ REPLAY_KEYS = ("allocated_peak_bytes", "reserved_peak_bytes", "segments_peak", "
                "num_alloc_retries", "num_ooms")
 
 
-class _DeprecatedDevice(argparse.Action):
-    """``--device N`` (a device index) before ``--gpu N`` was the canonical flag: still accepted, with one line."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, "gpu", values)
-        setattr(namespace, "deprecated_device", True)  # the one-line notice comes once the value is accepted
-
-
-def _index(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...), got {text!r}") from None
-
-
 def _add_snapshot_flags(p: argparse.ArgumentParser, gpu: bool = True) -> None:
+    from labkit.core.cliargs import Deprecated, nonnegative_int
+
     if gpu:
-        p.add_argument("--gpu", type=_index, default=None, metavar="N",
-                       help="which device's trace (default: the first with one)")
-        p.add_argument("--device", type=_index, dest="gpu", action=_DeprecatedDevice, help=argparse.SUPPRESS)
+        p.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N",
+                       help="which GPU's trace (device index; default: the first with one)")
+        p.add_argument("--device", dest="gpu", type=nonnegative_int, action=Deprecated, new="--gpu N")
     p.add_argument("--max-snapshot-bytes", default=None, metavar="SIZE",
                    help="refuse snapshots that decompress to more than this (default 512MiB; loading takes ~5x that "
                         "in memory)")
@@ -107,11 +94,6 @@ def _max_bytes(args: argparse.Namespace) -> int | None:
 def _trace(args: argparse.Namespace):
     from labkit.allocator.replay import load_trace
 
-    if args.gpu is not None and args.gpu < 0:
-        raise LabkitError(f"--gpu must be a device index >= 0, got {args.gpu}")
-    if getattr(args, "deprecated_device", False):
-        print("labkit alloc: --device N is deprecated here, use --gpu N (--device names a target: cpu, cuda, "
-              "fake-cuda)", file=sys.stderr)
     return load_trace(args.trace, args.gpu, max_bytes=_max_bytes(args))
 
 

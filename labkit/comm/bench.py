@@ -93,6 +93,44 @@ def _dist():
     return dist
 
 
+def rank_buffer_bytes(op: str, nbytes: int, world: int) -> int:
+    """Bytes one rank allocates for a collective of ``nbytes`` (as nccl-tests counts them): the one
+    buffer of all_reduce / broadcast; input and output of all_gather / reduce_scatter (the total and
+    one rank's share)."""
+    if op in ("all_gather", "reduce_scatter"):
+        return nbytes + nbytes // max(1, world)
+    return nbytes
+
+
+# Buffers of all the ranks that share one machine's host memory (gloo on CPUs), together.
+CPU_BUFFER_BUDGET = 1 * GiB
+
+
+def buffer_budget(is_cuda: bool) -> tuple[int, str]:
+    """(bytes, what it is) available to the benchmark's buffers: a quarter of the free GPU memory per
+    GPU on CUDA (each rank has its own), else :data:`CPU_BUFFER_BUDGET` or a quarter of the available
+    RAM (free pages), whichever is smaller, for all the machine's ranks together."""
+    if is_cuda:
+        import torch
+
+        return torch.cuda.mem_get_info()[0] // 4, "a quarter of the GPU's free memory"
+    import os
+
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        avail = 0
+    if avail:
+        return min(CPU_BUFFER_BUDGET, avail // 4), "all ranks of the machine together: 1 GiB or a quarter of free RAM"
+    return CPU_BUFFER_BUDGET, "all ranks of the machine together: 1 GiB"
+
+
+def machine_buffer_bytes(op: str, nbytes: int, world: int, ranks_here: int, is_cuda: bool) -> int:
+    """What one collective's buffers take from the memory the budget covers: one GPU's on CUDA,
+    the host's for all ``ranks_here`` CPU ranks of this machine."""
+    return rank_buffer_bytes(op, nbytes, world) * (1 if is_cuda else ranks_here)
+
+
 def make_call(op: str, nbytes: int, world: int, device: str, dtype_name: str = "float32"):
     """Allocate the buffers of one collective and return ``(call(async_op=False), bytes_counted)``."""
     import torch
@@ -174,18 +212,22 @@ def bench_collectives(ctx, ops: Sequence[str], sizes: Sequence[int], *, warmup: 
                       iters: int | None = None, dtype: str = "float32", max_bytes: int | None = None) -> BenchResult:
     """Benchmark ``ops`` at ``sizes`` in the current process group; every rank returns the same result.
 
-    ``ctx`` is the :class:`~labkit.comm.launch.RankContext`. Sizes above ``max_bytes`` (default: a
-    quarter of the free GPU memory on CUDA, 1 GiB on CPU) are skipped with a note.
+    ``ctx`` is the :class:`~labkit.comm.launch.RankContext`. A size whose buffers would take more
+    than ``max_bytes`` (default :func:`buffer_budget`: a quarter of the free memory of each GPU on
+    CUDA; on CPUs, for all of this machine's ranks together) is skipped with a note.
     """
     import torch
 
     res = BenchResult(backend=ctx.backend, world=ctx.world, nodes=ctx.nodes, device=_device_name(ctx.device), dtype=dtype)
+    what = "the limit given"
     if max_bytes is None:
-        max_bytes = torch.cuda.mem_get_info()[0] // 4 if ctx.is_cuda else 1 * GiB
+        max_bytes, what = buffer_budget(ctx.is_cuda)
     for op in parse_ops(list(ops)):
         for nbytes in sizes:
-            if nbytes > max_bytes:
-                res.notes.append(f"{op} {nbytes} B skipped: above the {max_bytes} B limit for buffers here")
+            need = machine_buffer_bytes(op, nbytes, ctx.world, ctx.local_world, ctx.is_cuda)
+            if need > max_bytes:
+                res.notes.append(f"{op} {nbytes} B skipped: its buffers take {need} B here, above the {max_bytes} B "
+                                 f"limit ({what})")
                 continue
             call, total = make_call(op, nbytes, ctx.world, ctx.device, dtype)
             k = iters or default_iters(total, ctx.is_cuda)

@@ -9,11 +9,33 @@ from __future__ import annotations
 
 import argparse
 
+from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 
 
+# torch.autocast dtype of each precision the bucket sweep runs (labkit.core.vocab spellings)
+BUCKET_PRECISIONS = {"fp32": None, "amp-bf16": "bfloat16", "amp-fp16": "float16"}
+MAX_LOCAL_RANKS = 64          # spawned processes on one machine
+MAX_BUCKET_MB = 1024 * 1024   # 1 TiB: far above any gradient set DDP would bucket
+
+
+def _old_amp(value: str) -> str:
+    """``--amp bfloat16`` (the old flag's autocast dtype) as a precision: amp-bf16."""
+    import warnings
+
+    from labkit.core.vocab import canonical
+
+    if value not in ("bfloat16", "float16"):
+        raise LabkitError(f"{value!r} is not an autocast dtype: bfloat16 or float16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the flag's own note says it
+        return canonical("precision", value)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    from labkit.core.cliargs import Deprecated, choices_metavar, int_at_least, nonnegative_int, positive_int, vocab_value
+
     p = sub.add_parser("comm", help="collective benchmark and DDP bucket sweep (gloo CPU processes or NCCL GPUs)",
                        description="Measure collectives and DDP bucket sizes on torch.distributed.")
     csub = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
@@ -22,13 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Collective benchmark: median of repeats after warm-up; algbw and busbw "
                                     "(GB = 1e9 B/s) with nccl-tests' factors; bytes as nccl-tests counts them.")
     b.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    b.add_argument("--world", type=int, default=2, help="local processes to spawn (ignored under torchrun)")
+    b.add_argument("--world", type=positive_int, default=2, help="local processes to spawn (ignored under torchrun)")
     b.add_argument("--op", default="all", help="all_reduce, all_gather, reduce_scatter, broadcast, a comma list, or all")
     b.add_argument("--min-bytes", default="4KiB", help="smallest size (default 4KiB)")
     b.add_argument("--max-bytes", default=None, help="largest size (default 4MiB on gloo, 1GiB on nccl)")
-    b.add_argument("--factor", type=int, default=4, help="each size is this times the previous (default 4)")
-    b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--factor", type=int_at_least(2), default=4, help="each size is this times the previous (default 4)")
+    b.add_argument("--warmup", type=nonnegative_int, default=2)
+    b.add_argument("--repeats", type=positive_int, default=5)
     b.add_argument("--link-class", default=None, help="label of the links measured, for the alpha-beta fit "
                                                        "(default: cpu-shm on gloo, gpu on nccl)")
     b.add_argument("--json", action="store_true", help="print one JSON document")
@@ -38,14 +60,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Real multi-process DDP training of a reference GPT for each bucket size "
                                     "(MiB, as DDP's bucket_cap_mb), gradient_as_bucket_view off and on.")
     k.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    k.add_argument("--world", type=int, default=2, help="local processes to spawn (ignored under torchrun)")
+    k.add_argument("--world", type=positive_int, default=2, help="local processes to spawn (ignored under torchrun)")
     k.add_argument("--sizes", default="1,25,100", help="bucket sizes in MiB, comma separated (default 1,25,100)")
     k.add_argument("--workload", default="tiny", help="reference workload (labkit.workloads; default tiny)")
-    k.add_argument("--batch-size", type=int, default=None, help="per-rank micro-batch (default: the workload's)")
-    k.add_argument("--steps", type=int, default=5, help="timed steps per point (default 5)")
-    k.add_argument("--warmup", type=int, default=2, help="untimed steps per point (default 2, at least 2)")
+    k.add_argument("--micro-batch", type=positive_int, default=None, help="per-rank micro-batch (default: the workload's)")
+    k.add_argument("--batch-size", dest="micro_batch", type=positive_int, action=Deprecated, new="--micro-batch")
+    k.add_argument("--steps", type=positive_int, default=5, help="timed steps per point (default 5)")
+    k.add_argument("--warmup", type=int_at_least(2), default=2, help="untimed steps per point (default 2, at least 2)")
     k.add_argument("--gradient-as-bucket-view", choices=("off", "on", "both"), default="both")
-    k.add_argument("--amp", default=None, help="autocast dtype on CUDA, e.g. bfloat16 (default: none)")
+    k.add_argument("--precision", type=vocab_value("precision", tuple(BUCKET_PRECISIONS)), default="fp32",
+                   metavar=choices_metavar(tuple(BUCKET_PRECISIONS)),
+                   help="fp32 (default), or autocast on CUDA: amp-bf16, amp-fp16")
+    k.add_argument("--amp", dest="precision", convert=_old_amp, action=Deprecated, new="--precision amp-bf16 (or amp-fp16)")
     k.add_argument("--json", action="store_true", help="print one JSON document")
     k.set_defaults(func=run_buckets)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
@@ -68,16 +94,16 @@ def run_bench(args: argparse.Namespace) -> int:
     from labkit.comm.fit import fit_all
     from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
     from labkit.comm.predict import attach_predictions
-    from labkit.core.errors import LabkitError
     from labkit.core.units import fmt_bytes
 
     ops = parse_ops(args.op)
-    if args.repeats < 1 or args.warmup < 0:
-        raise LabkitError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     max_b = args.max_bytes or ("1GiB" if args.backend == "nccl" else "4MiB")
     sizes = size_ladder(args.min_bytes, max_b, args.factor)
     if not under_torchrun():
+        _check_world(args.world)
         check_backend(args.backend, args.world)
+        if args.backend == "gloo":
+            _check_cpu_budget(ops, sizes, args.world)
     res = run_ranks(_bench_rank, ops, sizes, args.warmup, args.repeats, backend=args.backend, world=args.world)
     shutdown()
     if res is None:  # not rank 0 under torchrun
@@ -106,8 +132,26 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_world(world: int) -> None:
+    if world > MAX_LOCAL_RANKS:
+        raise LabkitError(f"--world {world}: at most {MAX_LOCAL_RANKS} processes are spawned on one machine "
+                          "(use torchrun for more)")
+
+
+def _check_cpu_budget(ops, sizes, world: int) -> None:
+    """Refuse a CPU benchmark none of whose sizes fits the machine's buffer budget (all the local
+    ranks' buffers together); sizes above it are skipped with a note by the ranks themselves."""
+    from labkit.comm.bench import buffer_budget, machine_buffer_bytes
+    from labkit.core.units import fmt_bytes
+
+    budget, what = buffer_budget(False)
+    need = min(machine_buffer_bytes(op, sizes[0], world, world, False) for op in ops)
+    if need > budget:
+        raise LabkitError(f"--min-bytes {sizes[0]} with --world {world}: the buffers would take {fmt_bytes(need)} "
+                          f"on this machine, above its {fmt_bytes(budget)} budget ({what})")
+
+
 def _safe_fits(fit_all, rows, link):
-    from labkit.core.errors import LabkitError
 
     out = []
     ops = dict.fromkeys(r.op for r in rows)
@@ -122,19 +166,20 @@ def _safe_fits(fit_all, rows, link):
 def run_buckets(args: argparse.Namespace) -> int:
     from labkit.comm.ddp import parse_bucket_sizes
     from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
-    from labkit.core.errors import LabkitError
     from labkit.core.units import fmt_bytes
     from labkit.workloads import get_workload
 
     sizes = parse_bucket_sizes(args.sizes)
+    big = [s for s in sizes if s > MAX_BUCKET_MB]
+    if big:
+        raise LabkitError(f"--sizes: bucket size {big[0]:g} MiB is above {MAX_BUCKET_MB} MiB (1 TiB)")
     get_workload(args.workload)
-    if args.steps < 1:
-        raise LabkitError(f"--steps must be >= 1, got {args.steps}")
     gav = {"off": (False,), "on": (True,), "both": (False, True)}[args.gradient_as_bucket_view]
     if not under_torchrun():
+        _check_world(args.world)
         check_backend(args.backend, args.world)
-    kwargs = dict(workload=args.workload, batch_size=args.batch_size, sizes_mb=sizes, gradient_as_bucket_view=gav,
-                  warmup=args.warmup, steps=args.steps, amp=args.amp)
+    kwargs = dict(workload=args.workload, batch_size=args.micro_batch, sizes_mb=sizes, gradient_as_bucket_view=gav,
+                  warmup=args.warmup, steps=args.steps, amp=BUCKET_PRECISIONS[args.precision])
     res = run_ranks(_buckets_rank, kwargs, backend=args.backend, world=args.world)
     shutdown()
     if res is None:

@@ -10,6 +10,8 @@ same step without any all-reduce: the compute-only floor the sweep is compared w
 
 from __future__ import annotations
 
+import math
+
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -64,8 +66,8 @@ def parse_bucket_sizes(text: str | Sequence[float]) -> list[float]:
             v = float(it)
         except (TypeError, ValueError):
             raise LabkitError(f"--sizes: cannot read {it!r} as a bucket size in MiB (example: 1,25,100)") from None
-        if not v > 0:
-            raise LabkitError(f"--sizes: bucket size must be positive, got {it!r}")
+        if not math.isfinite(v) or not v > 0:
+            raise LabkitError(f"--sizes: bucket size must be a positive finite number of MiB, got {it!r}")
         out.append(v)
     if not out:
         raise LabkitError("--sizes: give at least one bucket size in MiB (example: 1,25,100)")

@@ -6,6 +6,7 @@ formatted value names which one it is.
 
 from __future__ import annotations
 
+import math
 import re
 
 from labkit.core.errors import LabkitError
@@ -41,4 +42,7 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise LabkitError(f"{what}: cannot read {text!r} as a size (examples: 4096, 64KiB, 1.5GB, 2GiB)")
-    return int(round(float(m.group(1)) * _UNITS[m.group(2).lower()]))
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(value):
+        raise LabkitError(f"{what}: {text!r} is not a finite size")
+    return int(round(value))

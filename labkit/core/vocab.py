@@ -82,6 +82,25 @@ def canonical(kind: str, value: str, *, what: str | None = None) -> str:
     raise LabkitError(f"{label} {value!r} is not one of {', '.join(choices)}")
 
 
+class CategoryBytes(dict):
+    """Bytes by memory category (and ``total`` where there is one). An old category spelling
+    (``params``, ``grads``, ``optimizer``, ``overhead``...) still reads its entry, with a
+    ``DeprecationWarning`` naming the new key."""
+
+    def __missing__(self, key: str) -> int:
+        new = LEGACY["category"].get(key) if isinstance(key, str) else None
+        if new is None or not dict.__contains__(self, new):
+            raise KeyError(key)
+        warnings.warn(f"memory category {key!r} is deprecated: use {new!r}", DeprecationWarning, stacklevel=2)
+        return self[new]
+
+    def get(self, key: str, default=None):  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
 @dataclass(frozen=True)
 class Recompute:
     """An activation-recomputation policy: ``none``, ``selective``, ``full`` or ``every-K``."""

@@ -122,8 +122,8 @@ def profiler_timeline(times_us: Sequence[float], by_category: Mapping[str, Seque
     """Stacked bytes per category over time, from ``torch.profiler``'s memory timeline."""
     from bokeh.plotting import figure
 
-    colors = {"parameter": "#1f77b4", "optimizer_state": "#2ca02c", "input": "#8c564b", "temporary": "#9467bd",
-              "activation": "#d62728", "gradient": "#ff7f0e", "autograd_detail": "#17becf", "unknown": "#7f7f7f"}
+    colors = {"parameters": "#1f77b4", "optimizer_state": "#2ca02c", "inputs": "#8c564b", "temporaries": "#9467bd",
+              "activations": "#d62728", "gradients": "#ff7f0e", "autograd_detail": "#17becf", "unknown": "#7f7f7f"}
     cats = [c for c in colors if any(by_category.get(c, []))]
     fig = figure(width=width, height=height, title=f"{title} ({source})", x_axis_label="time, ms",
                  y_axis_label="MiB (2^20 bytes)")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from labkit.memory.estimate.totals import CATEGORIES  # the model's memory categories (labkit.core.vocab)
+
 GIB = float(1 << 30)
-CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead")
 COLORS = {
-    "params": "#1f77b4", "grads": "#ff7f0e", "optimizer": "#2ca02c", "activations": "#d62728", "logits": "#e377c2",
-    "comm_buffers": "#9467bd", "context": "#7f7f7f", "overhead": "#bcbd22",
+    "parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer_state": "#2ca02c", "activations": "#d62728",
+    "logits": "#e377c2", "comm_buffers": "#9467bd", "context": "#7f7f7f", "allocator_overhead": "#bcbd22",
 }
-LABELS = {"comm_buffers": "comm buffers", "optimizer": "optimizer states", "overhead": "allocator overhead",
+LABELS = {"comm_buffers": "comm buffers", "optimizer_state": "optimizer states", "allocator_overhead": "allocator overhead",
           "context": "CUDA context, workspaces"}
 
 
@@ -52,7 +53,8 @@ def stacked_bars(labels: Sequence[str], breakdowns: Sequence[Mapping[str, int]],
     if capacity_bytes:
         fig.add_layout(Span(location=capacity_bytes / GIB, dimension="width", line_dash="dashed", line_color="black"))
     fig.add_tools(HoverTool(tooltips=[("", "@x"), ("total", "@total{0.00} GiB"), ("activations", "@activations{0.00} GiB"),
-                                      ("params", "@params{0.00} GiB"), ("optimizer", "@optimizer{0.00} GiB")]))
+                                      ("parameters", "@parameters{0.00} GiB"),
+                                      ("optimizer states", "@optimizer_state{0.00} GiB")]))
     fig.xaxis.major_label_orientation = 0.6 if len(labels) > 6 else 0
     fig._labkit_source = src  # the explorer updates this
     fig._labkit_capacity = capacity_bytes
@@ -101,6 +103,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     import ipywidgets as W
     from jupyter_bokeh import BokehModel
 
+    from labkit.core.vocab import PRECISIONS
     from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
     from labkit.memory.estimate.presets import get_preset, preset_names
 
@@ -116,9 +119,9 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
         "dp": W.Dropdown(options=[1, 2, 4, 8, 16, 64], value=init["dp"], description="dp"),
         "zero": W.Dropdown(options=[0, 1, 2, 3], value=init["zero"], description="ZeRO"),
         "sp": W.Checkbox(value=init["sp"], description="sequence parallel"),
-        "precision": W.Dropdown(options=["fp32", "amp-bf16", "bf16-mixed", "bf16"], value=init["precision"],
-                                description="precision"),
-        "recompute": W.Dropdown(options=["none", "selective", "full"], value=init["recompute"], description="recompute"),
+        "precision": W.Dropdown(options=list(PRECISIONS), value=init["precision"], description="precision"),
+        "recompute": W.Dropdown(options=["none", "selective", "full", "every-2", "every-4"], value=init["recompute"],
+                                description="recompute"),
         "micro_batch": W.Dropdown(options=[1, 2, 4, 8, 16], value=init["micro_batch"], description="micro-batch"),
     }
     msg = W.HTML()

@@ -1,5 +1,6 @@
 """The training-step harness: one step of forward, loss, backward, optimizer step and zero_grad
-under a policy (precision, optimizer, activation checkpointing), for any ``nn.Module``.
+under a policy (precision, optimizer and its implementation, recompute), for any ``nn.Module``.
+The policy speaks the lab's vocabulary (:mod:`labkit.core.vocab`).
 
 The harness does not measure anything itself: it calls ``on_phase(name)`` (a context-manager
 factory) around each phase, so the memory tracer (``labkit.memory``) or a timer can wrap it.
@@ -9,8 +10,12 @@ Precision policies
     ``amp-bf16``  float32 weights, forward and loss under bf16 autocast.
     ``amp-fp16``  float32 weights, forward and loss under fp16 autocast, loss scaled by a GradScaler.
     ``bf16``      the model's floating-point parameters cast to bfloat16 (optimizer state follows).
+    (``bf16-mixed`` and ``fp16-mixed`` are the analytical model's: a plain PyTorch loop has no such mode.)
 
-Checkpointing policies (``torch.utils.checkpoint``, non-reentrant)
+Optimizers: ``adamw``, ``adam``, ``sgd`` (momentum 0.9), each as ``foreach`` (PyTorch's default on
+CUDA), ``fused`` or ``for-loop``.
+
+Recompute policies (activation checkpointing with ``torch.utils.checkpoint``, non-reentrant)
     ``none``       keep every activation.
     ``full``       every layer is a checkpoint segment: only layer inputs are kept.
     ``every-K``    a checkpoint boundary every K layers: each run of K consecutive layers is
@@ -23,6 +28,7 @@ Checkpointing policies (``torch.utils.checkpoint``, non-reentrant)
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -30,51 +36,54 @@ import torch
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
-
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16")
-OPTIMIZERS = ("adamw", "adamw-foreach", "sgd")
-PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
+from labkit.core.vocab import TRACEABLE_PRECISIONS, OptimizerSpec, Recompute, canonical
 
 
 @dataclass(frozen=True)
 class StepPolicy:
-    """How one training step runs."""
+    """How one training step runs. ``optimizer`` takes an :class:`OptimizerSpec` or a name (the
+    implementation then is PyTorch's default, ``foreach``); ``recompute`` a :class:`Recompute` or its
+    spelling. ``checkpointing`` is the old name of ``recompute`` (deprecated)."""
 
     precision: str = "fp32"
-    optimizer: str = "adamw"
-    checkpointing: str = "none"
+    optimizer: OptimizerSpec = OptimizerSpec()
+    recompute: Recompute = Recompute()
     lr: float = 1e-4
+    checkpointing: str | None = None     # deprecated alias of recompute
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise LabkitError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise LabkitError(f"optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        checkpoint_segment(self.checkpointing)  # validates
+        set_ = object.__setattr__
+        prec = canonical("precision", self.precision)
+        if prec not in TRACEABLE_PRECISIONS:
+            raise LabkitError(f"precision {prec!r} is the analytical model's only (a PyTorch loop has no such mode); "
+                              f"a training step runs {', '.join(TRACEABLE_PRECISIONS)}")
+        set_(self, "precision", prec)
+        opt = self.optimizer if isinstance(self.optimizer, OptimizerSpec) else OptimizerSpec.parse(self.optimizer)
+        if opt.name not in STEP_OPTIMIZERS:
+            raise LabkitError(f"optimizer {opt.name!r} is the analytical model's only; a training step runs "
+                              f"{', '.join(STEP_OPTIMIZERS)}")
+        set_(self, "optimizer", opt)
+        rc = Recompute.parse(self.recompute)
+        if self.checkpointing is not None:
+            warnings.warn("StepPolicy(checkpointing=...) is deprecated: use recompute=...", DeprecationWarning,
+                          stacklevel=3)
+            old = Recompute.parse(self.checkpointing, what="checkpointing")
+            if rc != Recompute() and rc != old:
+                raise LabkitError(f"checkpointing={self.checkpointing!r} contradicts recompute={str(rc)!r}")
+            rc = old
+            set_(self, "checkpointing", None)
+        set_(self, "recompute", rc)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(self.precision)
 
 
-def checkpoint_segment(mode: str) -> int | None:
-    """Segment length for a checkpointing policy: None for ``none``/``selective``, K for ``every-K``."""
-    if mode in ("none", "selective"):
-        return None
-    if mode == "full":
-        return 1
-    if mode.startswith("every-"):
-        try:
-            k = int(mode[len("every-"):])
-        except ValueError:
-            k = 0
-        if k >= 1:
-            return k
-    raise LabkitError(f"checkpointing {mode!r} is not one of none, full, every-K (K >= 1), selective")
+STEP_OPTIMIZERS = ("adamw", "adam", "sgd")     # what make_optimizer builds (adam8bit is the model's only)
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpointing
+# Recompute (activation checkpointing)
 
 
 def find_layers(model: nn.Module) -> nn.ModuleList:
@@ -143,19 +152,20 @@ class _CheckpointedCall(nn.Module):
         return checkpoint(self._run, *args, use_reentrant=False, **kwargs)
 
 
-def apply_checkpointing(model: nn.Module, mode: str,
-                        autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> nn.Module:
-    """Rewrite ``model`` in place for a checkpointing policy; returns it.
+def apply_recompute(model: nn.Module, recompute: Recompute | str,
+                    autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> nn.Module:
+    """Rewrite ``model`` in place for a recompute policy; returns it.
 
     Segments of K layers replace the model's layer list entries (the first layer of each segment
     runs the whole segment, the others pass their input through), so the model's own forward loop
     is unchanged. Layers must take the hidden state as first argument and return it (or a tuple
     starting with it).
     """
-    k = checkpoint_segment(mode)
-    if mode == "none":
+    rc = Recompute.parse(recompute)
+    k = rc.segment
+    if rc.kind == "none":
         return model
-    if mode == "selective":
+    if rc.kind == "selective":
         from labkit.workloads.gpt import CausalSelfAttention
 
         n = 0
@@ -175,11 +185,19 @@ def apply_checkpointing(model: nn.Module, mode: str,
         return model
     layers = find_layers(model)
     originals = list(layers)
+    assert k is not None
     for start in range(0, len(originals), k):
         layers[start] = _Segment(originals[start:start + k], autocast)
         for j in range(start + 1, min(start + k, len(originals))):
             layers[j] = _PassThrough()
     return model
+
+
+def apply_checkpointing(model: nn.Module, mode: str,
+                        autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> nn.Module:
+    """Deprecated name of :func:`apply_recompute`."""
+    warnings.warn("apply_checkpointing is deprecated: use apply_recompute", DeprecationWarning, stacklevel=2)
+    return apply_recompute(model, mode, autocast)
 
 
 def _make_checkpointed_core(core: Callable, autocast: Callable[[], ContextManager]) -> Callable:
@@ -201,14 +219,27 @@ def _make_checkpointed_core(core: Callable, autocast: Callable[[], ContextManage
 # Optimizer, loss, batch
 
 
+IMPL_KWARGS = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}
+
+
 def make_optimizer(params: list[torch.nn.Parameter], policy: StepPolicy, *, fused: bool | None = None
                    ) -> torch.optim.Optimizer:
-    """AdamW (fused kernel by default, ``adamw-foreach`` for the multi-tensor one) or SGD with momentum."""
-    if policy.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=policy.lr, momentum=0.9)
-    if policy.optimizer == "adamw-foreach":
-        return torch.optim.AdamW(params, lr=policy.lr, foreach=True)
-    return torch.optim.AdamW(params, lr=policy.lr, fused=True if fused is None else fused)
+    """The policy's optimizer (AdamW, Adam, or SGD with momentum 0.9) in its implementation.
+
+    ``fused`` overrides the implementation (True: fused; False: not fused, i.e. foreach where the
+    policy says fused); None follows the policy."""
+    spec = policy.optimizer
+    impl = spec.impl
+    if fused is True:
+        impl = "fused"
+    elif fused is False and impl == "fused":
+        impl = "foreach"
+    kw = IMPL_KWARGS[impl]
+    if spec.name == "sgd":
+        return torch.optim.SGD(params, lr=policy.lr, momentum=0.9, **kw)
+    if spec.name == "adam":
+        return torch.optim.Adam(params, lr=policy.lr, **kw)
+    return torch.optim.AdamW(params, lr=policy.lr, **kw)
 
 
 def default_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -299,7 +330,7 @@ class TrainStep:
     ``loss_fn(output, batch)`` defaults to :func:`default_loss`; ``call(model, batch)`` runs the
     forward (default: ``model(**batch)`` for a dict). For the reference GPT use :func:`gpt_call`
     and :func:`gpt_loss` so the cross-entropy is its own phase. The model is rewritten in place
-    for the checkpointing policy (and cast to bf16 for ``bf16``).
+    for the recompute policy (and cast to bf16 for ``bf16``).
     """
 
     def __init__(self, model: nn.Module, batch: Any, *, policy: StepPolicy, device_type: str = "cuda",
@@ -317,7 +348,7 @@ class TrainStep:
         self.autocast = autocast
         if policy.precision == "bf16":
             cast_floating(model, torch.bfloat16)
-        self.model = apply_checkpointing(model, policy.checkpointing, autocast)
+        self.model = apply_recompute(model, policy.recompute, autocast)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not params:

@@ -70,7 +70,7 @@ def test_gloo_bench_rows(gloo2):
 @pytest.mark.parametrize("argv,msg", [
     (["--op", "alltoall"], "unknown collective"),
     (["--backend", "nccl"], "needs CUDA GPUs"),
-    (["--world", "0"], "--world must be >= 1"),
+    (["--world", "0"], "argument --world: must be an integer >= 1"),
     (["--max-bytes", "2"], "empty"),
 ])
 def test_cli_bench_errors_exit_2(argv, msg, capsys):

@@ -5,9 +5,9 @@ from labkit.core.errors import LabkitError
 from labkit.workloads import GPT, get_workload
 from labkit.workloads.gpt import GPTConfig
 from labkit.workloads.harness import (
-    StepPolicy, TrainStep, apply_checkpointing, checkpoint_segment, default_loss, find_layers, gpt_batch, gpt_call,
-    gpt_loss,
+    StepPolicy, TrainStep, apply_recompute, default_loss, find_layers, gpt_batch, gpt_call, gpt_loss, make_optimizer,
 )
+from labkit.core.vocab import OptimizerSpec, Recompute
 from labkit.workloads.harness import _PassThrough, _Segment
 
 
@@ -16,7 +16,7 @@ def _grads(ck: str, precision: str = "fp32"):
     cfg = GPTConfig(n_layer=4, n_head=2, n_embd=32, seq_len=16, vocab_size=64)
     model = GPT(cfg)
     batch = gpt_batch(cfg, 2, seed=1)
-    step = TrainStep(model, batch, policy=StepPolicy(precision=precision, checkpointing=ck, optimizer="sgd"),
+    step = TrainStep(model, batch, policy=StepPolicy(precision=precision, recompute=ck, optimizer="sgd"),
                      device_type="cpu", loss_fn=gpt_loss, call=gpt_call)
     seen = {}
 
@@ -47,7 +47,7 @@ def test_checkpointing_keeps_gradients_exact(mode):
 
 def test_segments_replace_layers():
     cfg = GPTConfig(n_layer=5, n_head=2, n_embd=32, seq_len=16, vocab_size=64)
-    model = apply_checkpointing(GPT(cfg), "every-2")
+    model = apply_recompute(GPT(cfg), "every-2")
     kinds = [type(m) for m in model.blocks]
     assert kinds == [_Segment, _PassThrough, _Segment, _PassThrough, _Segment]
     assert [len(m.layers) for m in model.blocks if isinstance(m, _Segment)] == [2, 2, 1]
@@ -57,23 +57,47 @@ def test_segments_replace_layers():
 
 def test_selective_wraps_attention_core_only():
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, seq_len=16, vocab_size=64)
-    model = apply_checkpointing(GPT(cfg), "selective")
+    model = apply_recompute(GPT(cfg), "selective")
     assert all(callable(b.attn.core) and b.attn.core.__name__ == "checkpointed" for b in model.blocks)
     assert all(type(b).__name__ == "Block" for b in model.blocks)
 
 
 def test_policy_validation():
-    assert checkpoint_segment("none") is None and checkpoint_segment("selective") is None
-    assert checkpoint_segment("full") == 1 and checkpoint_segment("every-4") == 4
+    assert StepPolicy().recompute == Recompute("none") and StepPolicy(recompute="every-4").recompute.segment == 4
+    assert StepPolicy(recompute="every-1").recompute == Recompute("full")
     for bad in ("every-0", "every-x", "some", ""):
-        with pytest.raises(LabkitError, match="checkpointing"):
+        with pytest.raises(LabkitError, match="recompute"):
+            StepPolicy(recompute=bad)
+        with pytest.raises(LabkitError, match="checkpointing"), pytest.warns(DeprecationWarning):
             StepPolicy(checkpointing=bad)
     with pytest.raises(LabkitError, match="precision"):
         StepPolicy(precision="fp8")
+    with pytest.raises(LabkitError, match="analytical model"):
+        StepPolicy(precision="bf16-mixed")
     with pytest.raises(LabkitError, match="optimizer"):
         StepPolicy(optimizer="lion")
+    with pytest.raises(LabkitError, match="analytical model"):
+        StepPolicy(optimizer="adam8bit")
     assert StepPolicy(precision="amp-bf16").autocast_dtype == torch.bfloat16
     assert StepPolicy(precision="fp32").autocast_dtype is None
+
+
+@pytest.mark.parametrize("impl,flags", [("foreach", {"foreach": True, "fused": None}),
+                                        ("fused", {"fused": True}), ("for-loop", {"foreach": False, "fused": None})])
+@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)])
+def test_optimizer_and_implementation(name, cls, impl, flags):
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    opt = make_optimizer(params, StepPolicy(optimizer=OptimizerSpec(name, impl)))
+    assert type(opt) is cls
+    assert {k: opt.defaults.get(k) for k in flags} == flags
+
+
+def test_default_optimizer_is_pytorchs_foreach_and_old_spelling_maps():
+    assert StepPolicy().optimizer == OptimizerSpec("adamw", "foreach")
+    with pytest.warns(DeprecationWarning, match="adamw-foreach"):
+        assert StepPolicy(optimizer="adamw-foreach").optimizer == OptimizerSpec("adamw", "foreach")
+    with pytest.warns(DeprecationWarning, match="checkpointing"):
+        assert StepPolicy(checkpointing="every-3").recompute == Recompute("every", 3)
 
 
 def test_find_layers_and_errors():

@@ -24,7 +24,7 @@ def test_hf_checkpointing_same_gradients(ck):
         torch.manual_seed(0)
         model = hf_gpt2_factory(TINY)()
         batch = hf_lm_batch(TINY.vocab_size, 2, 16, seed=2)
-        step = TrainStep(model, batch, policy=StepPolicy(checkpointing=mode, optimizer="sgd"), device_type="cpu")
+        step = TrainStep(model, batch, policy=StepPolicy(recompute=mode, optimizer="sgd"), device_type="cpu")
         out = step.call(step.model, batch)
         out.loss.backward()
         return sorted(round(float(p.grad.norm()), 5) for p in step.model.parameters() if p.grad is not None)

@@ -123,9 +123,9 @@ def layer_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
     core = sum(v for _, v, c in terms if c)
     x = dims(m, par, train)
     layer_input = x.s * x.b * x.h * by.resid / x.t_sp
-    if train.recompute == "selective":
+    if train.recompute.kind == "selective":
         kept = full - core
-    elif train.recompute == "full":
+    elif train.recompute.segment is not None:
         kept = layer_input  # per layer on average; see stage_activations for every-k segments
     else:
         kept = full
@@ -153,14 +153,14 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
     la = la or layer_activations(m, par, train, by)
     x = dims(m, par, train)
     n = m.layers // par.pp
-    if train.recompute == "full":
-        k = train.recompute_every
+    k = train.recompute.segment
+    if k is not None:
         segments = -(-n // k)
         layers = segments * la.layer_input
         recompute_work = min(k, n) * la.full
     else:
         layers = n * la.kept
-        recompute_work = la.core if train.recompute == "selective" else 0
+        recompute_work = la.core if train.recompute.kind == "selective" else 0
     sb = x.s * x.b
     emb = 0
     if stage == 0:

@@ -13,58 +13,103 @@ from labkit.core.units import GB, GiB, fmt_bytes
 DIMS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn")
 
 
+# Flags of one estimate that --plan does not take (it searches the layout itself), and the reverse.
+ESTIMATE_ONLY = ("tp", "pp", "dp", "cp", "zero", "sp", "vpp", "schedule", "no_vocab_parallel", "shard_size",
+                 "no_reshard", "micro_batch", "recompute", "recompute_every", "optimizer_impl", "dropout", "fp32_grads",
+                 "no_flash", "keep_logits", "model_states_only", "params")
+PLAN_ONLY = ("gpus", "gpus_per_node", "gpu_memory", "topology", "margin", "tflops")
+DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "dropout": 0.0, "precision": "bf16-mixed",
+            "optimizer": "adamw", "optimizer_impl": "foreach", "gpus": 8, "gpu_memory": "80GiB", "margin": 0.10,
+            "tflops": 400.0}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    from labkit.core.cliargs import (Deprecated, choices_metavar, finite_float, nonnegative_int, positive_int,
+                                     recompute_value, vocab_value)
+    from labkit.core.vocab import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
+
     p = sub.add_parser(
         "estimate", help="per-GPU memory of a training configuration (analytical model: DP/ZeRO, TP+SP, PP, CP)",
-        description="Bytes on the most loaded GPU (params, grads, optimizer, activations, logits, comm buffers, "
-                    "context, allocator overhead) at the peak of a steady-state training step, and per pipeline stage. "
-                    "Give the model by --model PRESET or by its dimensions; --params N with --model-states-only gives "
-                    "the ZeRO/DeepSpeed model-states figures.")
+        description="Bytes on the most loaded GPU (parameters, gradients, optimizer states, activations, logits, comm "
+                    "buffers, context, allocator overhead) at the peak of a steady-state training step, and per pipeline "
+                    "stage. Give the model by --model PRESET or by its dimensions; --params N with --model-states-only "
+                    "gives the ZeRO/DeepSpeed model-states figures.")
     m = p.add_argument_group("model")
     m.add_argument("--model", metavar="PRESET", help="a preset name (see --list-models); dimension flags override it")
     m.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     for d in DIMS:
-        m.add_argument(f"--{d.replace('_', '-')}", type=int, dest=d)
+        m.add_argument(f"--{d.replace('_', '-')}", type=positive_int, dest=d)
     m.add_argument("--gated", action="store_true", default=None, help="gated (SwiGLU) MLP")
     m.add_argument("--untied", action="store_true", help="untied input and output embeddings")
-    m.add_argument("--params", type=float, help="parameter count (with --model-states-only)")
+    m.add_argument("--params", type=finite_float(ge=1), help="parameter count (with --model-states-only)")
     m.add_argument("--model-states-only", action="store_true", help="weights + grads + optimizer states only")
     t = p.add_argument_group("training")
-    t.add_argument("--micro-batch", type=int, default=1)
-    t.add_argument("--global-batch", type=int)
-    t.add_argument("--dropout", type=float, default=0.0)
-    t.add_argument("--precision", default="bf16-mixed",
-                   choices=("fp32", "amp-bf16", "amp-fp16", "bf16-mixed", "fp16-mixed", "bf16"))
+    t.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (default 1)")
+    t.add_argument("--global-batch", type=positive_int)
+    t.add_argument("--dropout", type=finite_float(ge=0, lt=1), help="dropout probability (default 0)")
+    t.add_argument("--precision", type=vocab_value("precision"), metavar=choices_metavar(PRECISIONS),
+                   help="default bf16-mixed")
     t.add_argument("--fp32-grads", action="store_true", help="fp32 gradient accumulation (Megatron: 18 B/param)")
-    t.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "adam8bit"))
-    t.add_argument("--optimizer-impl", default="foreach", choices=("foreach", "fused", "for-loop"))
-    t.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    t.add_argument("--recompute-every", type=int, default=1, help="with --recompute full: segments of K layers")
+    t.add_argument("--optimizer", type=vocab_value("optimizer"), metavar=choices_metavar(OPTIMIZERS),
+                   help="default adamw")
+    t.add_argument("--optimizer-impl", type=vocab_value("optimizer_impl"), metavar=choices_metavar(OPTIMIZER_IMPLS),
+                   help="default foreach (PyTorch's default on CUDA)")
+    t.add_argument("--recompute", type=recompute_value, metavar="{none,selective,full,every-K}",
+                   help="activation recomputation: none (default), selective (attention core), full (every layer), "
+                        "every-K (checkpoint segments of K layers)")
+    t.add_argument("--recompute-every", type=positive_int, action=Deprecated, new="--recompute every-K")
     t.add_argument("--no-flash", action="store_true", help="math attention (keeps the s x s scores)")
     t.add_argument("--keep-logits", action="store_true", help="the training loop holds the logits through backward")
     t.add_argument("--framework", choices=("pytorch", "megatron"),
                    help="activation layout: pytorch (default for an estimate) or megatron (default for --plan)")
     q = p.add_argument_group("parallelism")
     for d in ("tp", "pp", "dp", "cp"):
-        q.add_argument(f"--{d}", type=int, default=1)
-    q.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+        q.add_argument(f"--{d}", type=positive_int, help="default 1")
+    q.add_argument("--zero", type=nonnegative_int, choices=(0, 1, 2, 3), help="ZeRO stage (default 0)")
     q.add_argument("--sp", action="store_true", help="sequence parallelism (with --tp > 1)")
-    q.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    q.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per rank (interleaved 1F1B)")
     q.add_argument("--schedule", choices=("1f1b", "gpipe", "interleaved"), help="default 1f1b (interleaved with --vpp)")
     q.add_argument("--no-vocab-parallel", action="store_true", help="embeddings and LM head replicated over tp")
-    q.add_argument("--shard-size", type=int, help="ZeRO/FSDP sharding group (hybrid shard)")
+    q.add_argument("--shard-size", type=positive_int, help="ZeRO/FSDP sharding group (hybrid shard)")
     q.add_argument("--no-reshard", action="store_true", help="ZeRO-3: keep gathered params from forward to backward")
     pl = p.add_argument_group("planner (--plan: search layouts for a cluster instead of estimating one)")
     pl.add_argument("--plan", action="store_true", help="rank (tp, pp, dp, ZeRO, micro-batch, recompute) layouts")
-    pl.add_argument("--gpus", type=int, default=8, help="GPUs in the cluster (default 8)")
-    pl.add_argument("--gpus-per-node", type=int, default=8)
-    pl.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
+    pl.add_argument("--gpus", type=positive_int, help="GPUs in the cluster (default 8)")
+    pl.add_argument("--gpus-per-node", type=positive_int, help="default: 8, or --gpus when fewer")
+    pl.add_argument("--gpu-memory", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
                     "default: NVSwitch-like 450 GB/s links")
-    pl.add_argument("--margin", type=float, default=0.10, help="memory kept free, fraction (default 0.10)")
-    pl.add_argument("--tflops", type=float, default=400.0, help="achievable TFLOP/s per GPU (default 400)")
+    pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
+    pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default 400)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
+
+
+def _given(args, names) -> list[str]:
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+
+
+def _check_mode(args) -> None:
+    """Refuse the flags that do not apply to the chosen mode, then fill in the defaults."""
+    if args.plan:
+        wrong = _given(args, ESTIMATE_ONLY)
+        if wrong:
+            raise LabkitError(f"{', '.join(wrong)} does not apply to --plan (the planner searches tp, pp, dp, ZeRO, "
+                              "micro-batch and recompute itself)")
+    else:
+        wrong = _given(args, PLAN_ONLY)
+        if wrong:
+            raise LabkitError(f"{', '.join(wrong)} only applies to --plan")
+    if args.recompute_every is not None:
+        rc = args.recompute
+        if rc is None or rc.kind not in ("full", "every"):
+            raise LabkitError(f"--recompute-every {args.recompute_every} needs --recompute full "
+                              f"(better: --recompute every-{args.recompute_every})")
+        if rc.kind == "every" and rc.every != args.recompute_every:
+            raise LabkitError(f"--recompute {rc} contradicts --recompute-every {args.recompute_every}")
+    for k, v in DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
 
 def _model(args):
@@ -85,15 +130,19 @@ def _model(args):
 
 
 def build(args):
+    from labkit.core.vocab import Recompute
     from labkit.memory.estimate import ParallelSpec, TrainSpec
 
     schedule = args.schedule or ("interleaved" if (args.vpp or 1) > 1 else "1f1b")
     par = ParallelSpec(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, zero=args.zero, sp=args.sp, vpp=args.vpp,
                        schedule=schedule, vocab_parallel=not args.no_vocab_parallel, shard_size=args.shard_size,
                        reshard_after_forward=not args.no_reshard)
+    recompute = args.recompute or Recompute()
+    if args.recompute_every is not None and recompute.kind == "full":
+        recompute = Recompute("every", args.recompute_every)  # the deprecated --recompute full --recompute-every K
     train = TrainSpec(micro_batch=args.micro_batch, global_batch=args.global_batch, precision=args.precision,
-                      optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                      recompute_every=args.recompute_every, flash=not args.no_flash, dropout=args.dropout,
+                      optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=recompute,
+                      flash=not args.no_flash, dropout=args.dropout,
                       fp32_grad_accum=args.fp32_grads, keep_logits=args.keep_logits,
                       framework=args.framework or "pytorch")
     return par, train
@@ -105,7 +154,9 @@ def _row(name, n):
 
 def run(args: argparse.Namespace) -> int:
     from labkit.memory.estimate import CATEGORIES, estimate, model_states_only
+    from labkit.memory.estimate.totals import spec_dict
 
+    _check_mode(args)
     if args.list_models:
         from labkit.memory.estimate.presets import presets
 
@@ -126,9 +177,9 @@ def run(args: argparse.Namespace) -> int:
 
             n = total_params(_model(args))
         ms = model_states_only(n, par, train)
-        doc = {"params": n, "per_gpu_bytes": {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer,
-                                              "total": ms.total},
-               "parallel": dataclasses.asdict(par), "train": dataclasses.asdict(train)}
+        doc = {"params": n, "per_gpu_bytes": {"parameters": ms.params, "gradients": ms.grads,
+                                              "optimizer_state": ms.optimizer, "total": ms.total},
+               "parallel": spec_dict(par), "train": spec_dict(train)}
         if args.json:
             print(dumps(doc))
         else:
@@ -164,24 +215,26 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS, LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
+    from labkit.memory.estimate.planner import LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
 
     model = _model(args)
     if args.global_batch is None:
         raise LabkitError("--plan needs --global-batch")
     mem = parse_bytes(args.gpu_memory, what="--gpu-memory")
-    flops = args.tflops * 1e12 if args.tflops else DEFAULT_ACHIEVABLE_FLOPS
-    if args.gpus < 1 or args.gpus_per_node < 1:
-        raise LabkitError("--gpus and --gpus-per-node must be >= 1")
+    if mem < 1:
+        raise LabkitError(f"--gpu-memory must be positive, got {args.gpu_memory!r}")
+    flops = args.tflops * 1e12
+    per_node = args.gpus_per_node if args.gpus_per_node is not None else min(8, args.gpus)
+    if per_node > args.gpus:
+        raise LabkitError(f"--gpus-per-node {per_node} is more than --gpus {args.gpus}")
+    if args.gpus % per_node:
+        raise LabkitError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
     if args.topology:
-        per_node = args.gpus_per_node
-        if args.gpus % per_node:
-            raise LabkitError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
         cl = cluster_from_topology(args.topology, nodes=args.gpus // per_node, gpu_memory_bytes=mem, achievable_flops=flops)
         if cl.gpus_per_node != per_node:
             raise LabkitError(f"--topology {args.topology} has {cl.gpus_per_node} GPUs per node, not --gpus-per-node {per_node}")
     else:
-        cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, min(args.gpus, args.gpus_per_node), mem,
+        cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, per_node, mem,
                              LinkSpec(450e9, 3.4e-6, "450 GB/s (NVLink4-class)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
                              achievable_flops=flops)
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, fmt_bytes
+from labkit.core.vocab import Recompute
 from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
 
 # About 40% of the dense bf16 peak of an H100/H200 (989 TFLOP/s): a typical training MFU.
@@ -139,9 +140,11 @@ class StepTime:
         return self.compute_s + self.bubble_s + self.tp_s + self.pp_s + self.dp_s
 
 
-def training_flops_per_token(m: ModelSpec, seq: int, recompute: str) -> float:
+def training_flops_per_token(m: ModelSpec, seq: int, recompute: "Recompute | str") -> float:
     """Matmul FLOPs (6 per parameter and token, embeddings' lookup excluded, LM head included) plus
-    attention (12 L s h: scores and weighted values, forward and backward), with recomputation."""
+    attention (12 L s h: scores and weighted values, forward and backward), with recomputation
+    (``full`` and ``every-K`` rerun every layer's forward, ``selective`` the attention core)."""
+    rc = Recompute.parse(recompute)
     n = total_params(m) - (m.seq * m.hidden if m.learned_pos_emb else 0)
     if not m.tied_embeddings:
         n -= m.vocab * m.hidden  # the input embedding is a lookup; a tied matrix counts once, as the head
@@ -149,9 +152,9 @@ def training_flops_per_token(m: ModelSpec, seq: int, recompute: str) -> float:
     mat = 2 * n                                       # forward, per token
     fwd = mat + attn
     total = 3 * fwd
-    if recompute == "full":
+    if rc.segment is not None:
         total += fwd
-    elif recompute == "selective":
+    elif rc.kind == "selective":
         total += attn
     return total
 
@@ -169,7 +172,7 @@ def step_time(m: ModelSpec, par: ParallelSpec, train: TrainSpec, cluster: Cluste
         lk = cluster.link(par.tp, par.tp)
         nbytes = seq * train.micro_batch * m.hidden * act
         per = alpha_beta_time("all_reduce", nbytes, par.tp, lk.bandwidth_Bps, lk.latency_s)
-        n_coll = 4 + (2 if train.recompute == "full" else 0)
+        n_coll = 4 + (2 if train.recompute.segment is not None else 0)
         tp = per * n_coll * (m.layers // par.pp) * n_micro
     pp = 0.0
     if par.pp > 1:

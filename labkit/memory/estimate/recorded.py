@@ -2,9 +2,11 @@
 (``data/measurements/parallel_memory/``, written by ``benchmarks/gpu/record_parallel_memory.py``) and
 the tracer's single-GPU reference cases (``data/measurements/measure/reference_peaks.json``).
 
-Each recorded case is translated into the estimator's inputs exactly as it ran (the lab's GPT:
-LayerNorm with biases, learned positions, tied embeddings, GELU MLP; PyTorch layout; the
-optimizer implementation it used) and compared on the steady step's ``max_memory_allocated``.
+Each recorded case goes into the estimator's inputs exactly as it ran (the lab's GPT: LayerNorm with
+biases, learned positions, tied embeddings, GELU MLP; PyTorch layout); its precision, recompute
+policy and optimizer (with the implementation it really ran) are already in the lab's vocabulary
+(:mod:`labkit.core.vocab`), so they go straight into :class:`TrainSpec`. The comparison is on the
+steady step's ``max_memory_allocated``.
 The allocator-overhead and CUDA-context defaults of :mod:`labkit.memory.estimate.buffers` are
 derived here from the same files.
 """
@@ -19,9 +21,7 @@ from typing import Any
 from labkit.core.errors import LabkitError
 from labkit.memory.estimate.buffers import Overheads
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
-from labkit.memory.estimate.totals import estimate
-
-PHASES = ("forward", "backward", "optimizer")
+from labkit.memory.estimate.totals import PHASES, estimate
 
 
 @dataclass
@@ -53,23 +53,6 @@ def gpt_model_spec(cfg: dict[str, Any], name: str = "gpt") -> ModelSpec:
                          name=name)
     except KeyError as exc:
         raise LabkitError(f"recorded config lacks {exc}") from None
-
-
-def recompute_of(checkpointing: str) -> tuple[str, int]:
-    """The harness's checkpointing policy as (recompute, recompute_every)."""
-    if checkpointing in ("none", "selective"):
-        return checkpointing, 1
-    if checkpointing == "full":
-        return "full", 1
-    if checkpointing.startswith("every-"):
-        return "full", int(checkpointing.split("-", 1)[1])
-    raise LabkitError(f"unknown checkpointing policy {checkpointing!r}")
-
-
-def optimizer_of(name: str) -> tuple[str, str]:
-    """The harness's optimizer names: 'adamw' is the fused kernel, 'adamw-foreach' the multi-tensor one."""
-    return {"adamw": ("adamw", "fused"), "adamw-foreach": ("adamw", "foreach"), "sgd": ("sgd", "foreach")}.get(
-        name, ("adamw", "foreach"))
 
 
 def _source(prov: dict[str, Any]) -> str:
@@ -158,11 +141,8 @@ def tracer_specs(case: Any) -> tuple[ModelSpec, ParallelSpec, TrainSpec]:
     if case.model != "labkit-gpt":
         raise LabkitError(f"case {case.name}: only the lab's GPT is modelled exactly, not {case.model}")
     m = gpt_model_spec(case.config, case.name)
-    rec, every = recompute_of(case.checkpointing)
-    opt, impl = optimizer_of(case.optimizer)
-    train = TrainSpec(micro_batch=case.batch, seq=case.seq, precision=case.precision, optimizer=opt, optimizer_impl=impl,
-                      recompute=rec, recompute_every=every, dropout=float(case.config.get("dropout", 0.0)),
-                      framework="pytorch")
+    train = TrainSpec(micro_batch=case.batch, seq=case.seq, precision=case.precision, optimizer=case.optimizer,
+                      recompute=case.recompute, dropout=float(case.config.get("dropout", 0.0)), framework="pytorch")
     return m, ParallelSpec(), train
 
 

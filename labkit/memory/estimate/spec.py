@@ -8,15 +8,18 @@ the interleaved schedule), ``dp`` data, ``cp`` context parallel sizes; ``zero`` 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import OptimizerSpec, Recompute, canonical
 
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16-mixed", "fp16-mixed", "bf16")
-OPTIMIZERS = ("adamw", "sgd", "adam8bit")
-OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
-RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+# What the model supports: dimensions and batch sizes up to 2^24 (16,777,216) and parallel sizes up
+# to 2^20 keep every byte count finite; one estimate per pipeline stage bounds pp.
+MAX_DIM = 1 << 24
+MAX_PARALLEL = 1 << 20
+MAX_PP = 1024
 FRAMEWORKS = ("pytorch", "megatron")
 
 
@@ -42,8 +45,12 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "vocab", "seq"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LabkitError(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        for f in ("layers", "hidden", "heads", "vocab", "seq", "kv_heads", "ffn", "head_dim"):
+            v = getattr(self, f)
+            if v is not None and v > MAX_DIM:
+                raise LabkitError(f"model {self.name}: {f} {v} is above the {MAX_DIM} the model supports")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise LabkitError(f"model {self.name}: heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
         if self.head_dim is None and self.hidden % self.heads:
@@ -105,7 +112,13 @@ class ParallelSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """The training recipe of one step."""
+    """The training recipe of one step, in the lab's vocabulary (:mod:`labkit.core.vocab`).
+
+    ``recompute`` is a :class:`~labkit.core.vocab.Recompute` or its spelling (``none``, ``selective``,
+    ``full``, ``every-K``); ``optimizer`` a name or an :class:`~labkit.core.vocab.OptimizerSpec`
+    (which also sets ``optimizer_impl``). ``recompute_every`` is the old spelling of ``every-K``
+    (deprecated: with ``recompute="full"`` it becomes ``every-K``).
+    """
 
     micro_batch: int = 1
     global_batch: int | None = None      # None: micro_batch x dp (one micro-batch per step)
@@ -113,37 +126,62 @@ class TrainSpec:
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     optimizer_impl: str = "foreach"      # PyTorch AdamW: foreach (default on CUDA), fused, for-loop
-    recompute: str = "none"              # none | selective (attention core) | full
-    recompute_every: int = 1             # with full: checkpoint every k-th layer (1: all layers)
+    recompute: Recompute = Recompute()   # none | selective (attention core) | full | every-K
+    recompute_every: int | None = None   # deprecated alias: recompute="full", recompute_every=K is every-K
     flash: bool = True                   # flash / memory-efficient attention (no s^2 scores kept)
     dropout: float = 0.0
     fp32_grad_accum: bool = False        # Megatron's fp32 main grads (18 B/param with Adam)
     keep_logits: bool = False            # the training loop holds the logits through backward
     framework: str = "pytorch"           # pytorch: nn.Module + SDPA + DTensor; megatron: the paper's layout
 
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "precision", canonical("precision", self.precision, what="precision"))
+        if isinstance(self.optimizer, OptimizerSpec):
+            opt = self.optimizer
+        else:
+            opt = OptimizerSpec.parse(self.optimizer, self.optimizer_impl)
+        set_(self, "optimizer", opt.name)
+        set_(self, "optimizer_impl", opt.impl)
+        rc = Recompute.parse(self.recompute)
+        if self.recompute_every is not None:
+            k = self.recompute_every
+            warnings.warn("TrainSpec(recompute_every=K) is deprecated: use recompute='every-K'",
+                          DeprecationWarning, stacklevel=3)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise LabkitError(f"recompute_every must be an integer >= 1, got {k!r}")
+            if rc.kind == "full":
+                rc = Recompute("every", k)
+            elif k != 1 and rc.kind != "every":
+                raise LabkitError(f"recompute_every={k} needs recompute='full' (or say recompute='every-{k}')")
+            elif k != 1 and rc.every != k:
+                raise LabkitError(f"recompute={str(rc)!r} contradicts recompute_every={k}")
+            set_(self, "recompute_every", None)
+        set_(self, "recompute", rc)
+
+    @property
+    def optimizer_spec(self) -> OptimizerSpec:
+        return OptimizerSpec(self.optimizer, self.optimizer_impl)  # type: ignore[arg-type]
+
 
 def validate(model: ModelSpec, par: ParallelSpec, train: TrainSpec) -> None:
     """Raise LabkitError naming the input and what is wrong, for impossible combinations."""
     for f in ("tp", "pp", "dp", "cp"):
         v = getattr(par, f)
-        if not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise LabkitError(f"--{f} must be a positive integer, got {v!r}")
+        if v > (MAX_PP if f == "pp" else MAX_PARALLEL):
+            raise LabkitError(f"--{f} {v} is above the {MAX_PP if f == 'pp' else MAX_PARALLEL} the model supports")
+    for f in ("micro_batch", "global_batch", "seq"):
+        v = getattr(train, f)
+        if v is not None and isinstance(v, int) and v > MAX_DIM:
+            raise LabkitError(f"--{f.replace('_', '-')} {v} is above the {MAX_DIM} the model supports")
     if par.zero not in (0, 1, 2, 3):
         raise LabkitError(f"--zero must be 0, 1, 2 or 3, got {par.zero!r}")
     if par.schedule not in SCHEDULES:
         raise LabkitError(f"schedule {par.schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if train.precision not in PRECISIONS:
-        raise LabkitError(f"--precision {train.precision!r} is not one of {', '.join(PRECISIONS)}")
-    if train.optimizer not in OPTIMIZERS:
-        raise LabkitError(f"--optimizer {train.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-    if train.optimizer_impl not in OPTIMIZER_IMPLS:
-        raise LabkitError(f"optimizer implementation {train.optimizer_impl!r} is not one of {', '.join(OPTIMIZER_IMPLS)}")
-    if train.recompute not in RECOMPUTE:
-        raise LabkitError(f"--recompute {train.recompute!r} is not one of {', '.join(RECOMPUTE)}")
     if train.framework not in FRAMEWORKS:
         raise LabkitError(f"framework {train.framework!r} is not one of {', '.join(FRAMEWORKS)}")
-    if train.recompute_every < 1:
-        raise LabkitError(f"--recompute-every must be >= 1, got {train.recompute_every}")
     if not 0.0 <= train.dropout < 1.0:
         raise LabkitError(f"--dropout must be in [0, 1), got {train.dropout}")
     if model.heads % par.tp:

@@ -65,7 +65,7 @@ def precision_bytes(train: TrainSpec) -> Bytes:
     p = _PRECISION[train.precision]
     grad = 4 if train.fp32_grad_accum else p["grad"]
     state = p["state"]
-    if train.optimizer == "adamw":
+    if train.optimizer in ("adamw", "adam"):
         states = 2.0 * state
     elif train.optimizer == "sgd":
         states = 1.0 * state

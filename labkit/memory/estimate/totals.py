@@ -23,13 +23,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from labkit.core.vocab import Category, CategoryBytes, Phase
 from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
 from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
 from labkit.memory.estimate.states import ModelStates, model_states, precision_bytes, stage_params, total_params
 
-CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead")
-PHASES = ("forward", "backward", "optimizer")
+# The model's subsets of the lab's vocabulary (labkit.core.vocab): the categories it separates
+# ("context" holds the CUDA context and the libraries' workspaces) and the phases it has peaks for.
+CATEGORIES: tuple[Category, ...] = ("parameters", "gradients", "optimizer_state", "activations", "logits",
+                                    "comm_buffers", "context", "allocator_overhead")
+PHASES: tuple[Phase, ...] = ("forward", "backward", "optimizer")
 
 
 @dataclass
@@ -75,7 +79,7 @@ class Estimate:
 
 
 def _optimizer_temp(n_opt: float, train: TrainSpec, by) -> float:
-    if train.optimizer != "adamw" or train.optimizer_impl == "fused" or train.framework == "megatron":
+    if train.optimizer not in ("adamw", "adam") or train.optimizer_impl == "fused" or train.framework == "megatron":
         return 0.0  # fused kernels (Megatron uses a fused Adam) update in place
     elem = 4 if by.master else by.states / 2
     if train.optimizer_impl == "foreach":
@@ -111,8 +115,8 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     ws = oh.workspace
 
     def cat(params, grads, acts, logits, comm, extra_opt=0.0):
-        return {"params": params, "grads": grads, "optimizer": ms.optimizer + extra_opt, "activations": acts,
-                "logits": logits, "comm_buffers": comm, "context": ws}
+        return {"parameters": params, "gradients": grads, "optimizer_state": ms.optimizer + extra_opt,
+                "activations": acts, "logits": logits, "comm_buffers": comm, "context": ws}
 
     fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A, (k - 1) * held + (lg.forward_peak if lg else 0),
               cb.persistent + cb.forward)
@@ -130,18 +134,18 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     cands = {"forward": fwd, "backward": max(bwd_loss, bwd_layer, bwd_end, key=lambda c: sum(c.values())), "optimizer": opt}
     phases = {p: int(sum(c.values())) for p, c in cands.items()}
     phase = max(PHASES, key=lambda p: phases[p])
-    peak = {kk: int(v) for kk, v in cands[phase].items()}
+    peak = CategoryBytes({kk: int(v) for kk, v in cands[phase].items()})
     allocated = sum(peak.values())
     overhead = int(allocated * oh.allocator_overhead)
     peak["comm_buffers"] += oh.nccl_per_communicator * communicators(par)
     peak["context"] += oh.cuda_context
-    peak["overhead"] = overhead
+    peak["allocator_overhead"] = overhead
     peak["total"] = sum(peak[c] for c in CATEGORIES)
     steady = int(ms.params + ms.optimizer + cb.persistent + ws + (ms.grads if persistent_grads else 0))
     return StageEstimate(stage=stage, layers=pc.layers, in_flight=k, peak_phase=phase, per_gpu_bytes=peak,
                          peak_allocated=allocated, peak_reserved=allocated + overhead, phases=phases,
                          steady_bytes=steady, params_local=pc.total,
-                         phase_breakdown={p: {kk: int(v) for kk, v in c.items()} for p, c in cands.items()})
+                         phase_breakdown={p: CategoryBytes({kk: int(v) for kk, v in c.items()}) for p, c in cands.items()})
 
 
 def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: TrainSpec | None = None,
@@ -168,11 +172,12 @@ def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: Trai
     if by.autocast:
         notes.append("autocast keeps a 16-bit copy of every matmul weight from forward to backward (counted in params)")
     return Estimate(
-        model=_asdict(model), parallel=_asdict(par), train=_asdict(train), params_total=total_params(model),
-        micro_batches=micro_batches(par, train), per_gpu_bytes=dict(worst.per_gpu_bytes), peak_phase=worst.peak_phase,
+        model=spec_dict(model), parallel=spec_dict(par), train=spec_dict(train), params_total=total_params(model),
+        micro_batches=micro_batches(par, train), per_gpu_bytes=CategoryBytes(worst.per_gpu_bytes), peak_phase=worst.peak_phase,
         most_loaded_stage=worst.stage, peak_allocated=worst.peak_allocated, peak_reserved=worst.peak_reserved,
         steady_bytes=worst.steady_bytes, by_stage=stages,
-        model_states={"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer, "total": ms.total},
+        model_states=CategoryBytes(parameters=ms.params, gradients=ms.grads, optimizer_state=ms.optimizer,
+                                   total=ms.total),
         layer_activations={"kept": la.kept, "without_recompute": la.full, "attention_core": la.core,
                            "layer_input": la.layer_input},
         notes=notes)
@@ -182,8 +187,13 @@ def _stages_to_compute(par: ParallelSpec) -> list[int]:
     return list(range(par.pp))
 
 
-def _asdict(obj) -> dict:
-    return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
+def spec_dict(obj) -> dict:
+    """A spec's fields as plain values (a recompute policy as its spelling; the deprecated
+    ``recompute_every`` alias, always folded into ``recompute``, left out)."""
+    out = {k: getattr(obj, k) for k in obj.__dataclass_fields__ if k != "recompute_every"}
+    if "recompute" in out:
+        out["recompute"] = str(out["recompute"])
+    return out
 
 
 def model_states_only(n_params: int, parallel: ParallelSpec | None = None, train: TrainSpec | None = None) -> ModelStates:

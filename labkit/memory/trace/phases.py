@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import CategoryBytes
 
 
 @dataclass
@@ -155,8 +156,10 @@ def profiler_memory_timeline(fn: Callable[[], Any], path: str | Path, *, device:
     return path
 
 
-# torch.profiler's memory timeline columns (torch/profiler/_memory_profiler.py, _CATEGORY_TO_INDEX + 1)
-PROFILER_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
+# torch.profiler's memory timeline columns (torch/profiler/_memory_profiler.py, _CATEGORY_TO_INDEX + 1),
+# in the lab's vocabulary (labkit.core.vocab). The profiler's last two classes have no counterpart
+# in the lab and keep torch's names: autograd bookkeeping, and storages it could not classify.
+PROFILER_CATEGORIES = ("parameters", "optimizer_state", "inputs", "temporaries", "activations", "gradients",
                        "autograd_detail", "unknown")
 
 
@@ -165,7 +168,7 @@ class ProfilerTimeline:
     """A memory timeline exported by ``torch.profiler``: bytes per category over time (microseconds)."""
 
     times_us: list[float]
-    by_category: dict[str, list[int]]
+    by_category: dict[str, list[int]]     # PROFILER_CATEGORIES; torch's singular names still read (deprecated)
 
     @property
     def peak_bytes(self) -> int:
@@ -182,5 +185,5 @@ def read_profiler_timeline(path: str | Path) -> ProfilerTimeline:
     except (OSError, ValueError) as exc:
         raise LabkitError(f"{path}: not a torch.profiler memory timeline ({exc})") from None
     t0 = times[0] if times else 0
-    cols = {c: [int(row[i + 1]) for row in sizes] for i, c in enumerate(PROFILER_CATEGORIES)}
+    cols = CategoryBytes({c: [int(row[i + 1]) for row in sizes] for i, c in enumerate(PROFILER_CATEGORIES)})
     return ProfilerTimeline([(t - t0) / 1000.0 for t in times], cols)

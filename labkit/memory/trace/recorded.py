@@ -1,7 +1,9 @@
 """Recorded GPU peaks (``data/measurements/measure/``) and the fake-mode predictions made for them.
 
 ``reference_peaks.json`` holds one row per case (written by ``benchmarks/gpu/record_measure.py``):
-workload name, model kind, config, batch, sequence, precision, checkpointing, optimizer, the steady
+workload name, model kind, config, batch, sequence, precision, recompute policy (``checkpointing`` in
+the files recorded so far), optimizer (and ``optimizer_impl``; files without it were recorded when the
+harness's ``adamw`` meant the fused kernel and ``adamw-foreach`` the multi-tensor one), the steady
 step's ``peak_allocated`` (``torch.cuda.max_memory_allocated``) and ``peak_reserved``, per-phase
 peaks, by-category bytes, and ``fake_inputs``: what :func:`predict_case` needs to rerun the case in
 fake mode on a machine without a GPU.
@@ -14,6 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import OptimizerSpec, Recompute, canonical
+
+# What the recording harness ran for each optimizer name before recordings stated the implementation
+# (its ``adamw`` was fused AdamW; SGD with momentum took PyTorch's default, foreach on CUDA).
+RECORDED_OPTIMIZER = {"adamw": OptimizerSpec("adamw", "fused"), "adamw-foreach": OptimizerSpec("adamw", "foreach"),
+                      "sgd": OptimizerSpec("sgd", "foreach")}
+
+
+def recorded_optimizer(name: str, impl: str | None = None) -> OptimizerSpec:
+    """The optimizer a recorded case really ran: ``impl`` when the recording states it, else what the
+    recording harness's name meant (:data:`RECORDED_OPTIMIZER`)."""
+    if impl is not None:
+        return OptimizerSpec(canonical("optimizer", name), canonical("optimizer_impl", impl))
+    spec = RECORDED_OPTIMIZER.get(name)
+    if spec is None:
+        raise LabkitError(f"recorded optimizer {name!r} is not one of {', '.join(RECORDED_OPTIMIZER)}")
+    return spec
 
 
 def measure_dir() -> Path:
@@ -32,8 +51,8 @@ class RecordedCase:
     batch: int
     seq: int
     precision: str
-    checkpointing: str
-    optimizer: str
+    recompute: Recompute
+    optimizer: OptimizerSpec                # with the implementation the case really ran
     peak_allocated: int
     peak_reserved: int | None
     phase_peaks_allocated: dict[str, int]
@@ -41,6 +60,14 @@ class RecordedCase:
     tracker_peak: int
     num_params: int
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checkpointing(self) -> str:
+        """Deprecated: the recompute policy's spelling (use ``recompute``)."""
+        import warnings
+
+        warnings.warn("RecordedCase.checkpointing is deprecated: use .recompute", DeprecationWarning, stacklevel=2)
+        return str(self.recompute)
 
 
 @dataclass
@@ -69,14 +96,16 @@ def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
         try:
             out.append(RecordedCase(
                 name=r["name"], model=r["model"], config=dict(r["config"]), batch=int(r["batch"]), seq=int(r["seq"]),
-                precision=r["precision"], checkpointing=r["checkpointing"], optimizer=r["optimizer"],
+                precision=canonical("precision", r["precision"]),
+                recompute=Recompute.parse(r["recompute"] if "recompute" in r else r["checkpointing"]),
+                optimizer=recorded_optimizer(r["optimizer"], r.get("optimizer_impl")),
                 peak_allocated=int(r["peak_allocated"]),
                 peak_reserved=None if r.get("peak_reserved") is None else int(r["peak_reserved"]),
                 phase_peaks_allocated={k: int(v) for k, v in (r.get("phase_peaks_allocated") or {}).items()},
                 by_category={k: int(v) for k, v in (r.get("by_category") or {}).items()},
                 tracker_peak=int(r.get("tracker_peak", 0)), num_params=int(r.get("num_params", 0)),
                 provenance=doc["provenance"]))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, LabkitError) as exc:
             raise LabkitError(f"{path}: case {r.get('name', '?')!r} is malformed ({exc})") from None
     return out
 
@@ -102,8 +131,8 @@ def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
     from labkit.memory.trace.step import measure_step
 
     factory, batch, kw = case_inputs(case)
-    rep = measure_step(factory, batch, precision=case.precision, checkpointing=case.checkpointing,
-                       optimizer=case.optimizer, device="fake-cuda", steps=2, target=target, **kw)
+    rep = measure_step(factory, batch, precision=case.precision, recompute=case.recompute, optimizer=case.optimizer,
+                       device="fake-cuda", steps=2, target=target, **kw)
     err = 100.0 * (rep.peak_bytes - case.peak_allocated) / case.peak_allocated
     phase_err = {}
     for p in rep.by_phase:

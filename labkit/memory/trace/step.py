@@ -109,12 +109,12 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-                 optimizer: str = "adamw", precision: str = "fp32", checkpointing: str = "none",
+                 optimizer: Any = "adamw", precision: str = "fp32", recompute: Any = "none",
                  device: str = "fake-cuda", steps: int = 2,
                  call: Callable[[nn.Module, Any], Any] | None = None,
                  target: Any = None, op_log: bool = False, timing: bool = False,
                  rounding: int | None = None, alloc_confs: tuple[str, ...] = (),
-                 observers: tuple = ()) -> MeasureReport:
+                 observers: tuple = (), checkpointing: str | None = None) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -124,6 +124,9 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     :class:`labkit.memory.trace.fake_cuda.CudaTarget` describing the GPU's choices (default: H200,
     torch 2.11). ``op_log`` keeps one record per op (on CUDA with the allocator's view: slow).
     ``rounding``: bytes each storage is rounded up to (default 512 for cuda and fake-cuda, 1 for cpu).
+    ``precision``, ``recompute`` (a :class:`~labkit.core.vocab.Recompute` or ``none|selective|full|every-K``)
+    and ``optimizer`` (a name, implementation ``foreach``, or an :class:`~labkit.core.vocab.OptimizerSpec`)
+    speak :mod:`labkit.core.vocab`; ``checkpointing`` is the deprecated name of ``recompute``.
     ``alloc_confs`` (fake mode): also replay the run's allocation stream under each of these
     ``PYTORCH_ALLOC_CONF`` values; the report's ``reserved_by_conf`` holds what each predicts.
     ``observers``: callables ``(func, args, kwargs, out, phase)`` the tracker calls after every op
@@ -135,7 +138,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         raise LabkitError(f"device {device!r} is not one of {', '.join(DEVICES)}")
     if steps < 1:
         raise LabkitError(f"steps must be >= 1, got {steps}")
-    policy = StepPolicy(precision=precision, optimizer=optimizer, checkpointing=checkpointing)
+    policy = StepPolicy(precision=precision, optimizer=optimizer, recompute=recompute, checkpointing=checkpointing)
     is_cuda = device == "cuda"
     if is_cuda and not torch.cuda.is_available():
         raise LabkitError("device 'cuda' asked for but torch sees no CUDA GPU here; use device='fake-cuda'")
@@ -283,7 +286,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         if hasattr(p, "_index"):
             del p._index  # type: ignore[attr-defined]
     rep = MeasureReport(
-        device=device, policy={"precision": precision, "optimizer": optimizer, "checkpointing": checkpointing},
+        device=device, policy={"precision": policy.precision, "optimizer": policy.optimizer.name,
+                               "optimizer_impl": policy.optimizer.impl, "recompute": str(policy.recompute)},
         steps=steps, peak_bytes=top.peak_bytes, peak_phase=top.phase, by_phase=last,
         by_category=top_storage.peak_by_category, init_bytes=init_bytes,
         storage_peak_bytes=top_storage.storage_peak_bytes, reserved_bytes=reserved, all_phases=phases, cuda=cuda_info,

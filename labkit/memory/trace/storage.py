@@ -21,7 +21,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs", "workspace")
+from labkit.core.vocab import Category
+
+# The tracer's subset of the lab's memory categories (labkit.core.vocab): what it can tell apart
+# from the storages it sees.
+CATEGORIES: tuple[Category, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
+                                    "inputs", "workspace")
 
 
 def round_up(nbytes: int, rounding: int) -> int:

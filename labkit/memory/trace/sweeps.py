@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import Recompute
 
 
 @dataclass
@@ -20,13 +21,21 @@ class SweepPoint:
 
     label: str
     precision: str
-    checkpointing: str
+    recompute: str                  # the policy's spelling: none, selective, full, every-K
     peak_bytes: int
     model_state_bytes: int          # parameters + optimizer state live at the peak
     beyond_states_bytes: int        # peak minus model states: activations, gradients, temporaries, workspaces
     by_category: dict[str, int]
     peak_phase: str
     step_time_s: float | None = None
+
+    @property
+    def checkpointing(self) -> str:
+        """Deprecated name of ``recompute``."""
+        import warnings
+
+        warnings.warn("SweepPoint.checkpointing is deprecated: use .recompute", DeprecationWarning, stacklevel=2)
+        return self.recompute
 
 
 def segment_lengths(n_layers: int, ks: list[int] | None = None) -> list[int]:
@@ -41,7 +50,7 @@ def segment_lengths(n_layers: int, ks: list[int] | None = None) -> list[int]:
     return [k for k in range(1, n_layers + 1) if n_layers % k == 0]
 
 
-def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: str, checkpointing: str,
+def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: str, recompute: str,
                 device: str, n: int) -> float:
     import torch
 
@@ -50,7 +59,7 @@ def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: st
     with torch.device(device):
         model = factory()
     b = move_batch(batch, lambda x: x.to(device))
-    step = TrainStep(model, b, policy=StepPolicy(precision=precision, checkpointing=checkpointing),
+    step = TrainStep(model, b, policy=StepPolicy(precision=precision, recompute=recompute),
                      device_type=device, loss_fn=kw.get("loss_fn"), call=kw.get("call"))
     step.run()
     times = []
@@ -67,20 +76,21 @@ def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: st
 
 def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *, device: str = "fake-cuda",
               kw: dict[str, Any] | None = None, time_steps: int = 0) -> list[SweepPoint]:
-    """Measure (or, in fake mode, predict) each ``(precision, checkpointing)`` policy."""
+    """Measure (or, in fake mode, predict) each ``(precision, recompute)`` policy."""
     from labkit.memory.trace.step import measure_step
 
     kw = kw or {}
     out = []
     for precision, ck in policies:
-        rep = measure_step(factory, batch, precision=precision, checkpointing=ck, device=device, steps=2, **kw)
+        ck = str(Recompute.parse(ck))
+        rep = measure_step(factory, batch, precision=precision, recompute=ck, device=device, steps=2, **kw)
         cats = rep.by_category
         states = cats.get("parameters", 0) + cats.get("optimizer_state", 0)
         t = None
         if time_steps and device in ("cuda", "cpu"):
             t = _time_steps(factory, batch, kw, precision, ck, device, time_steps)
         out.append(SweepPoint(label=ck if len({p for p, _ in policies}) == 1 else precision, precision=precision,
-                              checkpointing=ck, peak_bytes=rep.peak_bytes, model_state_bytes=states,
+                              recompute=ck, peak_bytes=rep.peak_bytes, model_state_bytes=states,
                               beyond_states_bytes=rep.peak_bytes - states, by_category=cats,
                               peak_phase=rep.peak_phase, step_time_s=t))
     return out
@@ -94,8 +104,9 @@ def recorded_sweep(doc: dict[str, Any]) -> list[SweepPoint]:
         cats = {k: int(v) for k, v in (p.get("by_category") or {}).items()}
         states = cats.get("parameters", 0) + cats.get("optimizer_state", 0)
         peak = int(p["peak_allocated"])
-        pts.append(SweepPoint(label=p["checkpointing"] if single_precision else p["precision"],
-                              precision=p["precision"], checkpointing=p["checkpointing"], peak_bytes=peak,
+        rc = p["recompute"] if "recompute" in p else p["checkpointing"]   # recordings so far say checkpointing
+        pts.append(SweepPoint(label=rc if single_precision else p["precision"],
+                              precision=p["precision"], recompute=rc, peak_bytes=peak,
                               model_state_bytes=states, beyond_states_bytes=peak - states, by_category=cats,
                               peak_phase=max(p["phase_peaks_allocated"], key=p["phase_peaks_allocated"].get),
                               step_time_s=p.get("step_time_s")))
@@ -121,8 +132,8 @@ def fit_segments(points: list[SweepPoint], n_layers: int) -> SegmentFit:
 
     rows, ys = [], []
     for p in points:
-        if p.checkpointing.startswith("every-") or p.checkpointing == "full":
-            k = 1 if p.checkpointing == "full" else int(p.checkpointing.split("-")[1])
+        k = Recompute.parse(p.recompute).segment
+        if k is not None:
             rows.append([1.0, n_layers / k, float(k)])
             ys.append(float(p.beyond_states_bytes))
     if len(rows) < 3:

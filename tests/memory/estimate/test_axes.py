@@ -44,21 +44,21 @@ def test_optimizers():
     assert precision_bytes(TrainSpec(optimizer="adam8bit")).optimizer == pytest.approx(4 + 2 + 8 / 256)
     e_adam = estimate(M, ParallelSpec(), TrainSpec(optimizer="adamw"))
     e_8bit = estimate(M, ParallelSpec(), TrainSpec(optimizer="adam8bit"))
-    assert e_8bit.model_states["optimizer"] < e_adam.model_states["optimizer"] * 0.6
-    assert isinstance(e_8bit.model_states["optimizer"], int)
+    assert e_8bit.model_states["optimizer_state"] < e_adam.model_states["optimizer_state"] * 0.6
+    assert isinstance(e_8bit.model_states["optimizer_state"], int)
 
 
 def test_fp32_grad_accumulation_adds_two_bytes_per_param():
     a = estimate(M, ParallelSpec(), TrainSpec()).model_states
     b = estimate(M, ParallelSpec(), TrainSpec(fp32_grad_accum=True)).model_states
-    assert b["grads"] == 2 * a["grads"]
+    assert b["gradients"] == 2 * a["gradients"]
 
 
 def test_gradient_accumulation_keeps_grads_through_backward():
     one = estimate(M, ParallelSpec(), TrainSpec(micro_batch=2, global_batch=2))
     four = estimate(M, ParallelSpec(), TrainSpec(micro_batch=2, global_batch=8))
     assert four.micro_batches == 4
-    assert four.by_stage[0].phase_breakdown["backward"]["grads"] == four.model_states["grads"]
+    assert four.by_stage[0].phase_breakdown["backward"]["gradients"] == four.model_states["gradients"]
     assert four.peak_allocated > one.peak_allocated
 
 

@@ -10,7 +10,8 @@ from labkit.cli import main
 from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
 from labkit.memory.estimate.presets import get_preset, presets
 
-KEYS = {"params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead", "total"}
+KEYS = {"parameters", "gradients", "optimizer_state", "activations", "logits", "comm_buffers", "context",
+        "allocator_overhead", "total"}
 
 
 def run(capsys, *args):
@@ -106,3 +107,41 @@ def test_plan_verb(capsys):
     assert rc == 2 and "--gpus-per-node" in err
     rc, _, err = run(capsys, "--plan", "--model", "gpt2", "--gpu-memory", "lots", "--global-batch", "8")
     assert rc == 2 and "--gpu-memory" in err
+
+
+PLAN = ["--plan", "--model", "gpt2", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (PLAN + ["--tflops=-5"], "argument --tflops: must be > 0"),
+    (PLAN + ["--tflops", "0"], "argument --tflops: must be > 0"),
+    (PLAN + ["--tflops", "inf"], "argument --tflops: must be a finite number"),
+    (PLAN + ["--tflops", "nan"], "argument --tflops: must be a finite number"),
+    (PLAN + ["--tp", "2"], "--tp does not apply to --plan"),
+    (PLAN + ["--recompute", "full", "--zero", "1"], "--zero, --recompute does not apply to --plan"),
+    (PLAN + ["--gpus-per-node", "16", "--gpus", "8"], "--gpus-per-node 16 is more than --gpus 8"),
+    (PLAN + ["--gpus", "12"], "--gpus 12 is not a multiple of --gpus-per-node 8"),
+    (PLAN + ["--margin", "1"], "argument --margin: must be >= 0 and < 1"),
+    (PLAN + ["--gpu-memory", "1e400GB"], "--gpu-memory: '1e400GB' is not a finite size"),
+    (PLAN + ["--gpu-memory", "0"], "--gpu-memory must be positive"),
+    (["--model", "gpt2", "--gpus", "16"], "--gpus only applies to --plan"),
+    (["--model", "gpt2", "--recompute-every", "4"], "--recompute-every 4 needs --recompute full"),
+    (["--model", "gpt2", "--recompute", "selective", "--recompute-every", "4"], "needs --recompute full"),
+    (["--model", "gpt2", "--recompute", "every-2", "--recompute-every", "4"], "contradicts --recompute-every 4"),
+    (["--model", "gpt2", "--recompute", "every-0"], "argument --recompute: recompute 'every-0' is not one of"),
+    (["--model", "gpt2", "--micro-batch", "0"], "argument --micro-batch: must be an integer >= 1"),
+    (["--model", "gpt2", "--dropout", "1.5"], "argument --dropout: must be >= 0 and < 1"),
+    (["--params", "1e400", "--model-states-only"], "argument --params: must be a finite number"),
+    (["--model", "gpt2", "--layers", "-3"], "argument --layers: must be an integer >= 1"),
+])
+def test_refusals_name_the_flag(capsys, args, needle):
+    rc, out, err = run(capsys, *args)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_plan_without_the_estimate_flags_still_runs(capsys):
+    rc, out, err = run(capsys, *PLAN, "--gpus", "4", "--tflops", "300", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["considered"] > 0 and "300 TFLOP/s" in " ".join(doc["assumptions"])

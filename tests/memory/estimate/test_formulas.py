@@ -167,7 +167,8 @@ def test_data_parallelism_does_not_lower_per_gpu_memory():
 def test_breakdown_sums_and_stages():
     m = ModelSpec(layers=32, hidden=4096, heads=32, vocab=32000, seq=4096)
     e = estimate(m, ParallelSpec(tp=4, pp=4, dp=2, sp=True), TrainSpec(micro_batch=1, global_batch=16))
-    cats = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers", "context", "overhead")
+    cats = ("parameters", "gradients", "optimizer_state", "activations", "logits", "comm_buffers", "context",
+            "allocator_overhead")
     assert sum(e.per_gpu_bytes[c] for c in cats) == e.per_gpu_bytes["total"]
     assert all(isinstance(v, int) for v in e.per_gpu_bytes.values())
     assert len(e.by_stage) == 4
@@ -188,13 +189,13 @@ def test_recompute_and_sp_lower_activations():
 
 def test_every_k_segments_trade_memory():
     m = ModelSpec(layers=24, hidden=1024, heads=16, vocab=50257, seq=1024)
-    act = [estimate(m, ParallelSpec(), TrainSpec(micro_batch=8, recompute="full", recompute_every=k)).by_stage[0]
+    act = [estimate(m, ParallelSpec(), TrainSpec(micro_batch=8, recompute=f"every-{k}")).by_stage[0]
            for k in (1, 4, 24)]
     # stored segment inputs fall with k, the recomputed segment grows
     from labkit.memory.estimate.activations import stage_activations as sa_fn
 
     by = precision_bytes(TrainSpec(recompute="full"))
-    stored = [sa_fn(m, ParallelSpec(), TrainSpec(micro_batch=8, recompute="full", recompute_every=k), by, 0).layers
+    stored = [sa_fn(m, ParallelSpec(), TrainSpec(micro_batch=8, recompute=f"every-{k}"), by, 0).layers
               for k in (1, 4, 24)]
     assert stored[0] > stored[1] > stored[2]
     assert act[2].peak_allocated > act[0].peak_allocated  # one 24-layer segment rebuilds everything

@@ -55,9 +55,9 @@ def test_profiler_memory_timeline_export(tmp_path):
 
     tl = read_profiler_timeline(p)
     assert tl.times_us[0] == 0 and len(tl.times_us) == len(times)
-    assert max(tl.by_category["parameter"]) >= 64 * 65 * 4      # the Linear's weight and bias
-    assert max(tl.by_category["gradient"]) > 0
-    assert tl.peak_bytes >= max(tl.by_category["parameter"])
+    assert max(tl.by_category["parameters"]) >= 64 * 65 * 4      # the Linear's weight and bias
+    assert max(tl.by_category["gradients"]) > 0
+    assert tl.peak_bytes >= max(tl.by_category["parameters"])
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(LabkitError, match="not a torch.profiler memory timeline"):
@@ -69,7 +69,7 @@ def test_measure_cli_json(run_cli):
                 "--checkpointing", "full", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["device"] == "fake-cuda" and doc["policy"]["checkpointing"] == "full"
+    assert doc["device"] == "fake-cuda" and doc["policy"]["recompute"] == "full"
     assert doc["peak_bytes"] == max(p["peak_bytes"] for p in doc["by_phase"])
     assert [p["phase"] for p in doc["by_phase"]] == ["forward", "loss", "backward", "optimizer", "zero_grad"]
     assert doc["by_category"]["parameters"] > 0
@@ -106,7 +106,12 @@ def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
     for c in cases:
         assert c["fake_inputs"]["precision"] == c["precision"] and c["peak_allocated"] > 0
     sweep = load_measurement(tmp_path / "sweep_checkpointing.json", kind="measure_sweep")
-    assert [p["checkpointing"] for p in sweep["data"]["points"]][:3] == ["none", "selective", "full"]
+    assert [p["recompute"] for p in sweep["data"]["points"]][:3] == ["none", "selective", "full"]
+    # a new recording states the optimizer implementation and loads back as it ran
+    from labkit.core.vocab import OptimizerSpec
+    from labkit.memory.trace.recorded import load_recorded_peaks
+
+    assert {c.optimizer for c in load_recorded_peaks(tmp_path / "reference_peaks.json")} == {OptimizerSpec("adamw", "fused")}
     assert (tmp_path / "tracer_overhead.json").exists()
     snaps = load_measurement(tmp_path / "api_phase_snapshots.json", kind="measure_api_snapshots")["data"]
     assert [s["name"] for s in snaps["snapshots"]] == ["forward", "backward", "optimizer"] * 2

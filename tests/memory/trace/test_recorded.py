@@ -7,6 +7,7 @@ CI runs a representative subset (each precision and checkpointing policy, both m
 import pytest
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import OptimizerSpec
 from labkit.memory.trace.recorded import load_recorded_peaks, measure_dir, predict_case
 
 CASES = {c.name: c for c in load_recorded_peaks()}
@@ -26,7 +27,7 @@ def test_recorded_file_has_the_reference_workloads():
         assert c.provenance["gpu_name"] and c.peak_allocated > 0
         assert c.peak_reserved >= c.peak_allocated
         assert c.peak_allocated == max(c.phase_peaks_allocated.values())
-        assert c.optimizer == "adamw"
+        assert c.optimizer == OptimizerSpec("adamw", "fused")   # what the recording harness's "adamw" ran
 
 
 def test_recorded_checkpointing_and_precision_effects():

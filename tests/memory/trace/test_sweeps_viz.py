@@ -35,7 +35,7 @@ def test_recorded_sweeps_and_figures():
     src = recorded_label(doc["provenance"])
     assert src.startswith("recorded on 1 x NVIDIA H200")
     pts = recorded_sweep(doc)
-    assert pts[0].checkpointing == "none" and all(p.step_time_s > 0 for p in pts)
+    assert pts[0].recompute == "none" and all(p.step_time_s > 0 for p in pts)
     fig = vm.sweep_bars([p.label for p in pts], [p.peak_bytes for p in pts], [p.step_time_s for p in pts],
                         title="t", source=src)
     assert src in fig.children[0].title.text
