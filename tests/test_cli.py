@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import sys
 import pickle
 
 import pytest
@@ -10,7 +11,8 @@ from labkit.cli import build_parser, main
 
 # every verb and sub-verb the CLI has (the test below checks this list against the parser)
 VERBS = [("env",), ("measure",), ("estimate",), ("topo",), ("place",), ("report",), ("comm",), ("comm", "bench"),
-         ("comm", "buckets"), ("alloc",), ("alloc", "replay"), ("alloc", "compare"), ("alloc", "doctor")]
+         ("comm", "buckets"), ("alloc",), ("alloc", "replay"), ("alloc", "compare"), ("alloc", "doctor"), ("watch",),
+         ("advise",)]
 
 
 def call(capsys, *argv):
@@ -120,6 +122,21 @@ def snapshot_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("cli") / "train.pickle.gz"
     p.write_bytes(gzip.compress(pickle.dumps(to_snapshot(training_like(steps=2), ""))))
     return p
+
+
+def test_advise_plans_a_preset_on_a_sample(capsys):
+    rc, out, err = call(capsys, "advise", "--model", "gpt2", "--seq", "1024", "--global-batch", "16",
+                        "--sample", "h100_nv18_8gpu_dual_numa", "--gpu-memory", "80GiB", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["fits"] and doc["layout"]["tp"] * doc["layout"]["pp"] * doc["layout"]["dp"] == 8
+    assert doc["command"].startswith("CUDA_VISIBLE_DEVICES=")
+
+
+def test_watch_without_a_gpu_runs_the_command_and_says_so(capsys, tmp_path):
+    rc, out, err = call(capsys, "watch", "--out", str(tmp_path / "w"), "--", sys.executable, "-c", "print('hi')")
+    assert rc == 0, err
+    assert "no GPU" in (out + err) or "no-op" in (out + err)
 
 
 def test_alloc_replay_compare_doctor(capsys, snapshot_file, tmp_path):
