@@ -54,7 +54,7 @@ def test_large_split_needs_remainder_above_1mib():
     assert c.size == 10 * MiB and st["inactive_split_bytes.all.current"] == 2 * MiB and st["inactive_split.all.current"] == 1
     s.free(c)  # merges back: no inactive split left
     st = s.memory_stats()
-    assert st["inactive_split_bytes.all.current"] == 0 and len(s.large.keys) == 1
+    assert st["inactive_split_bytes.all.current"] == 0 and len(s.large.blocks) == 1
 
 
 def test_best_fit_smallest_block_then_lowest_address():
