@@ -34,6 +34,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from labkit.allocator.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
+from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
 
 kMinBlockSize = 512
 kSmallSize = 1048576
@@ -223,21 +224,15 @@ class CachingAllocatorSim:
         """``DeviceCachingAllocator::malloc``; None where PyTorch raises OutOfMemoryError."""
         size = self.rounded[orig_size]  # round_size
         pool = self.small if size <= kSmallSize else self.large  # get_pool
-        block = (self._get_free_block(pool, stream, size)
-                 or (self._trigger_free_memory_callbacks() and self._get_free_block(pool, stream, size)))
-        if not block:
-            alloc_size = allocation_size(size)  # get_allocation_size
-            if self.gc:
-                self._garbage_collect_cached_blocks()
-            block = (self._alloc_block(pool, stream, size, alloc_size, False)
-                     or (self._release_available_cached_blocks(pool, stream, size)
-                         and self._alloc_block(pool, stream, size, alloc_size, False))
-                     or (self._release_cached_blocks()
-                         and self._alloc_block(pool, stream, size, alloc_size, True)))
-            if not block:
-                self._out_of_memory(orig_size, size, alloc_size, index)
+        block = self._get_free_block(pool, stream, size)
+        if block is None and self._trigger_free_memory_callbacks():
+            block = self._get_free_block(pool, stream, size)
+        if block is None:
+            block = self._new_block(pool, stream, size, orig_size, index)
+            if block is None:
                 return None
-        return self._alloc_found_block(block, pool, stream, size, orig_size, self._should_split(block, size))
+        split = self._should_split(block, size)
+        return self._alloc_found_block(block, pool, stream, size, orig_size, split)
 
     def free(self, block: Block) -> None:
         """``free`` of a block without uses on other streams: ``free_block`` at once."""
@@ -318,6 +313,22 @@ class CachingAllocatorSim:
     def _trigger_free_memory_callbacks() -> bool:
         """``trigger_free_memory_callbacks``: PyTorch's only callback frees CUDA IPC blocks; none here."""
         return False
+
+    def _new_block(self, pool: Pool, stream: int, size: int, orig_size: int, index: int) -> Block | None:
+        """malloc without a cached block: garbage collection, then cudaMalloc, then free oversize blocks and retry,
+        then free every cached block and retry; None after counting the out-of-memory error."""
+        alloc_size = allocation_size(size)  # get_allocation_size
+        if self.gc:
+            self._garbage_collect_cached_blocks()
+        block = (self._alloc_block(pool, stream, size, alloc_size, False)
+                 or (self._release_available_cached_blocks(pool, stream, size)
+                     and self._alloc_block(pool, stream, size, alloc_size, False))
+                 or (self._release_cached_blocks()
+                     and self._alloc_block(pool, stream, size, alloc_size, True)))
+        if not block:
+            self._out_of_memory(orig_size, size, alloc_size, index)
+            return None
+        return block
 
     def _garbage_collect_cached_blocks(self) -> None:
         """``garbage_collect_cached_blocks``: above threshold x allowed, free unsplit large blocks of above-average
@@ -698,6 +709,38 @@ class CachingAllocatorSim:
         del self.by_addr[block.addr]
         self.expandable_segments.remove(block.es)
 
+    # ================================================================== a request stream
+    def _apply(self, ops: list[tuple[int, int, int, int]], blocks: list) -> int:
+        """Apply compiled ops (see :mod:`labkit.allocator.trace`); ``blocks[id]`` is each live request's block.
+        Returns how many recorded OOM requests fit."""
+        fits = 0
+        for op, ident, size, stream in ops:
+            if op == ALLOC:
+                b = self.malloc(size, stream, ident)
+                blocks[ident] = b
+            elif op == FREE:
+                b = blocks[ident]
+                if b is not None:
+                    blocks[ident] = None
+                    self.free(b)
+            elif op == FREE_REQ:
+                b = blocks[ident]
+                if b is not None:
+                    self.free_requested(b)
+            elif op == FREE_DONE:
+                b = blocks[ident]
+                if b is not None:
+                    blocks[ident] = None
+                    self.free_completed(b)
+            elif op == EMPTY_CACHE:
+                self.empty_cache()
+            elif op == OOM_RETRY:
+                b = self.malloc(size, stream, -1)
+                if b is not None:
+                    fits += 1
+                    self.free(b)
+        return fits
+
     # ================================================================== recording, reporting, checks
     def round(self, size: int) -> int:
         """``round_size`` of a request of ``size`` bytes under this configuration."""
@@ -799,42 +842,29 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
     """
     blocks: list = [None] * n_ids
     if not (every and samples is not None):
-        return _apply(sim, ops, blocks)
+        return sim._apply(ops, blocks)
     fits = 0
     for start in range(0, len(ops), every):
         samples.append(Sample(start, sim.allocated_bytes[0], sim.reserved_bytes[0]))
-        fits += _apply(sim, ops[start:start + every], blocks)
+        fits += sim._apply(ops[start:start + every], blocks)
     samples.append(Sample(len(ops), sim.allocated_bytes[0], sim.reserved_bytes[0]))
     return fits
 
 
-def _apply(sim: CachingAllocatorSim, ops, blocks: list) -> int:
-    from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+# ---------------------------------------------------------------------------------------------- generated fast path
+# The methods above are the rules' only source. Those on the hot path run as generated copies with the small
+# methods and helpers they call inlined (labkit.allocator.inline); ReferenceAllocatorSim runs every method as written,
+# and tests/allocator/test_simulator_generated.py requires both to reach identical states on every recorded trace and
+# on random ones.
+from labkit.allocator.inline import inline as _inline  # noqa: E402
 
-    malloc, free = sim.malloc, sim.free
-    fits = 0
-    for op, ident, size, stream in ops:
-        if op == ALLOC:
-            blocks[ident] = malloc(size, stream, ident)
-        elif op == FREE:
-            b = blocks[ident]
-            if b is not None:
-                blocks[ident] = None
-                free(b)
-        elif op == FREE_REQ:
-            b = blocks[ident]
-            if b is not None:
-                sim.free_requested(b)
-        elif op == FREE_DONE:
-            b = blocks[ident]
-            if b is not None:
-                blocks[ident] = None
-                sim.free_completed(b)
-        elif op == EMPTY_CACHE:
-            sim.empty_cache()
-        elif op == OOM_RETRY:
-            b = malloc(size, stream, -1)
-            if b is not None:
-                fits += 1
-                free(b)
-    return fits
+_GENERATED = ("_apply", "malloc", "free", "free_requested", "free_completed", "_free_block", "_alloc_block", "_release_block",
+              "_map_block", "_unmap_block")
+_AS_WRITTEN = {name: CachingAllocatorSim.__dict__[name] for name in _GENERATED}
+ReferenceAllocatorSim = type("ReferenceAllocatorSim", (CachingAllocatorSim,), dict(
+    _AS_WRITTEN, __doc__="The simulator with every method run as written (no generated code), for tests."))
+_INLINED_FUNCTIONS = [increase_stat, decrease_stat, _increase_counter, _splice]
+_INLINED_METHODS = [Pool.insert_into_blocks, Pool.erase, Pool.insert_unmapped, Pool.erase_unmapped, *(CachingAllocatorSim.__dict__[n] for n in (
+    "malloc", "free", "_get_free_block", "_should_split", "_alloc_found_block", "_free_block", "_try_merge_blocks"))]
+for _name, _fn in _AS_WRITTEN.items():
+    setattr(CachingAllocatorSim, _name, _inline(_fn, _INLINED_FUNCTIONS, _INLINED_METHODS))
