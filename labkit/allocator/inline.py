@@ -14,7 +14,7 @@ ones take the helper's constant defaults), each evaluated once, left to right, b
 plain name or constant is substituted directly when the helper never assigns that parameter); the
 helper's locals renamed apart; no ``return`` inside a loop, ``with`` or ``try`` of a helper; no
 ``yield``, ``global``, ``nonlocal``, nested function or class; a helper's global names must not be
-locals of the function they are inlined into. Anything else raises ``ValueError`` at import time.
+locals of the function they are inlined into; no closures. Anything else raises ``ValueError`` at import time.
 The generated code is a derivative: the source stays the only place a rule is written, and tests
 run both versions and require identical results.
 """
@@ -33,6 +33,8 @@ _DISCARD = "_inlined_result"
 
 
 def _parse_function(fn: Callable) -> ast.FunctionDef:
+    if fn.__code__.co_freevars:
+        raise ValueError(f"{fn.__qualname__}: a closure (uses {', '.join(fn.__code__.co_freevars)}) cannot be recompiled")
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):
