@@ -23,9 +23,13 @@ Every rule is written once, as a small method named after the function of
     and ``inactive_split*`` leaves expandable blocks out, as in the source).
 13. ``emptyCache`` = ``release_cached_blocks``: whole unsplit segments and whole free pages only.
 
-There is one implementation: :func:`run_ops` replays a compiled request stream by calling the
-public methods. Free blocks of a pool are one sorted list of integer keys (stream, size, address
-packed into one int) searched with ``bisect``, the ``std::set`` of the C++ source.
+The methods below are the only place a rule is written. :func:`run_ops` replays a compiled request
+stream through them. For speed, the methods on the hot path run as copies *generated* from these
+sources at import, with the small methods and helpers they call inlined (:mod:`labkit.allocator.inline`,
+see the end of this module); :class:`ReferenceAllocatorSim` runs the methods as written, and
+``tests/allocator/test_simulator_generated.py`` requires both to reach identical states on every
+recorded trace and on random ones. Free blocks of a pool are one sorted list of integer keys
+(stream, size, address packed into one int) searched with ``bisect``: the ``std::set`` of the source.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from labkit.allocator.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
+from labkit.allocator.inline import inline
 from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
 
 kMinBlockSize = 512
@@ -852,19 +857,18 @@ def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_id
 
 
 # ---------------------------------------------------------------------------------------------- generated fast path
-# The methods above are the rules' only source. Those on the hot path run as generated copies with the small
-# methods and helpers they call inlined (labkit.allocator.inline); ReferenceAllocatorSim runs every method as written,
-# and tests/allocator/test_simulator_generated.py requires both to reach identical states on every recorded trace and
-# on random ones.
-from labkit.allocator.inline import inline as _inline  # noqa: E402
-
-_GENERATED = ("_apply", "malloc", "free", "free_requested", "free_completed", "_free_block", "_alloc_block", "_release_block",
-              "_map_block", "_unmap_block")
+# The methods above are the rules' only source. Those on the hot path run as copies generated from them, with the small
+# methods and helpers they call inlined; ReferenceAllocatorSim runs every method as written, and
+# tests/allocator/test_simulator_generated.py requires both to reach identical states on every recorded trace and on
+# random ones. CachingAllocatorSim.malloc.generated_source (and the others') show what runs.
+_GENERATED = ("_apply", "malloc", "free", "free_requested", "free_completed", "_free_block", "_alloc_block",
+              "_release_block", "_map_block", "_unmap_block")
 _AS_WRITTEN = {name: CachingAllocatorSim.__dict__[name] for name in _GENERATED}
 ReferenceAllocatorSim = type("ReferenceAllocatorSim", (CachingAllocatorSim,), dict(
     _AS_WRITTEN, __doc__="The simulator with every method run as written (no generated code), for tests."))
 _INLINED_FUNCTIONS = [increase_stat, decrease_stat, _increase_counter, _splice]
-_INLINED_METHODS = [Pool.insert_into_blocks, Pool.erase, Pool.insert_unmapped, Pool.erase_unmapped, *(CachingAllocatorSim.__dict__[n] for n in (
-    "malloc", "free", "_get_free_block", "_should_split", "_alloc_found_block", "_free_block", "_try_merge_blocks"))]
+_INLINED_METHODS = [Pool.insert_into_blocks, Pool.erase, Pool.insert_unmapped, Pool.erase_unmapped, *(
+    CachingAllocatorSim.__dict__[n] for n in ("malloc", "free", "_get_free_block", "_should_split", "_alloc_found_block",
+                                              "_free_block", "_try_merge_blocks"))]
 for _name, _fn in _AS_WRITTEN.items():
-    setattr(CachingAllocatorSim, _name, _inline(_fn, _INLINED_FUNCTIONS, _INLINED_METHODS))
+    setattr(CachingAllocatorSim, _name, inline(_fn, _INLINED_FUNCTIONS, _INLINED_METHODS))
