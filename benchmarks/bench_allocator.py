@@ -53,15 +53,16 @@ def load_baseline(rev: str):
 
 
 def timed_run(module, tr, conf: str) -> tuple[float, dict]:
-    """Seconds of ``module.run_ops`` over the trace (the work ``replay`` times), and the statistics it gave."""
+    """CPU seconds of ``module.run_ops`` over the trace (the work ``replay`` times; CPU time, because other work on
+    the machine stretches wall-clock time unevenly), and the statistics it gave."""
     cfg = parse_alloc_conf(conf)
     # the recorded addresses are used when replaying under the recording's own configuration, as replay() does
     oracle = tr.recorded_conf is not None and replace(parse_alloc_conf(tr.recorded_conf), text="") == replace(cfg, text="")
     sim = module.CachingAllocatorSim(cfg, address_oracle=tr.segment_oracle if oracle else None,
                                      map_oracle=tr.map_oracle if oracle else None)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     module.run_ops(sim, tr.ops, tr.n_ids)
-    return time.perf_counter() - t0, sim.memory_stats()
+    return time.process_time() - t0, sim.memory_stats()
 
 
 def main(argv=None) -> int:
@@ -108,19 +109,21 @@ def main(argv=None) -> int:
     doc = {"trace": source, "events": tr.events, "target": TARGET, "results": rows}
     if args.baseline:
         base = load_baseline(args.baseline)
-        print(f"# current simulator vs the one at {args.baseline} (run_ops only, interleaved, median of {args.repeat})")
+        print(f"# current simulator vs the one at {args.baseline}: events per CPU-second of run_ops, interleaved, "
+              f"median of {args.repeat}")
         doc["baseline"] = {"rev": args.baseline, "results": []}
         for conf in CONFS:
             cur, old = [], []
+            same = True
             for _ in range(args.repeat):
                 s_new, st_new = timed_run(current_simulator, tr, conf)
                 s_old, st_old = timed_run(base, tr, conf)
                 cur.append(tr.events / s_new)
                 old.append(tr.events / s_old)
-            same = st_new == st_old
+                same = same and st_new == st_old
             mc, mo = statistics.median(cur), statistics.median(old)
-            doc["baseline"]["results"].append({"config": conf or "default", "current_events_per_s": mc,
-                                               "baseline_events_per_s": mo, "same_memory_stats": same})
+            doc["baseline"]["results"].append({"config": conf or "default", "current_events_per_cpu_s": mc,
+                                               "baseline_events_per_cpu_s": mo, "same_memory_stats": same})
             print(f"{conf or 'default':32s} current {mc:10,.0f}  baseline {mo:10,.0f}  ratio {mc / mo:4.2f}  "
                   f"memory_stats {'identical' if same else 'DIFFER'}", flush=True)
     if args.json:
