@@ -316,7 +316,7 @@ class CachingAllocatorSim:
 
     @staticmethod
     def _trigger_free_memory_callbacks() -> bool:
-        """``trigger_free_memory_callbacks``: PyTorch's only callback frees CUDA IPC blocks; none here."""
+        """``trigger_free_memory_callbacks``: the callback PyTorch registers collects CUDA IPC blocks; none here."""
         return False
 
     def _new_block(self, pool: Pool, stream: int, size: int, orig_size: int, index: int) -> Block | None:
@@ -870,5 +870,9 @@ _INLINED_FUNCTIONS = [increase_stat, decrease_stat, _increase_counter, _splice]
 _INLINED_METHODS = [Pool.insert_into_blocks, Pool.erase, Pool.insert_unmapped, Pool.erase_unmapped, *(
     CachingAllocatorSim.__dict__[n] for n in ("malloc", "free", "_get_free_block", "_should_split", "_alloc_found_block",
                                               "_free_block", "_try_merge_blocks"))]
-for _name, _fn in _AS_WRITTEN.items():
-    setattr(CachingAllocatorSim, _name, inline(_fn, _INLINED_FUNCTIONS, _INLINED_METHODS))
+try:
+    _FAST = {name: inline(fn, _INLINED_FUNCTIONS, _INLINED_METHODS) for name, fn in _AS_WRITTEN.items()}
+except OSError:  # no source files to generate from (a bytecode-only install): the methods as written, slower
+    _FAST = {}
+for _name, _fn in _FAST.items():
+    setattr(CachingAllocatorSim, _name, _fn)
