@@ -46,7 +46,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
-from labkit.memory.trace.fake_runtime import ModuleStack
+from labkit.memory.trace.fake_runtime import ModuleStack, refusal
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, run_sdpa, select_backend
 
 MiB = 1 << 20
@@ -375,8 +375,8 @@ class CudaEmulator:
         if x.is_floating_point():
             self.assume(f"a float .item() ({where}) read as 0.0: the value does not change the memory")
             return 0.0
-        raise LabkitError(f"fake-cuda cannot run aten._local_scalar_dense (an integer .item()) in {where}: "
-                          "its value decides what follows; use --device cpu or the estimator")
+        raise LabkitError(refusal("aten._local_scalar_dense (an integer .item())", where,
+                                  "its value decides what follows"))
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ class ModuleStack:
                 self.stack.pop()
 
         h1 = register_module_forward_pre_hook(pre)
-        h2 = register_module_forward_hook(post, always_call=True)
+        h2 = register_module_forward_hook(post)   # not on exceptions: a refusal names the failing module
         try:
             yield
         finally:
@@ -169,13 +169,34 @@ def fake_module_conversion() -> Iterator[None]:
         nn.Module._apply = original  # type: ignore[method-assign]
 
 
+def refusal(op: str, where: str, why: str) -> str:
+    return (f"fake-cuda cannot run {op} in {where}: {why}; "
+            "measure it with --device cpu (or cuda), or use the analytical estimator")
+
+
 @contextlib.contextmanager
 def fake_run(emulator: Any) -> Iterator[None]:
-    """Everything above, for the duration of one fake ``measure_step``."""
+    """Everything above, for the duration of one fake ``measure_step``; what fake tensors still cannot
+    run becomes one :class:`~labkit.core.errors.LabkitError` naming the op and the module."""
+    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                               UnsupportedOperatorException)
+
+    from labkit.core.errors import LabkitError
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(emulator.modules.active())
         stack.enter_context(fake_module_conversion())
         stack.enter_context(checkpoint_autocast(emulator))
         if emulator.target.emulate_kernels:
             stack.enter_context(CudaFunctionRules(emulator))
-        yield
+        try:
+            yield
+        except DynamicOutputShapeException as e:
+            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
+                                      "its output shape depends on tensor values")) from None
+        except DataDependentOutputException as e:
+            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
+                                      "its result depends on tensor values")) from None
+        except UnsupportedOperatorException as e:
+            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
+                                      "the op has no fake-tensor implementation")) from None
