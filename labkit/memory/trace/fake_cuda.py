@@ -358,6 +358,8 @@ class CudaEmulator:
             return self._scalar_read(args[0])
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
+            self.assume("MoE routing: the grouped expert matmul runs all tokens x top-k rows; its memory does not "
+                        "depend on how tokens are routed (no token distribution assumed)")
             if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
                 return _grouped_mm_fallback_output(func, args, kwargs)
         return NotImplemented

@@ -192,8 +192,12 @@ def fake_run(emulator: Any) -> Iterator[None]:
         try:
             yield
         except DynamicOutputShapeException as e:
-            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
-                                      "its output shape depends on tensor values")) from None
+            where = emulator.modules.where()
+            why = "its output shape depends on tensor values"
+            if "Expert" in where or "Moe" in where or "MoE" in where:
+                why += (" (a per-expert loop over routed tokens; Hugging Face's experts_implementation="
+                        "'grouped_mm' runs every token's top-k rows at once, whose memory does not depend on the routing)")
+            raise LabkitError(refusal(str(e.func), where, why)) from None
         except DataDependentOutputException as e:
             raise LabkitError(refusal(str(e.func), emulator.modules.where(),
                                       "its result depends on tensor values")) from None

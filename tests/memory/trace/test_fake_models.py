@@ -86,6 +86,18 @@ def test_mixtral_grouped_expert_matmul_in_float32_and_amp():
     amp = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, precision="amp-bf16")
     bf16 = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, precision="bf16")
     assert fp32.peak_bytes > bf16.peak_bytes > 0 and amp.peak_bytes > 0
+    assert any(a.startswith("MoE routing") for a in amp.emulation["assumptions"])
+
+
+def test_mixtral_eager_experts_are_refused_with_the_alternative():
+    cfg = transformers.MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    cfg._experts_implementation = "eager"
+    with pytest.raises(LabkitError) as e:
+        measure_step(lambda: transformers.MixtralForCausalLM(cfg), hf_lm_batch(V, 2, 16))
+    assert "aten.nonzero" in str(e.value) and "MixtralExperts" in str(e.value) and "grouped_mm" in str(e.value)
 
 
 class IntRead(torch.nn.Module):
