@@ -243,6 +243,11 @@ class CudaEmulator:
             self._sdpa_forward(args, kwargs, out, tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
             self._sdpa_backward(args, kwargs, out, tracker)
+        elif base == "_scaled_dot_product_efficient_attention_backward":
+            q = args[1]
+            B, H, T, D = q.shape
+            t_p = math.ceil(T / self.target.efficient_lse_block) * self.target.efficient_lse_block
+            tracker.transient_group([B * H * T * D * 4, B * H * t_p * 4, B * H * t_p * 4])
         elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":
@@ -381,14 +386,26 @@ class CudaEmulator:
                                   "its value decides what follows"))
 
 
+def _all_ones_padding(batch: Any) -> bool:
+    """Whether every ``*attention_mask`` in the user's (real, CPU) batch is all ones: no padding."""
+    if not isinstance(batch, dict):
+        return False
+    masks = [v for k, v in batch.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
+    return bool(masks) and all(bool((m != 0).all()) for m in masks)
+
+
 @contextlib.contextmanager
-def data_dependent_choices() -> Iterator[list[str]]:
+def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
     """Answer the data-dependent questions libraries ask, which fake tensors cannot answer.
 
-    Hugging Face ``transformers`` checks position ids for packed sequences
-    (``masking_utils.find_packed_sequence_indices``) and, under fake tensors ("tracing"), assumes
-    packing and builds an explicit (batch, seq, seq) mask, which a GPU run with plain batches never
-    does. Fake mode answers "one sequence per row" (the case when the model makes its own position ids).
+    Hugging Face ``transformers`` (``masking_utils``), under fake tensors ("tracing"), neither checks
+    position ids for packed sequences (``find_packed_sequence_indices``: it assumes packing) nor
+    checks whether the padding mask masks anything (``_ignore_causal_mask_sdpa``,
+    ``_ignore_bidirectional_mask_sdpa``): it builds an explicit (batch, 1, seq, seq) mask, which
+    excludes the flash kernel and is kept by the others. A GPU run with the same batch checks the
+    values. Fake mode answers "one sequence per row" for the packing question (the case when the
+    model makes its own position ids) and, when every ``attention_mask`` of the user's batch is all
+    ones (read before the batch is faked), "nothing is masked", as the GPU run would find.
     Yields the list of choices made (for the report).
     """
     import sys
@@ -401,12 +418,12 @@ def data_dependent_choices() -> Iterator[list[str]]:
             import transformers.masking_utils as mu
         except ImportError:
             mu = None
+    from torch._subclasses.fake_tensor import is_fake
+
     if mu is not None and hasattr(mu, "find_packed_sequence_indices"):
         original = mu.find_packed_sequence_indices
 
         def unpacked(position_ids: torch.Tensor) -> Any:
-            from torch._subclasses.fake_tensor import is_fake
-
             if is_fake(position_ids):
                 if "hf-unpacked-sequences" not in made:
                     made.append("hf-unpacked-sequences")
@@ -415,6 +432,21 @@ def data_dependent_choices() -> Iterator[list[str]]:
 
         undo.append((mu, "find_packed_sequence_indices", original))
         mu.find_packed_sequence_indices = unpacked
+    if mu is not None and _all_ones_padding(batch):
+        for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
+            fn = getattr(mu, name, None)
+            if fn is None:
+                continue
+
+            def no_padding(padding_mask: Any, *a: Any, _fn: Callable = fn, **k: Any) -> Any:
+                if padding_mask is not None and is_fake(padding_mask):
+                    if "hf-no-padding (the batch's attention_mask is all ones)" not in made:
+                        made.append("hf-no-padding (the batch's attention_mask is all ones)")
+                    return _fn(None, *a, **k)
+                return _fn(padding_mask, *a, **k)
+
+            undo.append((mu, name, fn))
+            setattr(mu, name, no_padding)
     try:
         yield made
     finally:

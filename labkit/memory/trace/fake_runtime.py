@@ -4,7 +4,9 @@
   (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.sdpa`).
 * :func:`checkpoint_autocast`: ``torch.utils.checkpoint`` (reentrant or not) recomputes under the
   autocast state of the forward; torch records only its own autocast, so each checkpointed function
-  is bound to the emulated CUDA autocast that was active when it was checkpointed.
+  is bound to the emulated CUDA autocast that was active when it was checkpointed, and to
+  :class:`CudaFunctionRules` (function modes are not active inside autograd's backward, where the
+  recomputation runs: without it the recomputed attention would take the CPU's kernel).
 * :func:`fake_module_conversion`: ``Module._apply`` (``.to(dtype)``, ``.half()``, ``.bfloat16()``) on
   fake parameters builds new parameters (tied ones once) instead of swapping tensor contents: the
   fake tensor converter keeps weak references to fake tensors, and ``torch.utils.swap_tensors``
@@ -80,6 +82,12 @@ class CudaFunctionRules(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _mode_active(cls: type) -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return any(isinstance(m, cls) for m in _get_current_function_mode_stack())
+
+
 def _active_autocast() -> Any:
     from torch.overrides import _get_current_function_mode_stack
 
@@ -99,12 +107,17 @@ def checkpoint_autocast(emulator: Any) -> Iterator[None]:
 
     def bind(fn: Callable) -> Callable:
         mode = _active_autocast()
-        if mode is None:
-            return fn
-        region = emulator.autocast_factory(mode.dtype)
+        region = emulator.autocast_factory(mode.dtype) if mode is not None else None
+        rules = emulator.target.emulate_kernels
 
         def run(*a: Any, **k: Any) -> Any:
-            with region():
+            # torch function modes are not active inside autograd's backward, where the recomputation
+            # runs: enter the GPU rules (below) and the autocast (above them) again
+            with contextlib.ExitStack() as stack:
+                if rules and not _mode_active(CudaFunctionRules):
+                    stack.enter_context(CudaFunctionRules(emulator))
+                if region is not None:
+                    stack.enter_context(region())
                 return fn(*a, **k)
 
         return run

@@ -268,5 +268,11 @@ def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, None, **kw)[0]
     if mask is not None and choice.backend == "efficient":
         mask = _efficient_mask(mask, q, k)
+        if mask.requires_grad:
+            # a learned bias (T5's relative positions): the kernel also returns its gradient, which the
+            # CPU flash kernel cannot; the CUDA op's own fake (meta) implementation can
+            grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, mask, grad, dropout_p, is_causal, scale=scale)[0]
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)[0]

@@ -149,7 +149,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
 
         emulator = CudaEmulator(target or CudaTarget(), policy)
         fake = FakeTensorMode(allow_non_fake_inputs=False)
-        emulator.assumptions = stack.enter_context(data_dependent_choices())
+        emulator.assumptions = stack.enter_context(data_dependent_choices(batch))
         if isinstance(model, nn.Module):
             model = _fake_copy(model, fake)
         stack.enter_context(fake)

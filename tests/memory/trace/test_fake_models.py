@@ -126,3 +126,23 @@ def test_data_dependent_ops_are_refused_by_name(cls, op):
     msg = str(e.value)
     assert op in msg and f"module {cls.__name__}" in msg and "--device cpu" in msg
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_hf_padding_mask_is_skipped_only_when_the_batch_has_no_padding(padded):
+    cfg = transformers.BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    ids = torch.randint(0, V, (2, 32))
+    am = torch.ones_like(ids)
+    if padded:
+        am[1, 20:] = 0
+    rep = measure_step(lambda: transformers.BertForMaskedLM(cfg), {"input_ids": ids, "attention_mask": am,
+                                                                    "labels": ids.clone()}, precision="amp-bf16")
+    (key,) = rep.emulation["sdpa"]
+    if padded:        # the GPU run builds the mask too: flash excluded, dropout 0.1 excludes cuDNN
+        assert key.startswith("efficient") and "explicit attn_mask" in key
+        assert not any("hf-no-padding" in a for a in rep.emulation["assumptions"])
+    else:             # HF's padding_mask.all() check skips the mask on the GPU: is_causal=False, no mask
+        assert key == "flash (cudnn: dropout not a multiple of 1/16)"
+        assert any("hf-no-padding" in a for a in rep.emulation["assumptions"])
