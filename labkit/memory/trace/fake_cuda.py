@@ -94,7 +94,8 @@ class CudaTarget:
     cublas_handles: int = 2                   # forward thread + autograd device thread
     torch_version: str = "2.11"              # the torch whose kernel choices are reproduced
     sm: tuple[int, int] = (9, 0)              # compute capability
-    cudnn_version: int = 91600                # cuDNN runtime (cu130 wheels); > 9.15 puts cuDNN attention first
+    cudnn_version: int = 92300                # cuDNN runtime: > 9.15 puts cuDNN attention first; > 9.22 allows head_dim 256
+    cudnn_frontend_d256: bool = True          # the frontend torch was built with supports head_dim 256
     efficient_lse_block: int = 32             # mem-efficient kernel (float32) pads logsumexp to 32 rows
     sm_count: int = 132                       # streaming multiprocessors (reduction launch configuration)
     max_threads_per_sm: int = 2048
@@ -109,7 +110,8 @@ class CudaTarget:
 
     @property
     def sdpa(self) -> SdpaTarget:
-        return SdpaTarget(sm=self.sm, torch_version=parse_version(self.torch_version), cudnn_version=self.cudnn_version)
+        return SdpaTarget(sm=self.sm, torch_version=parse_version(self.torch_version), cudnn_version=self.cudnn_version,
+                          cudnn_frontend_d256=self.cudnn_frontend_d256)
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,11 +245,7 @@ class CudaEmulator:
             self._sdpa_forward(args, kwargs, out, tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
             self._sdpa_backward(args, kwargs, out, tracker)
-        elif base == "_scaled_dot_product_efficient_attention_backward":
-            q = args[1]
-            B, H, T, D = q.shape
-            t_p = math.ceil(T / self.target.efficient_lse_block) * self.target.efficient_lse_block
-            tracker.transient_group([B * H * T * D * 4, B * H * t_p * 4, B * H * t_p * 4])
+
         elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":

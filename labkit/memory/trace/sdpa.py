@@ -19,6 +19,12 @@ checks all pass runs. Sources read (pytorch/pytorch on GitHub, through the lab's
   only with ``enable_gqa`` on a backend that supports it, and Hq % Hkv == 0), ``check_tensor_shapes``
   (4-D), ``check_nonzero_sequence_lengths_dense``, ``check_last_dim_stride_equals_1_dense``.
 
+Checked against the H200 recordings (torch 2.11, plain loops, the kernels the profiler saw; reference
+cases only): cuDNN ran for every fp16/bf16 call, including HF's attention dropout 0.1 (so the 1/16
+dropout check of the current source is newer than 2.11) and head_dim 256 (Gemma: so the H200's
+cuDNN is > 9.22 with a frontend supporting d256); a mask that requires grad (T5's learned
+relative-position bias) ran the math path, not mem-efficient.
+
 How the rules change with the torch version (:class:`SdpaTarget` ``torch_version``):
 
 * ``enable_gqa`` exists from torch 2.5; flash supports it from then, cuDNN accepts unequal head
@@ -28,6 +34,8 @@ How the rules change with the torch version (:class:`SdpaTarget` ``torch_version
   path, which keeps the (B, H, Sq, Sk) probabilities for backward. The first release holding it is
   taken to be 2.13 (its release branch was cut after the merge); the H200 runs 2.11, so it falls back.
 * before 2.5 (and on 2.4's priority list) cuDNN is tried after math, i.e. never.
+* cuDNN's dropout resolution check (a multiple of 1/16) is taken to start with 2.12 (absent on 2.11,
+  as recorded).
 
 Nested tensors and ROCm are not modelled (fake mode sees dense CUDA-like tensors).
 """
@@ -57,8 +65,10 @@ class SdpaTarget:
 
     sm: tuple[int, int] = (9, 0)
     torch_version: tuple[int, int] = (2, 11)
-    cudnn_version: int = 91500 + 100      # cuDNN 9.16 (cu130 wheels ship 9.1x; > 9.15 enables the preference)
-    cudnn_frontend_d256: bool = False     # cuDNN frontend >= 1.24 (head_dim 256 on sm90)
+    # cuDNN runtime and frontend: on the H200 (torch 2.11, cu130) cuDNN attention ran for head_dim 256
+    # (recorded Gemma cases), which the source allows only with cuDNN > 9.22 and frontend >= 1.24
+    cudnn_version: int = 92300
+    cudnn_frontend_d256: bool = True
 
     @property
     def priority(self) -> tuple[str, ...]:
@@ -125,7 +135,7 @@ def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget)
             return "attn_mask shape"
         if mask.dim() not in (2, 4):
             return "attn_mask must be 2-D or 4-D"
-    if dropout_p * 16.0 != math.floor(dropout_p * 16.0):
+    if t.torch_version >= (2, 12) and dropout_p * 16.0 != math.floor(dropout_p * 16.0):
         return "dropout not a multiple of 1/16"
     if dropout_p > 0.0 and 91100 < t.cudnn_version < 91400:
         return "dropout unsupported in cuDNN 9.11-9.13"
@@ -196,6 +206,8 @@ def _efficient(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTar
         for x in (q, k, v):
             if x.numel() and (x.storage_offset() * x.element_size()) % (align * x.element_size()):
                 return "storage offset not aligned"
+    if mask is not None and mask.requires_grad:
+        return "attn_mask requires grad"
     r = _common_dense(q, k, v, mask, False)
     if r:
         return r
@@ -268,11 +280,5 @@ def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, None, **kw)[0]
     if mask is not None and choice.backend == "efficient":
         mask = _efficient_mask(mask, q, k)
-        if mask.requires_grad:
-            # a learned bias (T5's relative positions): the kernel also returns its gradient, which the
-            # CPU flash kernel cannot; the CUDA op's own fake (meta) implementation can
-            grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-            return torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, mask, grad, dropout_p, is_causal, scale=scale)[0]
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)[0]

@@ -19,7 +19,9 @@ from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.sdpa import SdpaTarget, select_backend
 from labkit.memory.trace.step import measure_step
 
-H200 = SdpaTarget()                                   # sm90, torch 2.11, cuDNN 9.16
+H200 = SdpaTarget()                                   # sm90, torch 2.11, cuDNN 9.23 (frontend with d256)
+CUDNN_916 = SdpaTarget(cudnn_version=91600, cudnn_frontend_d256=False)
+T212 = SdpaTarget(torch_version=(2, 12))
 
 
 def qkv(dtype=torch.bfloat16, B=2, H=8, Hkv=None, S=128, Sk=None, D=64, grad=True):
@@ -46,18 +48,21 @@ TABLE = [
      dict(is_causal=True, enable_gqa=True), SdpaTarget(torch_version=(2, 13)), "efficient"),
     ("bf16 GQA", dict(Hkv=2), dict(is_causal=True, enable_gqa=True), H200, "cudnn"),
     ("heads not a multiple of kv heads", dict(H=6, Hkv=4), dict(enable_gqa=True), H200, "math"),
-    ("bf16 head_dim 256: cuDNN 9.16 stops at 128 -> flash", dict(D=256), dict(is_causal=True), H200, "flash"),
-    ("bf16 head_dim 256 with cuDNN > 9.22 and frontend d256", dict(D=256), dict(is_causal=True),
-     SdpaTarget(cudnn_version=92300, cudnn_frontend_d256=True), "cudnn"),
+    ("bf16 head_dim 256 with cuDNN 9.16: cuDNN stops at 128 -> flash", dict(D=256), dict(is_causal=True),
+     CUDNN_916, "flash"),
+    ("bf16 head_dim 256 with cuDNN > 9.22 and frontend d256 (Gemma on the H200)", dict(D=256),
+     dict(is_causal=True), H200, "cudnn"),
+    ("bf16 head_dim 192 with cuDNN 9.16: flash", dict(D=192), dict(), CUDNN_916, "flash"),
     ("bf16 head_dim 100: cuDNN wants a multiple of 8", dict(D=100), dict(), H200, "flash"),
     ("bf16 head_dim 512: above flash's 256", dict(D=512), dict(), H200, "efficient"),
     ("fp32 head_dim 66: mem-efficient wants a multiple of 4", dict(dtype=torch.float32, D=66), dict(), H200, "math"),
     ("bf16 boolean padding mask: cuDNN takes a 4-D mask", dict(), dict(attn_mask=mask()), H200, "cudnn"),
-    ("mask requiring grad: not cuDNN, never flash", dict(), dict(attn_mask=mask(grad=True, dtype=torch.bfloat16)),
-     H200, "efficient"),
+    ("mask requiring grad (T5's learned bias): math, as recorded", dict(),
+     dict(attn_mask=mask(grad=True, dtype=torch.bfloat16)), H200, "math"),
     ("fp32 with a mask", dict(dtype=torch.float32), dict(attn_mask=mask()), H200, "efficient"),
-    ("dropout 0.1: cuDNN resolution is 1/16 -> flash", dict(), dict(dropout_p=0.1), H200, "flash"),
-    ("dropout 0.125", dict(), dict(dropout_p=0.125), H200, "cudnn"),
+    ("dropout 0.1 on 2.11: cuDNN (as recorded for GPT-2, BERT)", dict(), dict(dropout_p=0.1), H200, "cudnn"),
+    ("dropout 0.1 on 2.12: cuDNN resolution is 1/16 -> flash", dict(), dict(dropout_p=0.1), T212, "flash"),
+    ("dropout 0.125 on 2.12", dict(), dict(dropout_p=0.125), T212, "cudnn"),
     ("causal, seq_q != seq_k on torch 2.4: flash refuses, mem-efficient takes it", dict(S=64, Sk=128),
      dict(is_causal=True), SdpaTarget(torch_version=(2, 4)), "efficient"),
     ("torch 2.4 priority: flash first", dict(), dict(is_causal=True), SdpaTarget(torch_version=(2, 4)), "flash"),
