@@ -1,7 +1,9 @@
 """What fake mode changes around a user's code so that it runs as it would on the GPU.
 
 * :class:`CudaFunctionRules`: a ``TorchFunctionMode`` making the GPU's choices at the Python level
-  (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.sdpa`).
+  (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.sdpa`;
+  ``F.dropout``: ``at::dropout`` takes the fused ``native_dropout`` on CUDA, which saves a boolean
+  mask, where the CPU multiplies by a noise tensor of the input's dtype).
 * :func:`checkpoint_autocast`: ``torch.utils.checkpoint`` (reentrant or not) recomputes under the
   autocast state of the forward; torch records only its own autocast, so each checkpointed function
   is bound to the emulated CUDA autocast that was active when it was checkpointed, and to
@@ -79,6 +81,14 @@ class CudaFunctionRules(TorchFunctionMode):
             self.emulator.note_sdpa(choice)
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
+        if func is torch.nn.functional.dropout:
+            p = dict(zip(("input", "p", "training", "inplace"), args))
+            p.update(kwargs)
+            x, prob = p["input"], float(p.get("p", 0.5))
+            if p.get("training", True) and not p.get("inplace", False) and 0.0 < prob < 1.0 and x.numel():
+                # CUDA's fused dropout keeps a boolean mask (1 byte per element) for backward; the CPU's
+                # unfused path would keep a noise tensor in the input's dtype (see at::dropout)
+                return torch.ops.aten.native_dropout(x, prob, True)[0]
         return func(*args, **kwargs)
 
 
