@@ -86,7 +86,13 @@ def _op_name(func: Any) -> str:
 
 @dataclass(frozen=True)
 class CudaTarget:
-    """The GPU whose choices fake mode reproduces (defaults: an H200 with torch 2.11, CUDA 13)."""
+    """The GPU whose choices fake mode reproduces (defaults: an H200, sm90, with torch 2.11, CUDA 13).
+
+    ``torch_version`` selects the version-dependent rules (SDPA: which backends take GQA, cuDNN's
+    place in the priority list and its dropout check; see :mod:`labkit.memory.trace.sdpa`); ``sm``
+    and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
+    emulated kernels allocate.
+    """
 
     name: str = "NVIDIA H200"
     allocator_rounding: int = 512
