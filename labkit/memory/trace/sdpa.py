@@ -262,6 +262,34 @@ def _efficient_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tor
     return full
 
 
+def _math_with_fused_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                             dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """The math path op by op, as ``_scaled_dot_product_attention_math`` composes it (16-bit inputs
+    upcast to float32; q and k each scaled by sqrt(scale); K/V heads repeated for GQA; the causal mask
+    as an additive (Sq, Sk) tensor; softmax; dropout; the product with V), with the dropout that CUDA
+    runs: ``at::dropout`` takes the fused ``native_dropout`` there (a boolean mask kept), where the CPU
+    keeps a noise tensor of the scores' dtype. Used only when dropout is on."""
+    out_dtype = q.dtype
+    if q.dtype in _HALF:
+        q, k, v = q.float(), k.float(), v.float()
+    s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    f = math.sqrt(abs(s))
+    q = q * (f if s >= 0 else -f)
+    if is_causal:
+        tri = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+        mask = _additive_mask(tri, q.dtype)
+    if enable_gqa and q.size(-3) != k.size(-3):
+        rep = q.size(-3) // k.size(-3)
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+    attn = torch.matmul(q, k.transpose(-2, -1) * f)
+    if mask is not None:
+        attn = attn + mask
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    attn = torch.ops.aten.native_dropout(attn, dropout_p, True)[0]
+    return torch.matmul(attn, v).to(out_dtype)
+
+
 def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
              dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
     """Run the call on CPU (fake) tensors so that it allocates what ``choice`` allocates on the GPU.
@@ -273,6 +301,8 @@ def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     from a seed, so no dropout mask exists: the CPU kernel runs without it.
     """
     mask = _additive_mask(attn_mask, q.dtype) if attn_mask is not None else None
+    if choice.backend == "math" and dropout_p > 0.0:
+        return _math_with_fused_dropout(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     if choice.backend == "math":
         kw: dict[str, Any] = {"scale": scale}
         if enable_gqa:

@@ -93,9 +93,9 @@ def test_layout_and_rank_checks():
 class Attn(torch.nn.Module):
     """Projections and one SDPA call: the policy under test decides the kernel."""
 
-    def __init__(self, H=4, Hkv=4, D=32, mask_len=None):
+    def __init__(self, H=4, Hkv=4, D=32, mask_len=None, dropout=0.0):
         super().__init__()
-        self.H, self.Hkv, self.D, self.mask_len = H, Hkv, D, mask_len
+        self.H, self.Hkv, self.D, self.mask_len, self.dropout = H, Hkv, D, mask_len, dropout
         self.q = torch.nn.Linear(H * D, H * D, bias=False)
         self.kv = torch.nn.Linear(H * D, 2 * Hkv * D, bias=False)
 
@@ -106,7 +106,8 @@ class Attn(torch.nn.Module):
         m = None
         if self.mask_len is not None:
             m = torch.ones(B, 1, S, S, dtype=torch.bool)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=m is None, enable_gqa=self.H != self.Hkv)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=m is None, enable_gqa=self.H != self.Hkv,
+                                           dropout_p=self.dropout)
         return o.transpose(1, 2).reshape(B, S, -1)
 
 
@@ -130,6 +131,17 @@ def test_fp32_gqa_math_path_keeps_the_scores():
     assert all(key.startswith("efficient") for key in rep13.emulation["sdpa"])
     assert gqa - gqa13 >= B * H * S * S * 4
     assert gqa13 < mha                     # and GQA's smaller K/V projection shows
+
+
+def test_math_path_dropout_keeps_a_boolean_mask():
+    """The math path's dropout is at::dropout, fused on CUDA: the dropped probabilities (float32) and a
+    boolean mask are kept, where the CPU's unfused dropout would keep a float32 noise tensor."""
+    B, S, H, D = 2, 256, 4, 32
+    x = torch.randn(B, S, H * D)
+    with_dropout, rep = _fwd_end(lambda: Attn(H=H, Hkv=2, D=D, dropout=0.1), x)
+    without, _ = _fwd_end(lambda: Attn(H=H, Hkv=2, D=D), x)
+    assert all(key.startswith("math") for key in rep.emulation["sdpa"])
+    assert with_dropout - without == B * H * S * S * (4 + 1)
 
 
 def test_mem_efficient_keeps_the_padded_mask():
