@@ -163,6 +163,18 @@ def _move_first_control(page, explorer) -> str:
     return f"clicked {tag.split()[0]}"
 
 
+def _figure_shot(explorer) -> bytes | None:
+    """A screenshot of what the explorer draws (its Bokeh canvas, else its output area), not of its
+    controls: a control that changes its own look is not a redraw. None while it is being replaced."""
+    target = explorer.locator(".bk-Canvas")
+    if not target.count():
+        target = explorer.locator(".widget-output")
+    try:
+        return target.last.screenshot(timeout=2_000)
+    except Exception:  # noqa: BLE001 - the old figure was removed, the new one not drawn yet
+        return None
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw(jupyterlab, running, name):
     base, token = jupyterlab
@@ -197,16 +209,19 @@ def test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw(jupyt
             ex = explorers.nth(i)
             ex.scroll_into_view_if_needed()
             page.wait_for_timeout(500)
-            before = ex.screenshot()
+            before = _figure_shot(ex)
             done = _move_first_control(page, ex)
-            changed = False
-            for _ in range(40):  # the kernel redraws; give it up to 10 s
-                page.wait_for_timeout(250)
-                if ex.screenshot() != before:
+            changed, last = False, before
+            for _ in range(40):  # the kernel redraws; give it up to 20 s
+                page.wait_for_timeout(500)
+                shot = _figure_shot(ex)
+                idle = "(ipykernel) | Idle" in page.inner_text(".jp-StatusBar-Widget, #jp-main-statusbar")
+                if idle and shot is not None and shot == last and shot != before:  # redrawn, and drawing is done
                     changed = True
                     break
+                last = shot
             page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_explorer{i}.png"))
-            assert changed, f"{name}: explorer {i} did not redraw after {done}"
+            assert changed, f"{name}: explorer {i}'s figure did not change after {done}"
     finally:
         page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}.png"), full_page=True)
         page.close()
