@@ -261,7 +261,7 @@ def explorer(s: Setup, model_name: str) -> Section:
     sec.note("Pick a preset (its dimensions fill the boxes) or edit a dimension: the bars redraw. "
              "The dashed line is the memory per GPU set above.")
     sec.figure(vm.stage_bars(e, title=f"{s.model.name}: tp=2 +SP, pp=2, dp=2, ZeRO-1 (static)", capacity_bytes=s.capacity))
-    return sec.widget(vm.explorer({"preset": model_name}, capacity_bytes=s.capacity))
+    return sec.widget(vm.explorer({"preset": model_name, "seq": s.model.seq}, capacity_bytes=s.capacity))
 
 
 def planner(s: Setup, planner_model: str, nodes: int, topology_sample: str, global_batch: int) -> Section:

@@ -16,7 +16,7 @@ def machine(view: ServerView, here: MachineInfo | None = None) -> Section:
     here = view.machine if view.live else (here or probe())
     sec = Section("The machine in one table", source=view.label)
     sec.claim(f"NVIDIA GPUs on this machine ({here.hostname}, torch {here.torch_version}, "
-              f"CUDA build {here.cuda_version or 'none'})", len(here.gpus), "GPUs", source="measured here")
+              f"CUDA build {here.cuda_version or 'none'})", len(here.gpus), "GPU(s)", source="measured here")
     sec.claim("The server shown below", "this machine" if view.live else "the recorded GPU server")
     sec.table(["field", "value"], machine_rows(view.machine), caption=f"Source: {view.origin}")
     for w in view.machine.warnings:
@@ -33,7 +33,7 @@ def gpu_memory(view: ServerView) -> Section:
     """Memory per GPU as NVML reports it, in binary and decimal units; the wording is computed from the number."""
     m = view.machine
     sec = Section("Memory per GPU: NVML's total, in GiB and in GB", source=view.label)
-    sec.claim("GPUs in the server shown", len(m.gpus), "GPUs", name="gpu_count", source=view.origin)
+    sec.claim("GPUs in the server shown", len(m.gpus), "GPU(s)", name="gpu_count", source=view.origin)
     if not m.gpus:
         return sec.note("This server has no GPU to show.")
     g = m.gpus[0]

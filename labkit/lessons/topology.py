@@ -302,11 +302,11 @@ def affinity(pv: PlacementView) -> Section:
 
 
 def placement_explorer(view: TopologyView, tp: int, pp: int, dp: int) -> Section:
-    """Sliders for tp/pp/dp that redraw the placement (interactive in JupyterLab)."""
+    """Choices of tp/pp/dp that redraw the placement (interactive in JupyterLab)."""
     from labkit.viz import topology as vt
 
     sec = Section("Try it: other sizes", source="model")
-    sec.note("Move a slider: the graph and the table below redraw for that layout.")
+    sec.note("Pick tp, pp or dp: the graph and the table below redraw for that layout.")
     return sec.widget(vt.placement_explorer(view.topo, view.origin, tp=tp, pp=pp, dp=dp))
 
 

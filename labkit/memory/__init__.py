@@ -5,7 +5,9 @@
 * ``labkit.memory.trace``: the tracer that runs a real training step (on a GPU, the CPU, or fake
   tensors standing in for a CUDA GPU) and reports its peaks per phase and category.
 
-Both speak the vocabulary of ``labkit.core.vocab``. The names below are the chapter's public API.
+Both speak the vocabulary of ``labkit.core.vocab``. The names below are the chapter's public API;
+the estimator's function is ``labkit.memory.estimate.estimate`` (``labkit.memory.estimate`` is the
+subpackage, so the function is not re-exported here under the same name).
 """
 
 # Lazily imported public names (name -> module), so that importing labkit.memory does not import
@@ -37,7 +39,6 @@ _LAZY_NAMES = {
     "Estimate": "labkit.memory.estimate",
     "StageEstimate": "labkit.memory.estimate",
     "ModelStates": "labkit.memory.estimate",
-    "estimate": "labkit.memory.estimate",
     "model_states": "labkit.memory.estimate",
     "model_states_only": "labkit.memory.estimate",
     "total_params": "labkit.memory.estimate",

@@ -142,6 +142,12 @@ class _Heartbeat:
         self._stop.set()
 
 
+# The kernel application's own start-up notices (ipykernel's "Kernel is running over TCP without
+# encryption" on a local loopback kernel) say nothing about the notebook: only its errors are shown.
+# What the notebook's code writes to stderr is not affected.
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, progress: bool = False) -> None:
     import papermill
 
@@ -150,7 +156,8 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, p
     try:
         papermill.execute_notebook(str(src), str(dst), parameters=params, kernel_name=KERNEL,
                                    start_timeout=START_TIMEOUT_S, cwd=str(src.parent),
-                                   progress_bar=progress, log_output=False, report_mode=False)
+                                   progress_bar=progress, log_output=False, report_mode=False,
+                                   extra_arguments=KERNEL_ARGS)
     finally:
         if old is None:
             os.environ.pop(RESULTS_ENV, None)

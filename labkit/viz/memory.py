@@ -112,7 +112,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     w = {
         "preset": W.Dropdown(options=["custom"] + preset_names(), value=init["preset"], description="model"),
         "layers": W.IntText(value=32, description="layers"), "hidden": W.IntText(value=4096, description="hidden"),
-        "heads": W.IntText(value=32, description="heads"), "seq": W.IntText(value=4096, description="seq"),
+        "heads": W.IntText(value=32, description="heads"), "seq": W.IntText(value=init.get("seq", 4096), description="seq"),
         "vocab": W.IntText(value=32000, description="vocab"),
         "tp": W.Dropdown(options=[1, 2, 4, 8], value=init["tp"], description="tp"),
         "pp": W.Dropdown(options=[1, 2, 4, 8], value=init["pp"], description="pp"),
@@ -126,6 +126,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     }
     msg = W.HTML()
     dims = ("layers", "hidden", "heads", "seq", "vocab")
+    model_dims = ("layers", "hidden", "heads", "vocab")   # what a preset fills (seq is the training run's)
     filling = [False]  # True while a preset's dimensions are written into the boxes (one redraw, not five)
 
     def fill_from_preset(_change=None):
@@ -133,7 +134,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
             return
         p = get_preset(w["preset"].value)
         filling[0] = True
-        for d in dims:
+        for d in model_dims:
             w[d].value = getattr(p, d)
         filling[0] = False
 

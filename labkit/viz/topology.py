@@ -179,7 +179,9 @@ def placement_rows(placement) -> list[tuple[str, object, object]]:
 
 
 def placement_explorer(topo, origin: str, *, tp: int = 2, pp: int = 1, dp: int = 1):
-    """ipywidgets: choose tp/pp/dp, see the placement (graph with TP groups coloured, naive vs placed)."""
+    """ipywidgets: choose tp/pp/dp (divisors of the GPU count), see the placement (graph with TP groups
+    coloured, naive vs placed). A layout larger than the machine is shown with dp, then pp, lowered
+    until it fits, and says so."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -187,26 +189,39 @@ def placement_explorer(topo, origin: str, *, tp: int = 2, pp: int = 1, dp: int =
     from labkit.topology import place
     from labkit.viz.display import html_table, show
 
-    sliders = [w.IntSlider(value=v, min=1, max=topo.n, description=name) for name, v in (("tp", tp), ("pp", pp), ("dp", dp))]
+    sizes = [d for d in range(1, topo.n + 1) if topo.n % d == 0]
+    pick = lambda v: v if v in sizes else max(d for d in sizes if d <= max(1, v))  # noqa: E731
+    boxes = [w.Dropdown(options=sizes, value=pick(v), description=name, layout=w.Layout(width="160px"))
+             for name, v in (("tp", tp), ("pp", pp), ("dp", dp))]
     out = w.Output()
 
     def update(_=None):
         out.clear_output(wait=True)
+        t, p_, d = (b.value for b in boxes)
         with out:
+            asked = t * p_ * d
+            while t * p_ * d > topo.n:
+                if d > 1:
+                    d = 1
+                else:
+                    p_ = 1
+            if asked != t * p_ * d:
+                print(f"tp x pp x dp = {asked} does not fit {topo.n} GPUs: showing tp={t}, pp={p_}, dp={d}")
             try:
-                p = place(topo, *(s.value for s in sliders))
+                pl = place(topo, t, p_, d)
             except LabkitError as exc:
                 print(exc)
                 return
-            print(p.verdict)
-            for s in p.suggestions:
+            print(pl.verdict)
+            for s in pl.suggestions:
                 print("suggestion:", s)
-            show(link_graph(topo, origin, highlight_groups=p.tp_groups, title="TP groups of the placement (colours)"))
-            display(html_table(["", "naive 0,1,2,...", "placed"], placement_rows(p), caption=p.comparison.summary))
+            show(link_graph(topo, origin, highlight_groups=pl.tp_groups,
+                            title=f"TP groups of tp={t} pp={p_} dp={d} (colours)"))
+            display(html_table(["", "naive 0,1,2,...", "placed"], placement_rows(pl), caption=pl.comparison.summary))
 
-    for s in sliders:
-        s.observe(update, names="value")
+    for b in boxes:
+        b.observe(update, names="value")
     update()
-    box = w.VBox([w.HBox(sliders), out])
+    box = w.VBox([w.HBox(boxes), out])
     box.add_class("labkit-explorer")
     return box

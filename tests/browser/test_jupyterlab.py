@@ -1,13 +1,16 @@
-"""A real browser: JupyterLab runs 00_this_server and shows a Bokeh plot and a widget; the offline
-HTML report renders its Bokeh plot with no network.
+"""A real browser: JupyterLab runs every notebook (smoke parameters), its Bokeh figures render, and each
+explorer (an ipywidgets box with the class ``labkit-explorer``) redraws when one of its controls moves;
+the offline HTML report renders its Bokeh plot with no network.
 
 Debian's chromium is driven by Playwright through its executable path (Playwright cannot download
-its own browser here); `make test` installs both.
+its own browser here); `make test` installs both. One JupyterLab serves all notebooks; each test shuts
+its kernel down. Screenshots go to test-artifacts/.
 """
 
+import json
 import os
+import re
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,15 +18,21 @@ import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from labkit.core.paths import NOTEBOOKS_DIR
+from labkit.report.notebooks import discover
 from labkit.report.runner import run_report
 
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
         "--no-first-run", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+NOTEBOOKS = sorted(discover(NOTEBOOKS_DIR))
+RUN_TIMEOUT_MS = 240_000
+# Every control kind an explorer may start with, in the order they are tried.
+CONTROLS = "select, .widget-toggle-button:not(.mod-active), .widget-slider .noUi-handle, .widget-checkbox input"
 
 pytestmark = pytest.mark.browser
 
@@ -45,18 +54,39 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    root = tmp_path / "nb"
+def _smoke_copy(name: str, root: Path) -> None:
+    """A copy with the smoke parameter injected after the parameters cell, as papermill does (a copy:
+    autosave must not touch the repo)."""
+    nb = nbformat.read(str(NOTEBOOKS_DIR / f"{name}.ipynb"), as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    injected = nbformat.v4.new_code_cell("# Parameters\nsmoke = True", metadata={"tags": ["injected-parameters"]})
+    nb.cells.insert(at + 1, injected)
+    nbformat.write(nb, str(root / f"{name}.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "nb"
     root.mkdir()
-    shutil.copy(NOTEBOOKS_DIR / "00_this_server.ipynb", root)  # a copy: autosave must not touch the repo
+    for name in NOTEBOOKS:
+        _smoke_copy(name, root)
+    # every cell rendered (no windowing), so that outputs far down the notebook exist in the DOM
+    settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    news = tmp / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"))
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), PYTHONPATH=str(NOTEBOOKS_DIR.parent))
+    log = tmp / "lab.log"
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
                              "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-                             f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={tmp_path / 'ws'}",
+                             f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={tmp / 'ws'}",
                              "--ServerApp.port_retries=0"] + (["--allow-root"] if os.geteuid() == 0 else []),
-                            stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT, env=env)
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -66,7 +96,7 @@ def jupyterlab(tmp_path):
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise AssertionError("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+                raise AssertionError("JupyterLab did not start:\n" + log.read_text()[-3000:])
             time.sleep(0.5)
     yield base, token
     proc.terminate()
@@ -76,34 +106,126 @@ def jupyterlab(tmp_path):
         proc.kill()
 
 
-def test_jupyterlab_runs_notebook_and_shows_bokeh_and_widget(browser, jupyterlab):
-    base, token = jupyterlab
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.goto(f"{base}/lab/tree/00_this_server.ipynb?token={token}")
-    page.wait_for_selector(".jp-Notebook", timeout=90_000)
+def _shutdown_kernel_of(base: str, token: str, name: str) -> None:
+    """Shut down the kernel of the notebook ``name`` (its session), leaving the others running."""
+    with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as r:
+        sessions = json.load(r)
+    for sess in sessions:
+        if sess.get("path", "").endswith(f"{name}.ipynb") and sess.get("kernel"):
+            req = urllib.request.Request(f"{base}/api/kernels/{sess['kernel']['id']}?token={token}", method="DELETE")
+            urllib.request.urlopen(req, timeout=20)
+
+
+def _run_all(page) -> None:
     # the kernel is up when the status bar says so; running cells before that can be lost
-    page.wait_for_function("document.body.innerText.includes('(ipykernel) | Idle')", timeout=90_000)
+    page.wait_for_function("document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000)
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-    # JupyterLab renders only the cells in view: wait for the outputs to exist, then scroll to them.
-    canvas = page.locator(".bk-Canvas").first  # Bokeh drew a plot (Playwright pierces its shadow DOM)
-    canvas.wait_for(state="attached", timeout=120_000)
-    canvas.scroll_into_view_if_needed()
-    canvas.wait_for(state="visible", timeout=30_000)
-    box = canvas.bounding_box()
-    assert box and box["width"] > 100 and box["height"] > 100
-    page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_bokeh.png"))
-    toggle = page.locator(".widget-toggle-buttons").first  # the ipywidgets unit toggle is shown
-    toggle.wait_for(state="attached", timeout=60_000)
-    toggle.scroll_into_view_if_needed()
-    toggle.wait_for(state="visible", timeout=30_000)
-    page.locator(".widget-toggle-button", has_text="GB (10^9)").first.click()
-    page.wait_for_function("document.body.innerText.includes('150.75 GB') || document.body.innerText.includes(' GB')", timeout=30_000)
-    page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_this_server.png"), full_page=True)
-    assert page.locator(".jp-OutputArea-output .labkit-table").count() >= 2
-    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    assert "Traceback" not in (errors.all_inner_texts() and " ".join(errors.all_inner_texts()))
+
+
+@pytest.fixture(scope="module")
+def running(request, browser, jupyterlab):
+    """Every selected notebook opened in its own page and started at once (the runs overlap; each test
+    then waits for its own), so the whole test takes about the slowest notebook plus the checks."""
+    base, token = jupyterlab
+    selected = [it.callspec.params["name"] for it in request.session.items
+                if it.originalname == "test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw"]
+    pages = {}
+    for name in selected:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/lab/tree/{name}.ipynb?reset&token={token}")  # reset: no tabs of other notebooks
+        pages[name] = page
+    for name, page in pages.items():
+        page.wait_for_selector(".jp-Notebook", timeout=90_000)
+        _run_all(page)
+    yield pages
+    for page in pages.values():
+        if not page.is_closed():
+            page.close()
+
+
+def _move_first_control(page, explorer) -> str:
+    """Change the explorer's first control; returns what was done."""
+    control = explorer.locator(CONTROLS).first
+    control.wait_for(state="attached", timeout=30_000)
+    tag = control.evaluate("e => e.tagName.toLowerCase() + ' ' + (e.type || '') + ' ' + e.className")
+    if tag.startswith("select"):
+        options = control.locator("option").all_inner_texts()
+        current = control.evaluate("e => e.options[e.selectedIndex].text")
+        choice = next(o for o in options if o != current)
+        control.select_option(label=choice)
+        return f"dropdown -> {choice}"
+    if "noUi-handle" in tag:
+        control.focus()
+        page.keyboard.press("ArrowRight")
+        return "slider +1"
+    control.click()
+    return f"clicked {tag.split()[0]}"
+
+
+def _figure_shot(explorer) -> bytes | None:
+    """A screenshot of what the explorer draws (its Bokeh canvas, else its output area), not of its
+    controls: a control that changes its own look is not a redraw. None while it is being replaced."""
+    target = explorer.locator(".bk-Canvas")
+    if not target.count():
+        target = explorer.locator(".widget-output")
+    try:
+        return target.last.screenshot(timeout=2_000)
+    except Exception:  # noqa: BLE001 - the old figure was removed, the new one not drawn yet
+        return None
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw(jupyterlab, running, name):
+    base, token = jupyterlab
+    page = running[name]
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        # done when every code cell has an execution count (none waiting '[ ]' or running '[*]'), or a cell failed
+        page.wait_for_function(
+            """() => { const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+                       if (!nb) return false;
+                       const ps = [...nb.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+                       const failed = [...nb.querySelectorAll(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+                                      .some(e => /Traceback|^\\w*Error\\b/m.test(e.innerText));
+                       return failed || (ps.length > 0 && ps.every(p => /\\[\\d+\\]/.test(p.innerText))); }""",
+            timeout=RUN_TIMEOUT_MS)
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+        text = " ".join(errors)
+        assert not re.search(r"Traceback|^\w*Error\b", text, re.M), f"{name}: {text[:2000]}"
+        for noise in ("Kernel is running over TCP", "USDT"):
+            assert noise not in page.inner_text("body"), f"{name}: third-party message {noise!r} in the output"
+        canvases = page.locator(".bk-Canvas")  # Bokeh drew (Playwright pierces its shadow DOM)
+        canvases.first.wait_for(state="attached", timeout=60_000)
+        canvases.first.scroll_into_view_if_needed()
+        box = canvases.first.bounding_box()
+        assert box and box["width"] > 100 and box["height"] > 100, f"{name}: a Bokeh figure did not render"
+        # every widget on the page belongs to an explorer; each explorer redraws when a control moves
+        stray = page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output .jupyter-widgets')]
+                                    .filter(e => !e.closest('.labkit-explorer')).length""")
+        assert stray == 0, f"{name}: {stray} widget(s) outside a labkit-explorer box"
+        explorers = page.locator(".labkit-explorer")
+        for i in range(explorers.count()):
+            ex = explorers.nth(i)
+            ex.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            before = _figure_shot(ex)
+            done = _move_first_control(page, ex)
+            changed, last = False, before
+            for _ in range(40):  # the kernel redraws; give it up to 20 s
+                page.wait_for_timeout(500)
+                shot = _figure_shot(ex)
+                idle = "(ipykernel) | Idle" in page.inner_text(".jp-StatusBar-Widget, #jp-main-statusbar")
+                if idle and shot is not None and shot == last and shot != before:  # redrawn, and drawing is done
+                    changed = True
+                    break
+                last = shot
+            page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_explorer{i}.png"))
+            assert changed, f"{name}: explorer {i}'s figure did not change after {done}"
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}.png"), full_page=True)
+        page.close()
+        _shutdown_kernel_of(base, token, name)
 
 
 def test_report_html_renders_bokeh_offline(browser, tmp_path):
@@ -118,6 +240,9 @@ def test_report_html_renders_bokeh_offline(browser, tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "report_00_this_server.png"), full_page=True)
     assert not [u for u in requests if u.startswith("http")], f"the report fetched from the network: {requests}"
+    body = page.inner_text("body")
+    assert "VBox(children" not in body and "interactive explorer" in body   # a widget is a note, not its repr
+    assert "Kernel is running over TCP" not in body
     page.goto((run.folder / "index.html").as_uri())
     assert "00_this_server" in page.inner_text("body") and "passed" in page.inner_text("body")
     ctx.close()

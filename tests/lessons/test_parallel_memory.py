@@ -96,6 +96,7 @@ def test_explorer_boxes_edit_the_preset_and_the_axis_reaches_the_capacity(s):
     assert "labkit-explorer" in box._dom_classes
     preset, layers = box.children[0].children[0].children[:2]
     assert preset.value == "llama3-8b" and layers.value == s.model.layers   # the preset filled the boxes
+    assert box.children[0].children[0].children[4].value == s.model.seq     # seq is the notebook's, not the preset's
     fig = box._labkit_figure
     src = fig._labkit_source
     before = list(src.data["total"])

@@ -114,7 +114,8 @@ def test_placement_explorer_is_a_widget(dgx1):
     box = sec.widgets[0]
     assert "labkit-explorer" in box._dom_classes
     tp = box.children[0].children[0]
-    tp.value = 4   # redraws (outside a kernel the output is not captured, but it must not fail)
+    assert list(tp.options) == [1, 2, 4, 8] and tp.value == 2
+    tp.value = 8   # 8 x 2 x 2 does not fit: redraws with dp and pp lowered (outside a kernel: must not fail)
 
 
 def test_classic_mistake_is_slower_over_node_links(sizes):
