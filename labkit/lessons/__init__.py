@@ -26,6 +26,7 @@ def quiet_third_party() -> None:
     advisories, the profiler's USDT notice, ipykernel's TCP notice); nothing of labkit's is hidden."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # kineto's USDT/STAGE lines on fd 2, not Python warnings
     for text in _QUIET_MESSAGES:
         warnings.filterwarnings("ignore", message=text)
     for module in _QUIET_MODULES:

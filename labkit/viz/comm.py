@@ -176,3 +176,30 @@ def per_gpu_memory_figure(runs: Iterable, *, title: str, width: int = 560, heigh
                y_axis_label="peak allocated, GiB (2^30 B)", toolbar_location=None)
     p.vbar(x="x", top="y", width=0.7, color="c", source=ColumnDataSource(dict(x=xs, y=ys, c=cs)))
     return p
+
+
+def simulator_explorer(sweep_fn, *, nodes: int, inter_bw_GBps: float, inter_latency_us: float):
+    """Sliders for the node count, inter-node bandwidth and latency; each change redraws the figure from
+    ``sweep_fn(nodes, inter_bw_GBps, inter_latency_us)`` (the simulator's points: no computation here)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+    from jupyter_bokeh import BokehModel
+
+    nodes_w = widgets.IntSlider(value=nodes, min=1, max=64, description="nodes")
+    bw_w = widgets.FloatLogSlider(value=inter_bw_GBps, base=10, min=0, max=3, description="inter GB/s")
+    lat_w = widgets.FloatLogSlider(value=inter_latency_us, base=10, min=0, max=3, description="latency us")
+    out = widgets.Output()
+
+    def redraw(*_) -> None:
+        fig = simulator_figure({"model": sweep_fn(nodes_w.value, bw_w.value, lat_w.value)},
+                               title=f"{nodes_w.value} nodes, {bw_w.value:.3g} GB/s, {lat_w.value:.3g} us (model)")
+        with out:
+            out.clear_output(wait=True)
+            display(BokehModel(fig))
+
+    for w in (nodes_w, bw_w, lat_w):
+        w.observe(redraw, names="value")
+    redraw()
+    box = widgets.VBox([widgets.HBox([nodes_w, bw_w, lat_w]), out])
+    box.add_class("labkit-explorer")
+    return box

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 _ready = False
@@ -56,3 +57,28 @@ def show_widget(widget, text: str = WIDGET_TEXT) -> None:
     data = dict(widget._repr_mimebundle_() or {})
     data["text/plain"] = text
     display(data, raw=True)
+
+
+@contextmanager
+def busy(desc: str, tick_s: float = 1.0):
+    """A progress line for one long call that has no steps to count (a process group's run): the
+    elapsed time, refreshed every ``tick_s`` seconds until the block ends (tqdm, bar or text)."""
+    import threading
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed} elapsed")
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(tick_s):
+            bar.refresh()
+
+    t = threading.Thread(target=tick, daemon=True)
+    t.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        t.join()
+        bar.close()

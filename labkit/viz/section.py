@@ -154,3 +154,31 @@ class Section:
             lines.append(render(self.headers, self.rows))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+class ShowsSection:
+    """A mixin for a chapter's typed result that displays itself through one :class:`Section`.
+
+    The subclass (usually a dataclass holding the chapter's result) defines ``section()``; displaying
+    the value shows that Section and records its named claims once, like a Section itself.
+    """
+
+    def section(self) -> Section:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def cached_section(self) -> Section:
+        """The Section, built once (so displaying twice records once)."""
+        sec = self.__dict__.get("_labkit_section")
+        if sec is None:
+            sec = self.section()
+            object.__setattr__(self, "_labkit_section", sec)
+        return sec
+
+    def _ipython_display_(self) -> None:
+        self.cached_section()._ipython_display_()
+
+    def record(self) -> None:
+        self.cached_section().record()
+
+    def __str__(self) -> str:
+        return str(self.cached_section())
