@@ -37,6 +37,10 @@ class Claim:
 
     def value_text(self) -> str:
         v = self.value
+        if self.unit in ("bytes", "B") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            from labkit.core.units import fmt_bytes
+
+            return fmt_bytes(v)
         if self.digits is not None and isinstance(v, (int, float)):
             v = f"{v:,.{self.digits}f}"
         elif isinstance(v, float):
