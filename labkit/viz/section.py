@@ -124,9 +124,11 @@ class Section:
         if self.claims:
             items = "".join(
                 f"<li>{html.escape(c.text)}: <b>{html.escape(c.value_text())}</b>"
-                + (f" <i>({html.escape(c.source)})</i>" if c.source else "") + "</li>"
+                + (f" <i>({html.escape(c.source)})</i>" if c.source and c.source != self.source else "") + "</li>"
                 for c in self.claims)
             parts.append(f"<ul class='labkit-claims'>{items}</ul>")
+            if any(c.source == self.source for c in self.claims) and self.source:  # the shared source, once
+                parts.append(f"<p class='labkit-source'><i>Source: {html.escape(self.source)}</i></p>")
         if self.headers:
             head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in self.headers)
             body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape('' if c is None else str(c))}</td>"
@@ -151,7 +153,10 @@ class Section:
 
     def __str__(self) -> str:  # plain text, e.g. in a terminal
         lines = [self.title]
-        lines += [f"  - {c.text}: {c.value_text()}" + (f" ({c.source})" if c.source else "") for c in self.claims]
+        lines += [f"  - {c.text}: {c.value_text()}" + (f" ({c.source})" if c.source and c.source != self.source else "")
+                  for c in self.claims]
+        if self.source and any(c.source == self.source for c in self.claims):
+            lines.append(f"  source: {self.source}")
         if self.headers:
             from labkit.core.table import render
 
