@@ -74,7 +74,7 @@ def busy(desc: str, tick_s: float = 1.0):
         while not stop.wait(tick_s):
             bar.refresh()
 
-    t = threading.Thread(target=tick, daemon=True)
+    t = threading.Thread(target=tick, daemon=True, name="labkit-busy")
     t.start()
     try:
         yield bar
