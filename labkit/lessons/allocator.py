@@ -40,7 +40,7 @@ def this_machine(meas_dir: str | Path | None = None) -> Section:
 
     m = probe()
     sec = Section("This machine", source="measured here")
-    sec.claim(f"{m.hostname}: GPUs{' (' + m.gpu_name + ')' if m.gpus else ''}", len(m.gpus))
+    sec.claim(f"CUDA GPUs on {m.hostname}{' (' + m.gpu_name + ')' if m.gpus else ''}", len(m.gpus))
     runs = recorded.recorded_runs(meas_dir)
     sec.claim("Recorded allocator runs (one fresh process per configuration)", len(runs),
               source=runs[0].source if runs else "")
@@ -159,7 +159,7 @@ def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None =
     sec = Section(title, source=rows[0].source)
     sec.claim(f"Largest relative error over {len(rows)} (workload, configuration) pairs "
               f"({worst.workload}, {worst.config})", round(worst.max_rel_error, 5), "fraction",
-              name="alloc.fidelity.max_rel_error")
+              name="alloc.fidelity.max_rel_error", digits=4)
     sec.claim("Pairs where the simulator's reserved peak equals the real one exactly",
               sum(r.simulated["reserved_bytes.all.peak"] == r.real["reserved_bytes.all.peak"] for r in rows),
               f"of {len(rows)}")
@@ -280,12 +280,12 @@ def oom_cases(meas_dir: str | Path | None = None) -> Section:
         snap = recorded.oom_snapshot_path(case, meas_dir)
         d = diagnose(oom_text=msg, stats=data if "stats" in data else None, snapshot=snap)
         kind, title, check = _verdict(d)
-        rows.append((case, msg.splitlines()[0][:160], kind, title, check[:200]))
+        rows.append((case, msg.split(" Including non-PyTorch memory")[0].splitlines()[0], kind, title, check))
     sec.source = src
     if rows:
         sec.claim("Recorded OOM cases the doctor classified", sum(r[2] != "-" for r in rows), f"of {len(rows)}",
                   source=src)
-        sec.table(["case", "the OOM message (first line)", "doctor: kind", "finding", "evidence / simulator check"], rows)
+        sec.table(["case", "the OOM message (its start)", "doctor: kind", "finding", "evidence / simulator check"], rows)
     if missing:
         sec.note(f"Not recorded here: {', '.join('oom__' + c + '.json' for c in missing)} ({RECORD_HINT}).")
     return sec
@@ -323,8 +323,8 @@ def fragmentation_check(cap_gib: float = 6.0) -> Section:
     cap = int(cap_gib * GiB)
     res = [replay(fp, conf, cap_bytes=cap) for conf in ("", "expandable_segments:True", "max_split_size_mb:512")]
     sec = Section(f"Checked by the simulator: the fragmentation pattern under a {cap_gib:g} GiB cap", source="model")
-    sec.claim("OOMs under the default configuration", res[0].num_ooms, "count", name="alloc.fragmentation.ooms_default")
-    sec.claim("OOMs with expandable segments", res[1].num_ooms, "count", name="alloc.fragmentation.ooms_expandable")
+    sec.claim("OOMs under the default configuration", res[0].num_ooms, "", name="alloc.fragmentation.ooms_default")
+    sec.claim("OOMs with expandable segments", res[1].num_ooms, "", name="alloc.fragmentation.ooms_expandable")
     sec.table(["configuration", "reserved peak", "retries", "OOMs", "outcome"],
               [(r.config or "default", fmt_bytes(r.reserved_peak_bytes), r.num_alloc_retries, r.num_ooms,
                 r.ooms[0].message if r.ooms else "fits") for r in res],

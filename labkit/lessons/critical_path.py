@@ -48,7 +48,7 @@ class Machine(ShowsSection):
 
     def section(self) -> Section:
         sec = Section("This machine", source="measured here")
-        sec.claim(f"{self.hostname}: CUDA GPUs{' (' + self.gpu_name + ')' if self.gpu_name else ''}", self.gpus)
+        sec.claim(f"CUDA GPUs on {self.hostname}{' (' + self.gpu_name + ')' if self.gpu_name else ''}", self.gpus)
         sec.claim(f"CPU cores (torch {self.torch_version})", self.cpu_cores)
         sec.claim(f"The live runs use {self.backend} with this many processes", self.world)
         sec.claim("Recordings found in data/measurements/comm", ", ".join(self.recordings) or "none", source="")

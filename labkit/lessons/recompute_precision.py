@@ -27,9 +27,9 @@ def _gpt_kw() -> dict:
 
 
 def _progress(items, desc: str):
-    from tqdm.auto import tqdm
+    from labkit.viz.display import progress
 
-    return tqdm(list(items), desc=desc, leave=True)
+    return progress(items, desc)
 
 
 def _sweep(factory, batch, policies, *, device: str, desc: str, time_steps: int = 0):
@@ -55,8 +55,8 @@ class Machine(ShowsSection):
 
     def section(self) -> Section:
         sec = Section("This machine", source="measured here")
-        sec.claim(f"{self.hostname}: GPUs{' (' + self.gpu_name + ')' if self.gpu_name else ''}, torch {self.torch_version}",
-                  self.gpus)
+        sec.claim(f"CUDA GPUs on {self.hostname}{' (' + self.gpu_name + ')' if self.gpu_name else ''}; torch "
+                  f"{self.torch_version}", self.gpus)
         sec.claim("Live steps run on", self.live)
         sec.claim("Recorded steps of the H200 run", self.recorded_cases, source=self.recorded_source)
         if self.asked == "cuda" and self.live != "cuda":

@@ -59,26 +59,59 @@ def show_widget(widget, text: str = WIDGET_TEXT) -> None:
     display(data, raw=True)
 
 
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and hasattr(ip, "kernel")
+
+
+def bar(desc: str, total: int | None, **kw):
+    """A tqdm progress bar: in a Jupyter kernel a widget shown with a one-line text fallback (a saved
+    notebook or report shows that line, not a bar frozen at 0 %); elsewhere a text bar on stderr."""
+    if _in_kernel():
+        from tqdm.notebook import tqdm as nb_tqdm
+
+        b = nb_tqdm(total=total, desc=desc, display=False, **kw)
+        show_widget(b.container, text=f"[progress: {desc}" + (f", {total} steps]" if total else "]"))
+        return b
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, **kw)
+
+
+def progress(items, desc: str):
+    """Iterate over ``items`` with a progress bar (one tick per item), for cells longer than a few seconds."""
+    items = list(items)
+    b = bar(desc, len(items))
+    try:
+        for x in items:
+            yield x
+            b.update(1)
+    finally:
+        b.close()
+
+
 @contextmanager
 def busy(desc: str, tick_s: float = 1.0):
     """A progress line for one long call that has no steps to count (a process group's run): the
-    elapsed time, refreshed every ``tick_s`` seconds until the block ends (tqdm, bar or text)."""
+    elapsed time, refreshed every ``tick_s`` seconds until the block ends."""
     import threading
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed} elapsed")
+    b = bar(desc, None, bar_format="{desc}: {elapsed} elapsed")
     stop = threading.Event()
 
     def tick() -> None:
         while not stop.wait(tick_s):
-            bar.refresh()
+            b.refresh()
 
     t = threading.Thread(target=tick, daemon=True, name="labkit-busy")
     t.start()
     try:
-        yield bar
+        yield b
     finally:
         stop.set()
         t.join()
-        bar.close()
+        b.close()

@@ -20,6 +20,11 @@ def _get(obj: Any, key: str) -> Any:
     return obj[key] if isinstance(obj, Mapping) else getattr(obj, key)
 
 
+def _unit(max_bytes: float) -> tuple[float, str]:
+    """GiB for GPU-sized numbers, MiB below 1 GiB (a tiny CPU model's 3 MiB is not 0.003 GiB)."""
+    return (GIB, "GiB (2^30 bytes)") if max_bytes >= GIB else (float(1 << 20), "MiB (2^20 bytes)")
+
+
 def _source_line(fig, source: str):
     """The source under the plot (a footnote), so the title stays short enough not to be clipped."""
     from bokeh.models import Title
@@ -39,15 +44,17 @@ def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int
 
     labels = [f"{_get(p, 'step')}:{_get(p, 'phase')}" for p in phases]
     cats = [c for c in CATEGORY_COLORS if any((_get(p, "peak_by_category") or {}).get(c, 0) for p in phases)]
+    scale, unit = _unit(max((_get(p, "peak_bytes") for p in phases), default=0))
+    short = unit.split()[0]
     data: dict[str, list] = {"x": labels}
     for c in cats:
-        data[c] = [(_get(p, "peak_by_category") or {}).get(c, 0) / GIB for p in phases]
-    data["peak"] = [_get(p, "peak_bytes") / GIB for p in phases]
-    data["start"] = [_get(p, "start_bytes") / GIB for p in phases]
-    data["end"] = [_get(p, "end_bytes") / GIB for p in phases]
+        data[c] = [(_get(p, "peak_by_category") or {}).get(c, 0) / scale for p in phases]
+    data["peak"] = [_get(p, "peak_bytes") / scale for p in phases]
+    data["start"] = [_get(p, "start_bytes") / scale for p in phases]
+    data["end"] = [_get(p, "end_bytes") / scale for p in phases]
     src = ColumnDataSource(data)
     fig = figure(x_range=labels, width=width, height=height, title=title,
-                 y_axis_label="GiB (2^30 bytes)", toolbar_location="right")
+                 y_axis_label=unit, toolbar_location="right")
     _source_line(fig, source)
     renderers = fig.vbar_stack(cats, x="x", width=0.7, source=src, color=[CATEGORY_COLORS[c] for c in cats],
                                fill_alpha=0.75) if cats else []
@@ -56,8 +63,8 @@ def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int
     legend = Legend(items=[(c.replace("_", " "), [r]) for c, r in zip(cats, renderers)] + [("bytes at phase end", [line])],
                     location="center")
     fig.add_layout(legend, "right")
-    fig.add_tools(HoverTool(tooltips=[("phase", "@x"), ("start", "@start{0.000} GiB"), ("peak", "@peak{0.000} GiB"),
-                                      ("end", "@end{0.000} GiB")]))
+    fig.add_tools(HoverTool(tooltips=[("phase", "@x"), ("start", f"@start{{0.000}} {short}"),
+                                      ("peak", f"@peak{{0.000}} {short}"), ("end", f"@end{{0.000}} {short}")]))
     fig.xaxis.major_label_orientation = 0.9
     return fig
 
@@ -71,19 +78,24 @@ def sweep_bars(labels: Sequence[str], peak_bytes: Sequence[float], step_times_s:
 
     base_t = step_times_s[baseline]
     over = [None if (t is None or not base_t) else 100.0 * (t - base_t) / base_t for t in step_times_s]
-    src = ColumnDataSource({"x": list(labels), "gib": [b / GIB for b in peak_bytes],
+    scale, unit = _unit(max(peak_bytes, default=0))
+    src = ColumnDataSource({"x": list(labels), "gib": [b / scale for b in peak_bytes],
                             "ms": [None if t is None else t * 1e3 for t in step_times_s], "over": over})
-    f1 = figure(x_range=list(labels), width=width // 2, height=height, title=f"{title}: peak",
-                y_axis_label="peak allocated, GiB (2^30 bytes)")
+    timed = any(t is not None for t in step_times_s)
+    f1 = figure(x_range=list(labels), width=width // 2 if timed else width, height=height, title=f"{title}: peak",
+                y_axis_label=f"peak allocated, {unit}")
     f1.vbar(x="x", top="gib", width=0.7, source=src, color="#1f77b4")
-    f1.add_tools(HoverTool(tooltips=[("policy", "@x"), ("peak", "@gib{0.00} GiB")]))
+    f1.add_tools(HoverTool(tooltips=[("policy", "@x"), ("peak", f"@gib{{0.00}} {unit.split()[0]}")]))
+    f1.xaxis.major_label_orientation = 0.9
+    _source_line(f1, source)
+    if not timed:  # fake mode has no step time: no empty second plot
+        return row(f1)
     f2 = figure(x_range=list(labels), width=width // 2, height=height, title=f"step time vs {labels[baseline]}",
                 y_axis_label="extra step time, %")
     f2.vbar(x="x", top="over", width=0.7, source=src, color="#d62728")
     f2.add_tools(HoverTool(tooltips=[("policy", "@x"), ("step", "@ms{0.0} ms"), ("overhead", "@over{0.0}%")]))
-    for f in (f1, f2):
-        f.xaxis.major_label_orientation = 0.9
-        _source_line(f, source)
+    f2.xaxis.major_label_orientation = 0.9
+    _source_line(f2, source)
     return row(f1, f2)
 
 
@@ -94,11 +106,12 @@ def category_bars(labels: Sequence[str], by_category: Sequence[Mapping[str, int]
     from bokeh.plotting import figure
 
     cats = [c for c in CATEGORY_COLORS if any(b.get(c, 0) for b in by_category)]
+    scale, unit = _unit(max((sum(b.values()) for b in by_category), default=0))
     data: dict[str, list] = {"x": list(labels)}
     for c in cats:
-        data[c] = [b.get(c, 0) / GIB for b in by_category]
+        data[c] = [b.get(c, 0) / scale for b in by_category]
     fig = figure(x_range=list(labels), width=width, height=height, title=title,
-                 y_axis_label="GiB (2^30 bytes) at the peak")
+                 y_axis_label=f"{unit} at the peak")
     _source_line(fig, source)
     rs = fig.vbar_stack(cats, x="x", width=0.7, source=ColumnDataSource(data),
                         color=[CATEGORY_COLORS[c] for c in cats], fill_alpha=0.8)

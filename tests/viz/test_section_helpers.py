@@ -47,3 +47,9 @@ def test_busy_shows_elapsed_time_and_stops_its_ticker():
         assert tickers() == 1
         time.sleep(0.05)
     assert tickers() == 0 and "elapsed" in bar.bar_format
+
+
+def test_progress_yields_every_item_and_counts_them():
+    from labkit.viz.display import progress
+
+    assert list(progress(range(4), "four")) == [0, 1, 2, 3]
