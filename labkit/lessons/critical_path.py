@@ -150,7 +150,7 @@ def bus_bandwidth(bench, source: str, *, link=None, published: dict[str, float] 
     sec.table(["op", "size", "time us", "algbw GB/s", "busbw GB/s", "of nominal"],
               [[r.op, fmt_bytes(r.bytes), f"{r.time_us:.0f}", f"{r.algbw_GBps:.3g}", f"{r.busbw_GBps:.3g}",
                 f"{r.busbw_fraction_of_nominal:.0%}" if r.busbw_fraction_of_nominal else "-"]
-               for r in bench.rows if r.bytes in picks], caption=source)
+               for r in bench.rows if r.bytes in picks])
     sec.figure(vc.busbw_figure(_by_op(bench.rows), title=f"{bench.backend}, world {bench.world}: busbw against size",
                                nominal_GBps=link.GBps_per_direction if link else None,
                                nominal_label=f"nominal {link.name}" if link else "", published=published))
@@ -199,11 +199,11 @@ def bus_bandwidth_here(live: LiveRun) -> Section:
 
 # -- model beside measurement: the alpha-beta fit -----------------------------------------------------
 
-def _fit_table(sec: Section, fits, source: str) -> None:
+def _fit_table(sec: Section, fits) -> None:
     sec.table(["op", "alpha us", "algbw GB/s", "busbw GB/s", "max rel. error of the line", "sizes"],
               [[f.op, f"{f.alpha_us:.1f}", f"{f.algbw_GBps:.3g}", f"{f.busbw_GBps:.3g}", f"{f.max_rel_error:.0%}",
                 f"{fmt_bytes(f.min_bytes)}..{fmt_bytes(f.max_bytes)}"] for f in fits],
-              caption=f"alpha-beta fit t = alpha + bytes / bw ({source})")
+              caption="alpha-beta fit t = alpha + bytes / bw")
 
 
 def alpha_beta_recorded(folder: str | Path | None = None) -> Section:
@@ -230,7 +230,7 @@ def alpha_beta_recorded(folder: str | Path | None = None) -> Section:
     sec.claim("Bus bandwidth the all-reduce approaches", round(f_ar.busbw_GBps, 1), "GB/s")
     sec.claim("A bucket smaller than alpha x bw spends more time on the fixed cost than on bytes: alpha x bw",
               fmt_bytes(f_ar.alpha_us * 1e-6 * f_ar.algbw_GBps * 1e9))
-    _fit_table(sec, fit.fit_all(bench.rows, link_class="nvlink"), rec.source)
+    _fit_table(sec, fit.fit_all(bench.rows, link_class="nvlink"))
     sec.figure(vc.time_vs_model_figure(ar, pred, fit_us=[f_ar.predict_us(r.bytes) for r in ar],
                                        title=f"all_reduce, world {bench.world}: measured vs model"))
     return sec
@@ -251,7 +251,7 @@ def launch_overhead(folder: str | Path | None = None) -> Section:
               name="comm.recorded.launch_gap_fraction_max")
     sec.table(["op", "size", "loop span us", "idle gaps us", "gap fraction", "host issue us/op"],
               [[r.op, fmt_bytes(r.bytes), f"{r.span_us:.0f}", f"{r.gap_us:.1f}", f"{r.gap_fraction:.2%}",
-                f"{r.host_issue_us_per_op:.1f}"] for r in rows], caption=f"profiler trace; {rec.source}")
+                f"{r.host_issue_us_per_op:.1f}"] for r in rows], caption="idle gaps from a profiler trace of the timed loop")
     return sec
 
 
@@ -267,7 +267,7 @@ def alpha_beta_here(live: LiveRun) -> Section:
     ar = next((f for f in fits if f.op == "all_reduce"), fits[0])
     sec.claim(f"Fixed cost per {ar.op}, alpha", round(ar.alpha_us, 1), "us")
     sec.claim(f"Bus bandwidth {ar.op} approaches", round(ar.busbw_GBps, 4), "GB/s")
-    _fit_table(sec, fits, live.source)
+    _fit_table(sec, fits)
     return sec
 
 
@@ -301,7 +301,7 @@ def bucket_sweep(sweep, source: str, *, title: str) -> Section:
                 r.num_buckets or "-", f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.2f}-{r.step_ms_p90:.2f}",
                 "-" if r.exposed_ms is None else f"{r.exposed_ms:+.2f}",
                 fmt_bytes(r.peak_allocated_bytes) if r.peak_allocated_bytes else "-",
-                fmt_bytes(r.peak_reserved_bytes) if r.peak_reserved_bytes else "-"] for r in sweep.rows], caption=source)
+                fmt_bytes(r.peak_reserved_bytes) if r.peak_reserved_bytes else "-"] for r in sweep.rows])
     sec.figure(vc.bucket_sweep_figure(sweep.rows, title=f"{sweep.workload} DDP, world {sweep.world}: step time"))
     if sweep.world < 2:
         sec.note(f"This run has one rank (world {sweep.world}): there is no peer, so the all-reduce exchanges nothing; "
@@ -330,11 +330,14 @@ def overlap(tl, source: str, *, title: str, world: int) -> Section:
     kind = "recorded" if source.startswith("recorded") else "here"
     sec = Section(title, source=source)
     sec.claim("Backward compute (union of compute intervals)", round(tl.backward_compute_us / 1e3, 3), "ms")
-    sec.claim(f"{tl.n_comm_ops} all-reduces, in total", round(tl.comm_us / 1e3, 3), "ms")
-    sec.claim("Fraction of the communication that ran under compute", round(tl.hidden_fraction, 3), "")
-    sec.claim(f"Exposed communication, as a fraction of the backward-plus-communication span "
-              f"({tl.span_us / 1e3:.2f} ms; exposed {tl.exposed_comm_us / 1e3:.2f} ms)", round(tl.exposed_fraction, 4), "",
-              name=f"comm.{kind}.exposed_comm_fraction")
+    if tl.n_comm_ops:
+        sec.claim(f"{tl.n_comm_ops} all-reduces, in total", round(tl.comm_us / 1e3, 3), "ms")
+        sec.claim("Fraction of the communication that ran under compute", round(tl.hidden_fraction, 3), "")
+        sec.claim(f"Exposed communication, as a fraction of the backward-plus-communication span "
+                  f"({tl.span_us / 1e3:.2f} ms; exposed {tl.exposed_comm_us / 1e3:.2f} ms)", round(tl.exposed_fraction, 4),
+                  "", name=f"comm.{kind}.exposed_comm_fraction")
+    else:
+        sec.note("No all-reduce ran in this step, so there is no overlap to measure: only the compute lane is real.")
     idle = (tl.span_us - tl.backward_compute_us) / 1e3
     sec.claim("Time in the span the device did not compute (host launches, profiler): room an all-reduce can hide in",
               round(idle, 3), "ms")
@@ -369,7 +372,7 @@ def _schedule(folder):
     tlr = load("ddp_timeline", folder)
     if tlr is None:
         w = get_workload("gpt2-124m")
-        return simulate.gpt_grad_schedule(w.config, w.batch_size, 0.05), "gpt2-124m", 0.05, "assumed 50 ms (no recording)"
+        return simulate.gpt_grad_schedule(w.config, w.batch_size, 0.05), "gpt2-124m", 0.05, "model (assumed 50 ms)"
     d = tlr.data
     bwd = d["timeline"].backward_compute_us * 1e-6
     return (simulate.gpt_grad_schedule(get_workload(d["workload"]).config, d["batch_size"], bwd), d["workload"], bwd,
@@ -383,6 +386,7 @@ def bucket_simulator(*, gpus_per_node: int = 8, nodes: int = 4, inter_bw_GBps: f
     from labkit.comm import simulate
 
     events, wl, bwd_s, bwd_src = _schedule(folder)
+    tlr_found = bwd_src.startswith("recorded")
     one = simulate.LinkModel(gpus_per_node=gpus_per_node, nodes=1)
     many = simulate.LinkModel(gpus_per_node=gpus_per_node, nodes=nodes, inter_bw_GBps=inter_bw_GBps,
                               inter_latency_us=inter_latency_us)
@@ -393,7 +397,9 @@ def bucket_simulator(*, gpus_per_node: int = 8, nodes: int = 4, inter_bw_GBps: f
     sec.claim(f"Best bucket on {nodes} nodes at {inter_bw_GBps:g} GB/s, {inter_latency_us:g} us "
               f"({bn.exposed_ms:.2f} ms exposed, {bn.exposed_fraction:.0%} of backward + exposed)", bn.bucket_cap_mb, "MiB",
               name="comm.model.best_bucket_mb_multinode")
-    sec.claim(f"Backward time fed to the simulator ({bwd_src[:80]})", round(bwd_s * 1e3, 2), "ms", source=bwd_src[:200])
+    sec.claim("Backward time fed to the simulator (the profiled step's backward compute)" if tlr_found else
+              "Backward time fed to the simulator (an assumption: no profiled step is recorded)",
+              round(bwd_s * 1e3, 2), "ms", source=bwd_src)
     sec.figure(vc.simulator_figure({f"{gpus_per_node} GPUs, 1 node": s1, f"{gpus_per_node} x {nodes} GPUs": sn},
                                    title="exposed all-reduce against bucket size (model)"))
     if interactive:
@@ -459,7 +465,7 @@ def pinned_pageable(folder: str | Path | None = None) -> Section:
     sec.table(["host memory", "bytes", "copy ms", "copy GB/s", "host blocked in .copy_ ms", "compute ms",
                "copy + compute together ms", "overlap"],
               [[r.host_memory, fmt_bytes(r.bytes), f"{r.copy_ms:.2f}", f"{r.copy_GBps:.1f}", f"{r.host_call_ms:.3f}",
-                f"{r.compute_ms:.2f}", f"{r.both_ms:.2f}", f"{r.overlap_fraction:.0%}"] for r in rows], caption=rec.source)
+                f"{r.compute_ms:.2f}", f"{r.both_ms:.2f}", f"{r.overlap_fraction:.0%}"] for r in rows])
     return sec
 
 
@@ -535,6 +541,6 @@ def dp_vs_ddp(folder: str | Path | None = None) -> Section:
     sec.table(["mode", "GPUs", "per-GPU batch", "step ms (median)", "peak allocated per GPU", "peak reserved per GPU"],
               [[r.mode, r.gpus, r.per_gpu_batch, f"{r.step_ms_median:.1f}",
                 ", ".join(fmt_bytes(b) for b in r.peak_allocated_bytes),
-                ", ".join(fmt_bytes(b) for b in r.peak_reserved_bytes)] for r in runs], caption=rec.source)
+                ", ".join(fmt_bytes(b) for b in r.peak_reserved_bytes)] for r in runs])
     sec.figure(vc.per_gpu_memory_figure(runs, title="peak allocated per GPU"))
     return sec

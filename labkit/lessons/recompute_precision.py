@@ -124,13 +124,13 @@ def step_phases_here(machine: Machine, *, smoke: bool = False, workload: str = "
 
 # -- recompute granularity -------------------------------------------------------------------------------------
 
-def _sweep_table(sec: Section, pts, caption: str) -> None:
+def _sweep_table(sec: Section, pts) -> None:
     base = pts[0]
     sec.table(["recompute", "peak", "peak minus model states", "peak phase", "step ms", "vs none"],
               [(p.label, fmt_bytes(p.peak_bytes), fmt_bytes(p.beyond_states_bytes), p.peak_phase,
                 "-" if p.step_time_s is None else f"{p.step_time_s * 1e3:.1f}",
                 "-" if not (p.step_time_s and base.step_time_s) else
-                f"{100 * (p.step_time_s - base.step_time_s) / base.step_time_s:+.0f}%") for p in pts], caption=caption)
+                f"{100 * (p.step_time_s - base.step_time_s) / base.step_time_s:+.0f}%") for p in pts])
 
 
 def _full_claims(sec: Section, pts, kind: str | None) -> None:
@@ -160,7 +160,7 @@ def recompute_sweep_recorded() -> Section:
     title = f"{doc['data']['workload']} amp-bf16, recompute policies"
     sec = Section(title, source=src)
     _full_claims(sec, pts, "recorded")
-    _sweep_table(sec, pts, src)
+    _sweep_table(sec, pts)
     sec.figure(vm.sweep_bars([p.label for p in pts], [p.peak_bytes for p in pts], [p.step_time_s for p in pts],
                              title=doc["data"]["workload"], source=src))
     return sec
@@ -181,7 +181,7 @@ def recompute_sweep_here(machine: Machine, *, smoke: bool = False, workload: str
     title = f"{cfg.n_layer}-layer GPT, {prec} on {machine.live}"
     sec = Section(title, source="measured here")
     _full_claims(sec, pts, None)
-    _sweep_table(sec, pts, f"measured here ({machine.live})")
+    _sweep_table(sec, pts)
     sec.figure(vm.sweep_bars([p.label for p in pts], [p.peak_bytes for p in pts], [p.step_time_s for p in pts],
                              title=f"{cfg.n_layer}-layer GPT", source=f"measured here ({machine.live})"))
     if machine.live == "cpu":
@@ -224,11 +224,11 @@ def segment_sweep(deep_layers: int = 24, *, smoke: bool = False) -> Section:
 
 # -- precision -----------------------------------------------------------------------------------------------
 
-def _precision_table(sec: Section, pts, caption: str) -> None:
+def _precision_table(sec: Section, pts) -> None:
     sec.table(["precision", "peak", "parameters", "optimizer state", "activations", "step ms"],
               [(p.label, fmt_bytes(p.peak_bytes), fmt_bytes(p.by_category.get("parameters", 0)),
                 fmt_bytes(p.by_category.get("optimizer_state", 0)), fmt_bytes(p.by_category.get("activations", 0)),
-                "-" if p.step_time_s is None else f"{p.step_time_s * 1e3:.1f}") for p in pts], caption=caption)
+                "-" if p.step_time_s is None else f"{p.step_time_s * 1e3:.1f}") for p in pts])
 
 
 def precision_recorded() -> Section:
@@ -252,7 +252,7 @@ def precision_recorded() -> Section:
               name="amp_bf16_peak_saving_pct")
     sec.claim(f"Pure bf16 halves the parameters (fp32: {fmt_bytes(fp32.by_category['parameters'])})",
               b16.by_category["parameters"], "bytes")
-    _precision_table(sec, pts, src)
+    _precision_table(sec, pts)
     sec.figure(vm.category_bars([p.label for p in pts], [p.by_category for p in pts], title="by precision", source=src))
     return sec
 
@@ -270,7 +270,7 @@ def precision_here(machine: Machine, *, smoke: bool = False, workload: str = "gp
     sec = Section(f"{w.name}: precisions on {machine.live}", source="measured here")
     sec.claim("fp32 parameters", pts[0].by_category.get("parameters", 0), "bytes")
     sec.claim("bf16 parameters", pts[2].by_category.get("parameters", 0), "bytes")
-    _precision_table(sec, pts, f"measured here ({machine.live}; {w.name})")
+    _precision_table(sec, pts)
     if machine.live == "cpu":
         sec.note("On a CPU, autocast casts other ops than on a GPU.")
     return sec

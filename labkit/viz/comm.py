@@ -39,7 +39,7 @@ def busbw_figure(series: dict[str, Iterable], *, title: str, nominal_GBps: float
     if nominal_GBps:
         p.add_layout(Span(location=nominal_GBps, dimension="width", line_dash="dashed", line_color="black"))
         p.add_layout(Label(x=5, y=nominal_GBps, x_units="screen", text=f"{nominal_label}: {nominal_GBps:g} GB/s",
-                           text_font_size="9pt", y_offset=3))
+                           text_font_size="9pt", y_offset=-16))  # under the line: above it is clipped at the top
     for k, (name, v) in enumerate((published or {}).items()):
         p.add_layout(Span(location=v, dimension="width", line_dash="dotted", line_color="grey"))
         p.add_layout(Label(x=5, y=v, x_units="screen", text=f"published: {name} {v:g} GB/s", text_font_size="8pt",
@@ -139,8 +139,8 @@ def simulator_figure(series: dict[str, Iterable], *, title: str, measured: dict[
         ps = [_row(x) for x in pts]
         p.scatter([x["bucket_cap_mb"] for x in ps], [x["exposed_ms"] for x in ps], marker="diamond", size=10,
                   color=PALETTE[(k + 4) % len(PALETTE)], legend_label=label)
-    p.legend.location = "top_left"
     p.legend.click_policy = "hide"
+    p.add_layout(p.legend[0], "right")  # beside the plot: the curves start high on the left
     return p
 
 

@@ -132,3 +132,13 @@ def test_smoke_plan_is_small():
     p = lesson.live_plan(True, "gloo", "1,2")
     assert max(p["sizes"]) <= 1 << 20 and p["steps"] <= 2
     assert lesson.live_plan(False, "gloo", "1,2")["bucket_sizes_mb"] == [1.0, 2.0]
+
+
+def test_the_one_gpu_recording_claims_no_overlap():
+    """data/'s profiled step ran on one GPU: no all-reduce, so no hidden or exposed fraction is claimed."""
+    sec = lesson.overlap_recorded()
+    assert any("No all-reduce" in n for n in sec.notes) and any("one GPU" in n for n in sec.notes)
+    with pytest.raises(KeyError):
+        sec.value("comm.recorded.exposed_comm_fraction")
+    sim = lesson.bucket_simulator(interactive=False)
+    assert sim.claims[-1].source.startswith("recorded on") and "profiled step" in sim.claims[-1].text
