@@ -59,27 +59,15 @@ def show_widget(widget, text: str = WIDGET_TEXT) -> None:
     display(data, raw=True)
 
 
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    ip = get_ipython()
-    return ip is not None and hasattr(ip, "kernel")
-
-
 def bar(desc: str, total: int | None, **kw):
-    """A tqdm progress bar: in a Jupyter kernel a widget shown with a one-line text fallback (a saved
-    notebook or report shows that line, not a bar frozen at 0 %); elsewhere a text bar on stderr."""
-    if _in_kernel():
-        from tqdm.notebook import tqdm as nb_tqdm
+    """A tqdm progress bar on stderr, as text (also in a notebook: a widget there would be a frozen
+    "0 %" in saved notebooks and reports, which keep the last text line of the bar instead)."""
+    import sys
 
-        b = nb_tqdm(total=total, desc=desc, display=False, **kw)
-        show_widget(b.container, text=f"[progress: {desc}" + (f", {total} steps]" if total else "]"))
-        return b
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, **kw)
+    kw.setdefault("mininterval", 0.5)
+    return tqdm(total=total, desc=desc, file=sys.stderr, **kw)
 
 
 def progress(items, desc: str):
