@@ -142,3 +142,21 @@ def test_the_one_gpu_recording_claims_no_overlap():
         sec.value("comm.recorded.exposed_comm_fraction")
     sim = lesson.bucket_simulator(interactive=False)
     assert sim.claims[-1].source.startswith("recorded on") and "profiled step" in sim.claims[-1].text
+
+
+def test_recordings_load_into_the_live_dataclasses_and_round_trip(smoke_dir):
+    """comm.recorded.load gives the same dataclasses a live run returns; serialising them gives the file back."""
+    from labkit.comm.bench import BenchResult
+    from labkit.comm.ddp import BucketSweep
+    from labkit.comm.levers import AsyncOverlap, BufferReuse
+    from labkit.comm.timeline import Timeline
+    from labkit.core.serialize import to_jsonable
+
+    got = {n: rec.load(n, smoke_dir) for n in rec.available(smoke_dir)}
+    assert isinstance(got["collectives"].data["bench"], BenchResult)
+    assert isinstance(got["buckets"].data, BucketSweep) and isinstance(got["ddp_timeline"].data["timeline"], Timeline)
+    assert isinstance(got["async_overlap"].data, AsyncOverlap) and isinstance(got["buffer_reuse"].data, BufferReuse)
+    for name, r in got.items():
+        raw = _raw(smoke_dir, name)
+        assert json.loads(json.dumps(to_jsonable(r.data))) == raw, name
+    assert rec.load("dp_vs_ddp", smoke_dir) is None  # CUDA-only: absent, not an error
