@@ -309,7 +309,7 @@ def other_process(meas_dir: str | Path | None = None) -> Section:
     sec = Section(title, source=describe(doc["provenance"]))
     sec.claim("The holder process reserved", fmt_bytes(h["reserved"]))
     sec.claim("... of which its live tensors", fmt_bytes(h["allocated"]))
-    sec.claim(f"The doctor on the holder's statistics: [{kind}] {finding}", kind)
+    sec.claim(f"What the doctor finds in the holder's own statistics ({finding.rstrip('.').lower()})", kind)
     sec.claim("Holder's reserved memory after its empty_cache()", fmt_bytes(op["holder_after_empty_cache"]["reserved"]))
     sec.claim("The victim's second try", str(op["victim_after"].get("second_try")))
     return sec

@@ -38,8 +38,9 @@ def busbw_figure(series: dict[str, Iterable], *, title: str, nominal_GBps: float
         p.scatter("x", "y", source=src, color=c, size=5, legend_label=label)
     if nominal_GBps:
         p.add_layout(Span(location=nominal_GBps, dimension="width", line_dash="dashed", line_color="black"))
-        p.add_layout(Label(x=5, y=nominal_GBps, x_units="screen", text=f"{nominal_label}: {nominal_GBps:g} GB/s",
-                           text_font_size="9pt", y_offset=-16))  # under the line: above it is clipped at the top
+        right = max((_row(r)["bytes"] for rows in series.values() for r in rows), default=1)
+        p.add_layout(Label(x=right, y=nominal_GBps, text=f"{nominal_label}: {nominal_GBps:g} GB/s", text_align="right",
+                           text_font_size="9pt", y_offset=-16))  # under the line at the right: clear of the legend
     for k, (name, v) in enumerate((published or {}).items()):
         p.add_layout(Span(location=v, dimension="width", line_dash="dotted", line_color="grey"))
         p.add_layout(Label(x=5, y=v, x_units="screen", text=f"published: {name} {v:g} GB/s", text_font_size="8pt",
