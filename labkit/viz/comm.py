@@ -99,7 +99,7 @@ def bucket_sweep_figure(rows: Iterable, *, title: str, width: int = 760, height:
         p.add_layout(Span(location=base[0]["step_ms_median"], dimension="width", line_dash="dashed", line_color="grey"))
     p.add_tools(HoverTool(tooltips=[("bucket MiB", "@x"), ("buckets", "@nb"), ("step ms", "@y{0.00}"),
                                     ("p10-p90", "@lo{0.00}-@hi{0.00}"), ("peak allocated GiB", "@mem{0.00}")]))
-    p.legend.location = "top_right"
+    p.add_layout(p.legend[0], "right")  # beside the plot, clear of the lines
     return p
 
 
