@@ -367,8 +367,7 @@ def estimator_vs_recorded(workload: str = "gpt2-124m") -> Section:
     if not rows:
         return sec.note(f"Not recorded here: no recorded steps of {workload!r} (run benchmarks/gpu/record_measure.py).")
     sec.claim("Largest estimator error against the recorded peaks", round(max(abs(e) for e in errs), 2), "%")
-    sec.table(["policy", "recorded peak GiB", "estimator GiB", "estimator error"], rows,
-              caption=f"recorded: {src}; estimator: model")
+    sec.table(["policy", "recorded peak GiB", "estimator GiB", "estimator error"], rows)
     return sec
 
 

@@ -159,5 +159,5 @@ def profiler_timeline(times_us: Sequence[float], by_category: Mapping[str, Seque
         data[c] = [v / 2**20 for v in by_category[c]]
     fig.varea_stack(cats, x="t", source=data, color=[colors[c] for c in cats],
                     legend_label=[c.replace("_", " ") for c in cats])
-    fig.legend.location = "top_left"
+    fig.add_layout(fig.legend[0], "right")  # beside the plot, clear of the areas
     return fig
