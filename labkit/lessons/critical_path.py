@@ -199,6 +199,20 @@ def bus_bandwidth_here(live: LiveRun) -> Section:
 
 # -- model beside measurement: the alpha-beta fit -----------------------------------------------------
 
+def _fit_each(rows, link_class: str) -> tuple[dict, list[str]]:
+    """The alpha-beta fit of each collective, and a note for each one whose time does not grow with size
+    (noisy timings at small sizes): {op: fit}, notes."""
+    from labkit.comm import fit
+
+    fits, notes = {}, []
+    for op in dict.fromkeys(r.op for r in rows):
+        try:
+            fits[op] = fit.fit_alpha_beta([r for r in rows if r.op == op], op=op, link_class=link_class)
+        except LabkitError as exc:
+            notes.append(f"No fit for {op}: {exc}")
+    return fits, notes
+
+
 def _fit_table(sec: Section, fits) -> None:
     sec.table(["op", "alpha us", "algbw GB/s", "busbw GB/s", "max rel. error of the line", "sizes"],
               [[f.op, f"{f.alpha_us:.1f}", f"{f.algbw_GBps:.3g}", f"{f.busbw_GBps:.3g}", f"{f.max_rel_error:.0%}",
@@ -208,7 +222,7 @@ def _fit_table(sec: Section, fits) -> None:
 
 def alpha_beta_recorded(folder: str | Path | None = None) -> Section:
     """The recorded all-reduce against the topology model, and the alpha-beta fit of the recording."""
-    from labkit.comm import fit, predict
+    from labkit.comm import predict
     from labkit.topology import list_samples, load_topology
 
     rec = load("collectives", folder)
@@ -221,18 +235,22 @@ def alpha_beta_recorded(folder: str | Path | None = None) -> Section:
     topo = load_topology(topo_name, gpu_name=rec.provenance.get("gpu_name"))
     ar = [r for r in bench.rows if r.op == "all_reduce"]
     pred = predict.predict_rows(ar, topo, list(range(bench.world)))
-    f_ar = fit.fit_alpha_beta(ar, link_class="nvlink")
+    fits, notes = _fit_each(bench.rows, "nvlink")
+    f_ar = fits.get("all_reduce")
     ratio = [r.time_us / p for r, p in zip(ar, pred)]
     sec = Section("Model beside measurement: the alpha-beta fit", source=rec.source)
     sec.claim(f"Measured all-reduce time over the model's (sample {topo_name}), smallest", round(min(ratio), 2), "x")
     sec.claim("... and largest", round(max(ratio), 2), "x")
-    sec.claim("Fixed cost per all-reduce, alpha", round(f_ar.alpha_us, 2), "us", name="comm.recorded.allreduce_alpha_us")
-    sec.claim("Bus bandwidth the all-reduce approaches", round(f_ar.busbw_GBps, 1), "GB/s")
-    sec.claim("A bucket smaller than alpha x bw spends more time on the fixed cost than on bytes: alpha x bw",
-              fmt_bytes(f_ar.alpha_us * 1e-6 * f_ar.algbw_GBps * 1e9))
-    _fit_table(sec, fit.fit_all(bench.rows, link_class="nvlink"))
-    sec.figure(vc.time_vs_model_figure(ar, pred, fit_us=[f_ar.predict_us(r.bytes) for r in ar],
+    if f_ar is not None:
+        sec.claim("Fixed cost per all-reduce, alpha", round(f_ar.alpha_us, 2), "us", name="comm.recorded.allreduce_alpha_us")
+        sec.claim("Bus bandwidth the all-reduce approaches", round(f_ar.busbw_GBps, 1), "GB/s")
+        sec.claim("A bucket smaller than alpha x bw spends more time on the fixed cost than on bytes: alpha x bw",
+                  fmt_bytes(f_ar.alpha_us * 1e-6 * f_ar.algbw_GBps * 1e9))
+    _fit_table(sec, list(fits.values()))
+    sec.figure(vc.time_vs_model_figure(ar, pred, fit_us=[f_ar.predict_us(r.bytes) for r in ar] if f_ar else None,
                                        title=f"all_reduce, world {bench.world}: measured vs model"))
+    for n in notes:
+        sec.note(n)
     return sec
 
 
@@ -257,17 +275,16 @@ def launch_overhead(folder: str | Path | None = None) -> Section:
 
 def alpha_beta_here(live: LiveRun) -> Section:
     """The alpha-beta fit of the live run (a note when noisy CPU timings do not grow with size)."""
-    from labkit.comm import fit
-
     sec = Section("The alpha-beta fit, measured here", source=live.source)
-    try:
-        fits = fit.fit_all(live.bench.rows, link_class="cpu-shm")
-    except LabkitError as exc:
-        return sec.note(f"No alpha-beta fit of the live run: {exc}")
-    ar = next((f for f in fits if f.op == "all_reduce"), fits[0])
-    sec.claim(f"Fixed cost per {ar.op}, alpha", round(ar.alpha_us, 1), "us")
-    sec.claim(f"Bus bandwidth {ar.op} approaches", round(ar.busbw_GBps, 4), "GB/s")
-    _fit_table(sec, fits)
+    fits, notes = _fit_each(live.bench.rows, "cpu-shm")
+    ar = fits.get("all_reduce")
+    if ar is not None:
+        sec.claim("Fixed cost per all-reduce, alpha", round(ar.alpha_us, 1), "us")
+        sec.claim("Bus bandwidth the all-reduce approaches", round(ar.busbw_GBps, 4), "GB/s")
+    if fits:
+        _fit_table(sec, list(fits.values()))
+    for n in notes:
+        sec.note(n)
     return sec
 
 
@@ -423,7 +440,10 @@ def simulator_check(folder: str | Path | None = None) -> Section:
     if gone:
         return _missing(title, *gone, what="(the check needs all three) ")
     bench, sw, tl = recs["collectives"].data["bench"], recs["buckets"].data, recs["ddp_timeline"].data
-    bw, lat = fit.fit_alpha_beta([r for r in bench.rows if r.op == "all_reduce"]).link_params()
+    try:
+        bw, lat = fit.fit_alpha_beta([r for r in bench.rows if r.op == "all_reduce"]).link_params()
+    except LabkitError as exc:
+        return Section(title).note(f"No link fit of the recorded all-reduce, so no check: {exc}")
     lm = simulate.LinkModel(gpus_per_node=sw.world, nodes=1, intra_bw_GBps=bw / 1e9, intra_latency_us=lat * 1e6)
     events = simulate.gpt_grad_schedule(get_workload(sw.workload).config, sw.batch_size,
                                         tl["timeline"].backward_compute_us * 1e-6)
