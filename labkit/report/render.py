@@ -12,11 +12,14 @@ TEMPLATES = Path(__file__).parent / "templates"
 def notebook_html(ipynb: Path, out: Path) -> Path:
     """Render an executed notebook to self-contained HTML (Bokeh is inline in its outputs)."""
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     nb = nbformat.read(str(ipynb), as_version=4)
     nb.metadata.pop("widgets", None)  # widget state needs a CDN-loaded manager; the template notes widgets instead
     exporter = HTMLExporter(template_name="lab", extra_template_paths=[str(TEMPLATES)])
     exporter.template_file = "offline.html.j2"
+    # one stream output per cell, with carriage returns applied: a progress bar shows its last line only
+    exporter.register_preprocessor(CoalesceStreamsPreprocessor(enabled=True), enabled=True)
     body, _ = exporter.from_notebook_node(nb)
     out.write_text(body, encoding="utf-8")
     return out

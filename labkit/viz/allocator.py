@@ -23,21 +23,21 @@ def timeline_figure(series: dict[str, Sequence], *, title: str, x_label: str = "
 
     Each series is a sequence of samples with ``allocated_bytes``, ``reserved_bytes`` and ``x_key``.
     """
-    from bokeh.models import HoverTool
+    from bokeh.models import HoverTool, Legend, LegendItem
     from bokeh.plotting import figure
 
     p = figure(width=width, height=height, title=title, x_axis_label=x_label, y_axis_label="GiB (2^30 bytes)")
+    items = []
     for k, (label, rows) in enumerate(series.items()):
         c = PALETTE[k % len(PALETTE)]
         xs = [_get(r, x_key) for r in rows]
-        p.line(xs, [_get(r, "reserved_bytes") / GiB for r in rows], color=c, line_width=2,
-               legend_label=f"{label}: reserved")
-        p.line(xs, [_get(r, "allocated_bytes") / GiB for r in rows], color=c, line_width=1.5, line_dash="dashed",
-               legend_label=f"{label}: allocated")
+        r1 = p.line(xs, [_get(r, "reserved_bytes") / GiB for r in rows], color=c, line_width=2)
+        r2 = p.line(xs, [_get(r, "allocated_bytes") / GiB for r in rows], color=c, line_width=1.5, line_dash="dashed")
+        items.append(LegendItem(label=label, renderers=[r1, r2]))
     p.add_tools(HoverTool(tooltips=[("x", "$x{0}"), ("GiB", "$y{0.00}")]))
-    p.legend.location = "top_left"
-    p.legend.click_policy = "hide"
-    p.legend.label_text_font_size = "8pt"
+    # beside the plot, one entry per series (solid: reserved, dashed: allocated), so no line is hidden
+    p.add_layout(Legend(items=items, click_policy="hide", label_text_font_size="8pt",
+                        title="solid: reserved, dashed: allocated", title_text_font_size="8pt"), "right")
     return p
 
 

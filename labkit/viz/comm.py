@@ -38,8 +38,9 @@ def busbw_figure(series: dict[str, Iterable], *, title: str, nominal_GBps: float
         p.scatter("x", "y", source=src, color=c, size=5, legend_label=label)
     if nominal_GBps:
         p.add_layout(Span(location=nominal_GBps, dimension="width", line_dash="dashed", line_color="black"))
-        p.add_layout(Label(x=5, y=nominal_GBps, x_units="screen", text=f"{nominal_label}: {nominal_GBps:g} GB/s",
-                           text_font_size="9pt", y_offset=3))
+        right = max((_row(r)["bytes"] for rows in series.values() for r in rows), default=1)
+        p.add_layout(Label(x=right, y=nominal_GBps, text=f"{nominal_label}: {nominal_GBps:g} GB/s", text_align="right",
+                           text_font_size="9pt", y_offset=-16))  # under the line at the right: clear of the legend
     for k, (name, v) in enumerate((published or {}).items()):
         p.add_layout(Span(location=v, dimension="width", line_dash="dotted", line_color="grey"))
         p.add_layout(Label(x=5, y=v, x_units="screen", text=f"published: {name} {v:g} GB/s", text_font_size="8pt",
@@ -98,7 +99,7 @@ def bucket_sweep_figure(rows: Iterable, *, title: str, width: int = 760, height:
         p.add_layout(Span(location=base[0]["step_ms_median"], dimension="width", line_dash="dashed", line_color="grey"))
     p.add_tools(HoverTool(tooltips=[("bucket MiB", "@x"), ("buckets", "@nb"), ("step ms", "@y{0.00}"),
                                     ("p10-p90", "@lo{0.00}-@hi{0.00}"), ("peak allocated GiB", "@mem{0.00}")]))
-    p.legend.location = "top_right"
+    p.add_layout(p.legend[0], "right")  # beside the plot, clear of the lines
     return p
 
 
@@ -139,8 +140,8 @@ def simulator_figure(series: dict[str, Iterable], *, title: str, measured: dict[
         ps = [_row(x) for x in pts]
         p.scatter([x["bucket_cap_mb"] for x in ps], [x["exposed_ms"] for x in ps], marker="diamond", size=10,
                   color=PALETTE[(k + 4) % len(PALETTE)], legend_label=label)
-    p.legend.location = "top_left"
     p.legend.click_policy = "hide"
+    p.add_layout(p.legend[0], "right")  # beside the plot: the curves start high on the left
     return p
 
 
@@ -176,3 +177,30 @@ def per_gpu_memory_figure(runs: Iterable, *, title: str, width: int = 560, heigh
                y_axis_label="peak allocated, GiB (2^30 B)", toolbar_location=None)
     p.vbar(x="x", top="y", width=0.7, color="c", source=ColumnDataSource(dict(x=xs, y=ys, c=cs)))
     return p
+
+
+def simulator_explorer(sweep_fn, *, nodes: int, inter_bw_GBps: float, inter_latency_us: float):
+    """Sliders for the node count, inter-node bandwidth and latency; each change redraws the figure from
+    ``sweep_fn(nodes, inter_bw_GBps, inter_latency_us)`` (the simulator's points: no computation here)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+    from jupyter_bokeh import BokehModel
+
+    nodes_w = widgets.IntSlider(value=nodes, min=1, max=64, description="nodes")
+    bw_w = widgets.FloatLogSlider(value=inter_bw_GBps, base=10, min=0, max=3, description="inter GB/s")
+    lat_w = widgets.FloatLogSlider(value=inter_latency_us, base=10, min=0, max=3, description="latency us")
+    out = widgets.Output()
+
+    def redraw(*_) -> None:
+        fig = simulator_figure({"model": sweep_fn(nodes_w.value, bw_w.value, lat_w.value)},
+                               title=f"{nodes_w.value} nodes, {bw_w.value:.3g} GB/s, {lat_w.value:.3g} us (model)")
+        with out:
+            out.clear_output(wait=True)
+            display(BokehModel(fig))
+
+    for w in (nodes_w, bw_w, lat_w):
+        w.observe(redraw, names="value")
+    redraw()
+    box = widgets.VBox([widgets.HBox([nodes_w, bw_w, lat_w]), out])
+    box.add_class("labkit-explorer")
+    return box

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 _ready = False
@@ -56,3 +57,49 @@ def show_widget(widget, text: str = WIDGET_TEXT) -> None:
     data = dict(widget._repr_mimebundle_() or {})
     data["text/plain"] = text
     display(data, raw=True)
+
+
+def bar(desc: str, total: int | None, **kw):
+    """A tqdm progress bar on stderr, as text (also in a notebook: a widget there would be a frozen
+    "0 %" in saved notebooks and reports, which keep the last text line of the bar instead)."""
+    import sys
+
+    from tqdm import tqdm
+
+    kw.setdefault("mininterval", 0.5)
+    return tqdm(total=total, desc=desc, file=sys.stderr, **kw)
+
+
+def progress(items, desc: str):
+    """Iterate over ``items`` with a progress bar (one tick per item), for cells longer than a few seconds."""
+    items = list(items)
+    b = bar(desc, len(items))
+    try:
+        for x in items:
+            yield x
+            b.update(1)
+    finally:
+        b.close()
+
+
+@contextmanager
+def busy(desc: str, tick_s: float = 1.0):
+    """A progress line for one long call that has no steps to count (a process group's run): the
+    elapsed time, refreshed every ``tick_s`` seconds until the block ends."""
+    import threading
+
+    b = bar(desc, None, bar_format="{desc}: {elapsed} elapsed")
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(tick_s):
+            b.refresh()
+
+    t = threading.Thread(target=tick, daemon=True, name="labkit-busy")
+    t.start()
+    try:
+        yield b
+    finally:
+        stop.set()
+        t.join()
+        b.close()

@@ -20,6 +20,20 @@ def _get(obj: Any, key: str) -> Any:
     return obj[key] if isinstance(obj, Mapping) else getattr(obj, key)
 
 
+def _unit(max_bytes: float) -> tuple[float, str]:
+    """GiB for GPU-sized numbers, MiB below 1 GiB (a tiny CPU model's 3 MiB is not 0.003 GiB)."""
+    return (GIB, "GiB (2^30 bytes)") if max_bytes >= GIB else (float(1 << 20), "MiB (2^20 bytes)")
+
+
+def _source_line(fig, source: str):
+    """The source under the plot (a footnote), so the title stays short enough not to be clipped."""
+    from bokeh.models import Title
+
+    fig.add_layout(Title(text=f"source: {source}", text_font_size="8pt", text_font_style="italic",
+                         text_color="#555555"), "below")
+    return fig
+
+
 def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int = 760, height: int = 330):
     """Per-phase memory as a timeline: for each phase (in order) a bar from its start to its peak,
     the categories live at the peak stacked inside it, and the bytes at its end as a line.
@@ -30,15 +44,18 @@ def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int
 
     labels = [f"{_get(p, 'step')}:{_get(p, 'phase')}" for p in phases]
     cats = [c for c in CATEGORY_COLORS if any((_get(p, "peak_by_category") or {}).get(c, 0) for p in phases)]
+    scale, unit = _unit(max((_get(p, "peak_bytes") for p in phases), default=0))
+    short = unit.split()[0]
     data: dict[str, list] = {"x": labels}
     for c in cats:
-        data[c] = [(_get(p, "peak_by_category") or {}).get(c, 0) / GIB for p in phases]
-    data["peak"] = [_get(p, "peak_bytes") / GIB for p in phases]
-    data["start"] = [_get(p, "start_bytes") / GIB for p in phases]
-    data["end"] = [_get(p, "end_bytes") / GIB for p in phases]
+        data[c] = [(_get(p, "peak_by_category") or {}).get(c, 0) / scale for p in phases]
+    data["peak"] = [_get(p, "peak_bytes") / scale for p in phases]
+    data["start"] = [_get(p, "start_bytes") / scale for p in phases]
+    data["end"] = [_get(p, "end_bytes") / scale for p in phases]
     src = ColumnDataSource(data)
-    fig = figure(x_range=labels, width=width, height=height, title=f"{title} ({source})",
-                 y_axis_label="GiB (2^30 bytes)", toolbar_location="right")
+    fig = figure(x_range=labels, width=width, height=height, title=title,
+                 y_axis_label=unit, toolbar_location="right")
+    _source_line(fig, source)
     renderers = fig.vbar_stack(cats, x="x", width=0.7, source=src, color=[CATEGORY_COLORS[c] for c in cats],
                                fill_alpha=0.75) if cats else []
     line = fig.line("x", "end", source=src, color="black", line_width=2)
@@ -46,8 +63,8 @@ def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int
     legend = Legend(items=[(c.replace("_", " "), [r]) for c, r in zip(cats, renderers)] + [("bytes at phase end", [line])],
                     location="center")
     fig.add_layout(legend, "right")
-    fig.add_tools(HoverTool(tooltips=[("phase", "@x"), ("start", "@start{0.000} GiB"), ("peak", "@peak{0.000} GiB"),
-                                      ("end", "@end{0.000} GiB")]))
+    fig.add_tools(HoverTool(tooltips=[("phase", "@x"), ("start", f"@start{{0.000}} {short}"),
+                                      ("peak", f"@peak{{0.000}} {short}"), ("end", f"@end{{0.000}} {short}")]))
     fig.xaxis.major_label_orientation = 0.9
     return fig
 
@@ -61,18 +78,24 @@ def sweep_bars(labels: Sequence[str], peak_bytes: Sequence[float], step_times_s:
 
     base_t = step_times_s[baseline]
     over = [None if (t is None or not base_t) else 100.0 * (t - base_t) / base_t for t in step_times_s]
-    src = ColumnDataSource({"x": list(labels), "gib": [b / GIB for b in peak_bytes],
+    scale, unit = _unit(max(peak_bytes, default=0))
+    src = ColumnDataSource({"x": list(labels), "gib": [b / scale for b in peak_bytes],
                             "ms": [None if t is None else t * 1e3 for t in step_times_s], "over": over})
-    f1 = figure(x_range=list(labels), width=width // 2, height=height, title=f"{title}: peak ({source})",
-                y_axis_label="peak allocated, GiB (2^30 bytes)")
+    timed = any(t is not None for t in step_times_s)
+    f1 = figure(x_range=list(labels), width=width // 2 if timed else width, height=height, title=f"{title}: peak",
+                y_axis_label=f"peak allocated, {unit}")
     f1.vbar(x="x", top="gib", width=0.7, source=src, color="#1f77b4")
-    f1.add_tools(HoverTool(tooltips=[("policy", "@x"), ("peak", "@gib{0.00} GiB")]))
-    f2 = figure(x_range=list(labels), width=width // 2, height=height, title=f"step time vs {labels[baseline]} ({source})",
+    f1.add_tools(HoverTool(tooltips=[("policy", "@x"), ("peak", f"@gib{{0.00}} {unit.split()[0]}")]))
+    f1.xaxis.major_label_orientation = 0.9
+    _source_line(f1, source)
+    if not timed:  # fake mode has no step time: no empty second plot
+        return row(f1)
+    f2 = figure(x_range=list(labels), width=width // 2, height=height, title=f"step time vs {labels[baseline]}",
                 y_axis_label="extra step time, %")
     f2.vbar(x="x", top="over", width=0.7, source=src, color="#d62728")
     f2.add_tools(HoverTool(tooltips=[("policy", "@x"), ("step", "@ms{0.0} ms"), ("overhead", "@over{0.0}%")]))
-    for f in (f1, f2):
-        f.xaxis.major_label_orientation = 0.9
+    f2.xaxis.major_label_orientation = 0.9
+    _source_line(f2, source)
     return row(f1, f2)
 
 
@@ -83,11 +106,13 @@ def category_bars(labels: Sequence[str], by_category: Sequence[Mapping[str, int]
     from bokeh.plotting import figure
 
     cats = [c for c in CATEGORY_COLORS if any(b.get(c, 0) for b in by_category)]
+    scale, unit = _unit(max((sum(b.values()) for b in by_category), default=0))
     data: dict[str, list] = {"x": list(labels)}
     for c in cats:
-        data[c] = [b.get(c, 0) / GIB for b in by_category]
-    fig = figure(x_range=list(labels), width=width, height=height, title=f"{title} ({source})",
-                 y_axis_label="GiB (2^30 bytes) at the peak")
+        data[c] = [b.get(c, 0) / scale for b in by_category]
+    fig = figure(x_range=list(labels), width=width, height=height, title=title,
+                 y_axis_label=f"{unit} at the peak")
+    _source_line(fig, source)
     rs = fig.vbar_stack(cats, x="x", width=0.7, source=ColumnDataSource(data),
                         color=[CATEGORY_COLORS[c] for c in cats], fill_alpha=0.8)
     fig.add_layout(Legend(items=[(c.replace("_", " "), [r]) for c, r in zip(cats, rs)]), "right")
@@ -105,8 +130,9 @@ def prediction_scatter(names: Iterable[str], recorded: Sequence[int], predicted:
     p = [x / GIB for x in predicted]
     err = [100.0 * (b - a) / a for a, b in zip(r, p)]
     hi = max(r + p) * 1.08 if r else 1.0
-    fig = figure(width=width, height=height, title=f"{title} ({source})", x_axis_label="recorded peak, GiB (2^30)",
+    fig = figure(width=width, height=height, title=title, x_axis_label="recorded peak, GiB (2^30)",
                  y_axis_label="fake-mode prediction, GiB (2^30)", x_range=(0, hi), y_range=(0, hi))
+    _source_line(fig, source)
     fig.line([0, hi], [0, hi], color="black")
     fig.varea(x=[0, hi], y1=[0, hi * (1 - band_pct / 100)], y2=[0, hi * (1 + band_pct / 100)], fill_alpha=0.15,
               color="green", legend_label=f"within {band_pct:g}%")
@@ -125,12 +151,13 @@ def profiler_timeline(times_us: Sequence[float], by_category: Mapping[str, Seque
     colors = {"parameters": "#1f77b4", "optimizer_state": "#2ca02c", "inputs": "#8c564b", "temporaries": "#9467bd",
               "activations": "#d62728", "gradients": "#ff7f0e", "autograd_detail": "#17becf", "unknown": "#7f7f7f"}
     cats = [c for c in colors if any(by_category.get(c, []))]
-    fig = figure(width=width, height=height, title=f"{title} ({source})", x_axis_label="time, ms",
+    fig = figure(width=width, height=height, title=title, x_axis_label="time, ms",
                  y_axis_label="MiB (2^20 bytes)")
+    _source_line(fig, source)
     data = {"t": [t / 1000.0 for t in times_us]}
     for c in cats:
         data[c] = [v / 2**20 for v in by_category[c]]
     fig.varea_stack(cats, x="t", source=data, color=[colors[c] for c in cats],
                     legend_label=[c.replace("_", " ") for c in cats])
-    fig.legend.location = "top_left"
+    fig.add_layout(fig.legend[0], "right")  # beside the plot, clear of the areas
     return fig

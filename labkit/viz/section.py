@@ -37,6 +37,10 @@ class Claim:
 
     def value_text(self) -> str:
         v = self.value
+        if self.unit in ("bytes", "B") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            from labkit.core.units import fmt_bytes
+
+            return fmt_bytes(v)
         if self.digits is not None and isinstance(v, (int, float)):
             v = f"{v:,.{self.digits}f}"
         elif isinstance(v, float):
@@ -113,9 +117,11 @@ class Section:
         if self.claims:
             items = "".join(
                 f"<li>{html.escape(c.text)}: <b>{html.escape(c.value_text())}</b>"
-                + (f" <i>({html.escape(c.source)})</i>" if c.source else "") + "</li>"
+                + (f" <i>({html.escape(c.source)})</i>" if c.source and c.source != self.source else "") + "</li>"
                 for c in self.claims)
             parts.append(f"<ul class='labkit-claims'>{items}</ul>")
+            if any(c.source == self.source for c in self.claims) and self.source:  # the shared source, once
+                parts.append(f"<p class='labkit-source'><i>Source: {html.escape(self.source)}</i></p>")
         if self.headers:
             head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in self.headers)
             body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape('' if c is None else str(c))}</td>"
@@ -140,10 +146,41 @@ class Section:
 
     def __str__(self) -> str:  # plain text, e.g. in a terminal
         lines = [self.title]
-        lines += [f"  - {c.text}: {c.value_text()}" + (f" ({c.source})" if c.source else "") for c in self.claims]
+        lines += [f"  - {c.text}: {c.value_text()}" + (f" ({c.source})" if c.source and c.source != self.source else "")
+                  for c in self.claims]
+        if self.source and any(c.source == self.source for c in self.claims):
+            lines.append(f"  source: {self.source}")
         if self.headers:
             from labkit.core.table import render
 
             lines.append(render(self.headers, self.rows))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+class ShowsSection:
+    """A mixin for a chapter's typed result that displays itself through one :class:`Section`.
+
+    The subclass (usually a dataclass holding the chapter's result) defines ``section()``; displaying
+    the value shows that Section and records its named claims once, like a Section itself.
+    """
+
+    def section(self) -> Section:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def cached_section(self) -> Section:
+        """The Section, built once (so displaying twice records once)."""
+        sec = self.__dict__.get("_labkit_section")
+        if sec is None:
+            sec = self.section()
+            object.__setattr__(self, "_labkit_section", sec)
+        return sec
+
+    def _ipython_display_(self) -> None:
+        self.cached_section()._ipython_display_()
+
+    def record(self) -> None:
+        self.cached_section().record()
+
+    def __str__(self) -> str:
+        return str(self.cached_section())

@@ -28,6 +28,11 @@ def test_fake_sweep_orders_checkpointing_as_expected():
     assert [p.label for p in pts] == ["none", "full", "every-2"]
 
 
+def _texts(fig) -> str:
+    """A figure's title and the source line under it."""
+    return " ".join([fig.title.text] + [getattr(b, "text", "") for b in fig.below])
+
+
 def test_recorded_sweeps_and_figures():
     from labkit.viz import measure as vm
 
@@ -38,19 +43,19 @@ def test_recorded_sweeps_and_figures():
     assert pts[0].recompute == "none" and all(p.step_time_s > 0 for p in pts)
     fig = vm.sweep_bars([p.label for p in pts], [p.peak_bytes for p in pts], [p.step_time_s for p in pts],
                         title="t", source=src)
-    assert src in fig.children[0].title.text
+    assert src in _texts(fig.children[0]) and src not in fig.children[0].title.text
     pr = recorded_sweep(load_recorded("sweep_precision.json", "measure_sweep"))
     assert [p.label for p in pr] == ["fp32", "amp-bf16", "amp-fp16", "bf16"]
     # the recorded precision effects: amp keeps fp32 parameters; pure bf16 halves them
     assert pr[1].by_category["parameters"] == pr[0].by_category["parameters"]
     assert pr[3].by_category["parameters"] * 2 == pytest.approx(pr[0].by_category["parameters"], rel=0.01)
     f2 = vm.category_bars([p.label for p in pr], [p.by_category for p in pr], title="t", source=src)
-    assert src in f2.title.text
+    assert src in _texts(f2)
     case = load_recorded("case_gpt2-124m-amp-bf16-none.json", "measure_step")
     f3 = vm.phase_timeline(case["data"]["by_phase"], title="t", source=src)
     assert len(f3.x_range.factors) == 5
     f4 = vm.prediction_scatter(["a"], [100], [101], title="t", source="model")
-    assert "model" in f4.title.text
+    assert "model" in _texts(f4)
 
 
 def test_segment_fit_recovers_the_model():

@@ -1,0 +1,87 @@
+"""Notebook 04's sections, each on the data/ recordings, a CPU run, or fake mode (the smoke sizes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from labkit.core.errors import LabkitError
+from labkit.lessons import recompute_precision as lesson
+from labkit.memory import load_recorded_peaks
+from labkit.memory.trace.recorded import load_recorded, measure_dir
+
+
+@pytest.fixture(scope="module")
+def cpu() -> lesson.Machine:
+    return lesson.Machine("ci", 0, "", "x", "cpu", "cpu", "recorded on 1 x NVIDIA H200, 2026-11-29", 28)
+
+
+def test_machine_falls_back_to_the_cpu_and_says_so():
+    import torch
+
+    m = lesson.this_machine("cuda")
+    assert m.live == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert m.recorded_cases == len(load_recorded_peaks()) and m.recorded_source.startswith("recorded on")
+    if m.live == "cpu":
+        assert any("no GPU" in n for n in m.section().notes)
+    with pytest.raises(LabkitError, match="device"):
+        lesson.this_machine("tpu")
+
+
+def test_recorded_step_and_sweeps_read_their_files():
+    doc = load_recorded("case_gpt2-124m-amp-bf16-none.json", "measure_step")
+    sec = lesson.step_phases_recorded("gpt2-124m")
+    assert sec.value("gpt2-124m-amp-bf16-none_peak_allocated_gib") == round(doc["data"]["peak_allocated"] / 2**30, 3)
+    assert "backward" in sec.claims[0].text
+    assert any("Not recorded here" in n for n in lesson.step_phases_recorded("no-such-workload").notes)
+
+    pts = load_recorded("sweep_checkpointing.json", "measure_sweep")["data"]["points"]
+    none = next(p for p in pts if p["checkpointing"] == "none")
+    full = next(p for p in pts if p["checkpointing"] == "full")
+    ck = lesson.recompute_sweep_recorded()
+    assert ck.value("full_checkpointing_peak_saving_pct") == pytest.approx(
+        100 * (1 - full["peak_allocated"] / none["peak_allocated"]), abs=0.01)
+    assert ck.value("full_checkpointing_step_overhead_pct") > 0 and len(ck.rows) == len(pts)
+
+    pr = lesson.precision_recorded()
+    assert 0 < pr.value("amp_bf16_peak_saving_pct") < 50
+    # amp keeps the fp32 parameters; pure bf16 halves them
+    assert pr.claims[0].value == pytest.approx(2 * pr.claims[3].value, rel=0.01)
+
+
+def test_live_sections_on_the_cpu(cpu):
+    here = lesson.step_phases_here(cpu, smoke=True)
+    assert here.source == "measured here" and here.claims[0].value > 0 and here.figures
+    sw = lesson.recompute_sweep_here(cpu, smoke=True)
+    labels = [r[0] for r in sw.rows]
+    assert labels == ["none", "selective", "full", "every-2", "every-3"]
+    peaks = {r[0]: r[1] for r in sw.rows}
+    assert peaks["full"] != peaks["none"] and any("noisy" in n for n in sw.notes)
+    pr = lesson.precision_here(cpu, smoke=True)
+    assert [r[0] for r in pr.rows] == ["fp32", "amp-bf16", "bf16"]
+    assert pr.claims[1].value * 2 == pytest.approx(pr.claims[0].value, rel=0.01)  # bf16 halves the parameters
+
+
+def test_segment_sweep_in_fake_mode():
+    sec = lesson.segment_sweep(smoke=True)
+    assert sec.value("deep_best_segment_k") in (1, 2, 4)
+    assert sec.claims[1].value < sec.claims[0].value  # recomputing every layer keeps less than no recompute
+
+
+def test_fake_mode_against_recorded_and_heldout():
+    sec = lesson.fake_vs_recorded(smoke=True, subset=("gpt-small-ref-fp32-none", "gpt-small-ref-amp-bf16-full"))
+    assert sec.value("fake_vs_h200_cases") == 2 == len(sec.rows)
+    assert sec.value("fake_vs_h200_worst_abs_error_pct") < 5 and sec.notes
+    held = lesson.heldout(smoke=True)
+    assert len(held.rows) == 1 and held.value("fake_vs_h200_heldout_worst_abs_error_pct") < 5
+    assert any("Not recorded here" in n for n in lesson.heldout(path=measure_dir() / "nothing.json").notes)
+
+
+def test_estimator_own_loop_overhead_and_profiler(cpu):
+    est = lesson.estimator_vs_recorded("gpt2-124m")
+    assert len(est.rows) == 4 and est.claims[0].value < 10
+    loop = lesson.own_loop(cpu)
+    assert [r[0] for r in loop.rows] == ["forward", "backward", "optimizer"] * 2
+    assert loop.claims[0].value > 0
+    assert lesson.tracer_overhead().claims[0].value > 0
+    prof = lesson.profiler_timeline(cpu)
+    assert prof.claims[0].value > 0 and prof.figures
