@@ -6,14 +6,14 @@ Hugging Face models (``HFGPT2Spec``, ``hf_gpt2_factory``, ``hf_lm_batch``) need 
 
 from labkit.workloads.gpt import GPT, GPTConfig
 from labkit.workloads.harness import (
-    OPTIMIZERS, PHASES, PRECISIONS, StepPolicy, TrainStep, apply_checkpointing, call_model, cast_floating,
+    LOOPS, OPTIMIZERS, PHASES, PRECISIONS, StepPolicy, TrainStep, apply_checkpointing, call_model, cast_floating,
     checkpoint_segment, default_loss, find_layers, gpt_batch, gpt_call, gpt_loss, make_optimizer, move_batch,
 )
 from labkit.workloads.hf import HF_GPT2_SIZES, HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
 from labkit.workloads.reference import REFERENCE_WORKLOADS, Workload, get_workload
 
 __all__ = [
-    "GPT", "GPTConfig", "HFGPT2Spec", "HF_GPT2_SIZES", "OPTIMIZERS", "PHASES", "PRECISIONS", "REFERENCE_WORKLOADS",
+    "GPT", "GPTConfig", "HFGPT2Spec", "HF_GPT2_SIZES", "LOOPS", "OPTIMIZERS", "PHASES", "PRECISIONS", "REFERENCE_WORKLOADS",
     "StepPolicy", "TrainStep", "Workload", "apply_checkpointing", "call_model", "cast_floating", "checkpoint_segment",
     "default_loss", "find_layers", "get_workload", "gpt_batch", "gpt_call", "gpt_loss", "hf_gpt2_factory",
     "hf_lm_batch", "make_optimizer", "move_batch",

@@ -116,6 +116,8 @@ def tiny(case: Case) -> Case:
             o[k] = v
     if case.family == "transformers":
         o.setdefault("vocab_size", 512)
+        for k, v in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):   # inside the small vocabulary
+            o.setdefault(k, v)
     seq = 32
     if case.family == "torchvision":
         seq = 224 if case.arch in FIXED_IMAGE_SIZE else 64
@@ -136,7 +138,9 @@ def require(module: str, extra: str) -> Any:
 
 
 def hf_config(case: Case) -> Any:
-    transformers = require("transformers", "'labkit[hf]'")
+    from labkit.workloads.hf import require_transformers
+
+    transformers = require_transformers()
     cfg = transformers.AutoConfig.for_model(case.arch, **case.overrides)
     if case.task == "image-classification" and "num_labels" in case.overrides:
         cfg.num_labels = case.overrides["num_labels"]
@@ -151,10 +155,13 @@ def build_model(case: Case) -> nn.Module:
     """The case's model with freshly initialised weights, on the current default device; LoRA cases
     get a bf16 base and peft adapters; HF gradient checkpointing is switched on where asked."""
     if case.family == "torchvision":
-        tv = require("torchvision.models", "torchvision")
-        model = getattr(tv, case.arch)(weights=None)
+        from labkit.workloads.vision import torchvision_models
+
+        model = getattr(torchvision_models(), case.arch)(weights=None)
     else:
-        transformers = require("transformers", "'labkit[hf]'")
+        from labkit.workloads.hf import require_transformers
+
+        transformers = require_transformers()
         model = getattr(transformers, _AUTO_CLASS[case.task]).from_config(hf_config(case))
         if case.recompute != "none" and case.checkpoint_impl != "torch":
             enable_hf_checkpointing(model, reentrant=case.checkpoint_impl == "hf-reentrant")
@@ -194,6 +201,8 @@ def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
     if case.task == "image-classification":
         n_labels = case.overrides.get("num_labels", 1000)
         x = torch.randn(b, 3, s, s, generator=g)
+        if case.precision == "bf16" and not case.lora:
+            x = x.to(torch.bfloat16)          # a bf16 model takes bf16 images (the user casts them too)
         y = torch.randint(0, n_labels, (b,), generator=g)
         return {"pixel_values": x, "labels": y}
     vocab = int(getattr(hf_config(case), "vocab_size"))
