@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/bench_tracer.py [--repeats 3] [--batch 4] [--model hf|labkit]
     .venv/bin/python benchmarks/bench_tracer.py --validate   # every recorded H200 case, predicted here
+    .venv/bin/python benchmarks/bench_tracer.py --validate --only llama   # corpus cases whose name has 'llama'
 
 One prediction is ``measure_step(device="fake-cuda", steps=2)``: model construction on fake
 tensors, two full training steps (AdamW, amp-bf16), the steady-state peak of the second. The median
@@ -33,10 +34,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="hf: transformers GPT2LMHeadModel gpt2-xl; labkit: the reference GPT at gpt2-xl size")
     ap.add_argument("--validate", action="store_true",
                     help="instead: predict every recorded H200 case (reference and held-out) and print the errors")
+    ap.add_argument("--only", help="with --validate: only the plain-loop corpus cases whose name contains this")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
     if args.validate:
-        return validate()
+        rc = 0 if args.only else validate()
+        return max(rc, validate_plain(args.only))
 
     from labkit.memory.trace.step import measure_step
 
@@ -99,6 +102,45 @@ def validate() -> int:
     ok = worst_all < 5.0
     print(f"worst over all recorded cases {worst_all:.2f}% (target < 5%): {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
+
+
+def validate_plain(only: str | None = None) -> int:
+    """The corpus recorded as plain untraced loops on the H200 (plain__corpus.json): fake-mode peak
+    and reserved beside the recorded ones, reference and held-out cases separately."""
+    from labkit.core.table import render
+    from labkit.memory.trace.corpus_check import (PEAK_TOLERANCE_PCT, RESERVED_TOLERANCE_PCT, VALIDATION_HEADERS,
+                                                  load_plain, summary, validate, validation_rows)
+    from labkit.memory.trace.recorded import recorded_label
+
+    records = [r for r in load_plain() if not only or only in r.name]
+    if not records:
+        print("# plain__corpus.json: no recorded case matches")
+        return 1
+    print(f"# plain-loop corpus: {len(records)} cases, {recorded_label(records[0].provenance)}; targets: peak within "
+          f"{PEAK_TOLERANCE_PCT:g}%, reserved within {RESERVED_TOLERANCE_PCT:g}%", flush=True)
+    vals = []
+    for r in records:
+        (v,) = validate([r])
+        vals.append(v)
+        pe = "refused" if v.peak_error_pct is None else f"{v.peak_error_pct:+.1f}%"
+        print(f"  {v.split:9s} {v.name:42s} {pe:>8s}  ({v.seconds:.1f} s)", flush=True)
+    rows = validation_rows(vals)
+    for split in ("reference", "held-out"):
+        print(f"\n## {split}")
+        print(render(VALIDATION_HEADERS[1:], [r[1:] for r in rows if r[0] == split]))
+    s = summary(vals)
+    ok = True
+    for split, d in s.items():
+        print(f"# {split}: {d['within_targets']} of {d['cases']} within targets ({d['refused']} refused); worst peak "
+              f"error {_pct(d['worst_peak_error_pct'])}, median |peak error| {_pct(d['median_abs_peak_error_pct'])}; "
+              f"worst reserved error {_pct(d['worst_reserved_error_pct'])}")
+        ok = ok and d["within_targets"] == d["cases"]
+    print(f"plain-loop corpus: {'PASS' if ok else 'FAIL'} (every case within targets)")
+    return 0 if ok else 1
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}%"
 
 
 if __name__ == "__main__":
