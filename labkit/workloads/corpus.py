@@ -607,7 +607,8 @@ COMPAT_EXTRA: dict[str, tuple[Task, dict[str, Any]]] = {
     "mt5": ("seq2seq-lm", dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=512,
                                decoder_start_token_id=0)),
     "deit": ("image-classification", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                          intermediate_size=128, image_size=32, patch_size=8, num_labels=10)),
+                                          intermediate_size=128, image_size=32, patch_size=8, num_labels=10,
+                                          architectures=["DeiTForImageClassification"])),
     "swin": ("image-classification", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
                                           window_size=4, num_labels=10)),
     "convnext": ("image-classification", dict(image_size=32, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)),
@@ -616,9 +617,12 @@ COMPAT_PRECISIONS = ("fp32", "amp-bf16", "bf16")
 
 
 def compat_cases() -> list[Case]:
-    """The compatibility corpus at CI size: every model type of :data:`CASES` and
-    :data:`COMPAT_EXTRA` (and each torchvision classifier) under fp32, amp-bf16 and bf16, plus the
-    corpus's LoRA, recomputation, optimizer and loop cases; all tiny (see :func:`tiny`)."""
+    """The compatibility corpus at CI size (see :func:`tiny`): every transformers model type of
+    :data:`CASES` under fp32, amp-bf16 and bf16, each torchvision classifier under the precisions
+    the corpus records for it, the :data:`COMPAT_EXTRA` types under amp-bf16 (the usual HF
+    training setting: breadth of architectures, at a CI cost of a second a case), the corpus's
+    LoRA, recomputation, optimizer and loop cases, and HF gradient checkpointing (both kinds)
+    under all three precisions."""
     out: list[Case] = []
     seen: set[tuple[str, str]] = set()
     plain = [c for c in CASES if c.recompute == "none" and not c.lora and c.loop == "plain" and c.optimizer_impl == "fused"]
@@ -627,10 +631,12 @@ def compat_cases() -> list[Case]:
             continue
         seen.add((c.family, c.arch))
         t = tiny(c)
-        for p in COMPAT_PRECISIONS:
+        precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
+                      [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
+        for p in precisions:
             out.append(replace(t, name=f"{c.family[:2]}-{c.arch}-{p}@tiny", precision=p))
     for arch, (task, o) in COMPAT_EXTRA.items():
-        for p in COMPAT_PRECISIONS:
+        for p in ("amp-bf16",):
             out.append(Case(f"tr-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,
                             32 if task != "image-classification" else o["image_size"], p))
     for c in CASES:
@@ -638,11 +644,12 @@ def compat_cases() -> list[Case]:
             out.append(tiny(c))
     for p in COMPAT_PRECISIONS:       # HF gradient checkpointing, both kinds, under every precision
         for impl in ("hf", "hf-reentrant"):
-            name = f"tr-llama-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"
-            if not any(x.name == name for x in out):
-                out.append(replace(tiny(get_case("llama-gqa-b8-hfgc-fp32")), name=name, precision=p,
-                                   checkpoint_impl=impl))
-    return out
+            out.append(replace(tiny(get_case("llama-gqa-b8-hfgc-fp32")), precision=p, checkpoint_impl=impl,
+                               name=f"tr-llama-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"))
+    unique: dict[str, Case] = {}      # at CI size some cases coincide (GPT-2's sizes, say): keep the first
+    for c in out:
+        unique.setdefault(repr(replace(c, name="")), c)
+    return list(unique.values())
 
 
 def get_case(name: str) -> Case:

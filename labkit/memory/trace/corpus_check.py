@@ -86,6 +86,36 @@ def support_section(results: list[Support] | None = None) -> Any:
     return sec
 
 
+def support_markdown(results: list[Support] | None = None) -> str:
+    """The support table for the README: one row per model or policy, one column per precision
+    ("yes", or the op/module fake mode refuses), then the refusals' reasons.
+
+        python -c "from labkit.memory.trace.corpus_check import support_markdown; print(support_markdown())"
+    """
+    from labkit.workloads.corpus import COMPAT_PRECISIONS
+
+    results = results if results is not None else support()
+    rows: dict[str, dict[str, str]] = {}
+    reasons: dict[str, list[str]] = {}
+    for r in results:
+        base = r.case.removesuffix("@tiny")
+        prec = next((p for p in sorted(COMPAT_PRECISIONS, key=len, reverse=True) if base.endswith("-" + p)), "")
+        group = base[: len(base) - len(prec) - 1] if prec else base
+        cell = "yes" if r.status == "predicted" else r.status
+        if r.status != "predicted":
+            why = _short(r.reason).removeprefix("fake mode cannot run ")
+            reasons.setdefault(why, []).append(base)
+            cell = f"{r.status} ({list(reasons).index(why) + 1})"
+        rows.setdefault(group, {})[prec or "as named"] = cell
+    cols = [c for c in (*COMPAT_PRECISIONS, "as named") if any(c in v for v in rows.values())]
+    lines = ["| case | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines += [f"| {g} | " + " | ".join(v.get(c, "") for c in cols) + " |" for g, v in rows.items()]
+    n_ok = sum(r.status == "predicted" for r in results)
+    lines += ["", f"{n_ok} of {len(results)} cases predicted. Refused, with fake mode's reason:", ""]
+    lines += [f"{i}. {why}" for i, why in enumerate(reasons, 1)]
+    return "\n".join(lines)
+
+
 def _short(reason: str) -> str:
     """The refusal without its fixed advice (the table says it once)."""
     return reason.split("; run the step on a device instead", 1)[0]
@@ -254,4 +284,4 @@ def validation_section(vals: list[Validation] | None = None) -> Any:
 
 
 __all__ = ["PEAK_TOLERANCE_PCT", "RESERVED_TOLERANCE_PCT", "PlainRecord", "Support", "Validation", "check_case",
-           "load_plain", "summary", "support", "support_section", "validate", "validation_section"]
+           "load_plain", "summary", "support", "support_markdown", "support_section", "validate", "validation_section"]

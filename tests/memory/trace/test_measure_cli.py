@@ -113,6 +113,8 @@ def test_fake_mode_refusal_is_one_line_naming_op_and_module(tmp_path, capsys):
         def opaque(x: torch.Tensor) -> torch.Tensor:
             return x.clone()
 
+        opaque.register_autograd(lambda ctx, grad: grad)     # differentiable, but no fake kernel
+
         class Block(nn.Module):
             def __init__(self):
                 super().__init__()
