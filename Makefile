@@ -38,8 +38,12 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e .
 	@touch $@
 
+# The test extra has torchvision, whose newest release asks for a newer torch: the installed torch is
+# pinned (a constraints file), so pip takes the torchvision built for it instead of replacing torch.
+# (Beside a CPU torch, PyPI's torchvision loads no compiled ops; labkit.workloads.vision handles that.)
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install -e ".[test]"
+	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
+	$(PIP) install -c $(VENV)/torch-pin.txt -e ".[test]"
 	@touch $@
 
 browser-deps:

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--budget", type=float, default=320.0, help="seconds; cases past it are skipped (default 320)")
-    ap.add_argument("--only", help="run only cases whose name contains this")
+    ap.add_argument("--only", help="run only cases whose name contains one of these (comma-separated)")
     ap.add_argument("--no-clue", action="store_true", help="skip the clue experiment")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         todo = list(CASES)
     if args.only:
-        todo = [c for c in todo if args.only in c.name]
+        todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     clue = None
     if not args.no_clue:
         clue = clue_experiment(device, args.smoke)

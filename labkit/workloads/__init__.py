@@ -6,14 +6,14 @@ Hugging Face models (``HFGPT2Spec``, ``hf_gpt2_factory``, ``hf_lm_batch``) need 
 
 from labkit.workloads.gpt import GPT, GPTConfig
 from labkit.workloads.harness import (
-    STEP_OPTIMIZERS, StepPolicy, TrainStep, apply_checkpointing, apply_recompute, call_model, cast_floating,
+    LOOPS, STEP_OPTIMIZERS, StepPolicy, TrainStep, apply_checkpointing, apply_recompute, call_model, cast_floating,
     default_loss, find_layers, gpt_batch, gpt_call, gpt_loss, make_optimizer, move_batch,
 )
 from labkit.workloads.hf import HF_GPT2_SIZES, HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
 from labkit.workloads.reference import REFERENCE_WORKLOADS, Workload, get_workload
 
 __all__ = [
-    "GPT", "GPTConfig", "HFGPT2Spec", "HF_GPT2_SIZES", "REFERENCE_WORKLOADS", "STEP_OPTIMIZERS",
+    "GPT", "GPTConfig", "HFGPT2Spec", "HF_GPT2_SIZES", "LOOPS", "REFERENCE_WORKLOADS", "STEP_OPTIMIZERS",
     "StepPolicy", "TrainStep", "Workload", "apply_checkpointing", "apply_recompute", "call_model", "cast_floating",
     "default_loss", "find_layers", "get_workload", "gpt_batch", "gpt_call", "gpt_loss", "hf_gpt2_factory",
     "hf_lm_batch", "make_optimizer", "move_batch",

@@ -101,6 +101,16 @@ _TINY_WIDTH = {
 FIXED_IMAGE_SIZE = ("vit_b_16", "swin_t")   # torchvision models whose input size is part of the architecture
 
 
+def layer_count(case: Case) -> int:
+    """Layers the case's configuration names (encoder plus decoder; 0 when it names none)."""
+    o = case.overrides
+    if "encoder_layers" in o or "decoder_layers" in o:
+        return int(o.get("encoder_layers", 0)) + int(o.get("decoder_layers", 0))
+    if case.task == "seq2seq-lm" and "num_layers" in o:
+        return int(o["num_layers"]) + int(o.get("num_decoder_layers", o["num_layers"]))
+    return next((int(o[k]) for k in _LAYER_KEYS if k in o), 0)
+
+
 def tiny(case: Case) -> Case:
     """The CI size of ``case``: 2 layers, hidden 64, 4 heads, vocabulary 512, batch 2 x 32
     (images 2 x 32 x 32); GQA keeps a kv-head ratio of 2 where the case has GQA."""
@@ -116,6 +126,8 @@ def tiny(case: Case) -> Case:
             o[k] = v
     if case.family == "transformers":
         o.setdefault("vocab_size", 512)
+        for k, v in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):   # inside the small vocabulary
+            o.setdefault(k, v)
     seq = 32
     if case.family == "torchvision":
         seq = 224 if case.arch in FIXED_IMAGE_SIZE else 64
@@ -136,7 +148,9 @@ def require(module: str, extra: str) -> Any:
 
 
 def hf_config(case: Case) -> Any:
-    transformers = require("transformers", "'labkit[hf]'")
+    from labkit.workloads.hf import require_transformers
+
+    transformers = require_transformers()
     cfg = transformers.AutoConfig.for_model(case.arch, **case.overrides)
     if case.task == "image-classification" and "num_labels" in case.overrides:
         cfg.num_labels = case.overrides["num_labels"]
@@ -151,10 +165,13 @@ def build_model(case: Case) -> nn.Module:
     """The case's model with freshly initialised weights, on the current default device; LoRA cases
     get a bf16 base and peft adapters; HF gradient checkpointing is switched on where asked."""
     if case.family == "torchvision":
-        tv = require("torchvision.models", "torchvision")
-        model = getattr(tv, case.arch)(weights=None)
+        from labkit.workloads.vision import torchvision_models
+
+        model = getattr(torchvision_models(), case.arch)(weights=None)
     else:
-        transformers = require("transformers", "'labkit[hf]'")
+        from labkit.workloads.hf import require_transformers
+
+        transformers = require_transformers()
         model = getattr(transformers, _AUTO_CLASS[case.task]).from_config(hf_config(case))
         if case.recompute != "none" and case.checkpoint_impl != "torch":
             enable_hf_checkpointing(model, reentrant=case.checkpoint_impl == "hf-reentrant")
@@ -192,8 +209,11 @@ def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     b, s = case.micro_batch, case.seq
     if case.task == "image-classification":
-        n_labels = case.overrides.get("num_labels", 1000)
+        n_labels = case.overrides.get("num_labels") or (
+            int(getattr(hf_config(case), "num_labels", 2)) if case.family == "transformers" else 1000)
         x = torch.randn(b, 3, s, s, generator=g)
+        if case.precision == "bf16" and not case.lora:
+            x = x.to(torch.bfloat16)          # a bf16 model takes bf16 images (the user casts them too)
         y = torch.randint(0, n_labels, (b,), generator=g)
         return {"pixel_values": x, "labels": y}
     vocab = int(getattr(hf_config(case), "vocab_size"))
@@ -275,6 +295,16 @@ def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: 
 # The prediction (fake mode)
 
 
+def recompute_kwarg(value: str) -> dict[str, str]:
+    """``measure_step``'s recomputation keyword: ``recompute=`` where it has it, else ``checkpointing=``."""
+    import inspect
+
+    from labkit.memory.trace.step import measure_step
+
+    name = "recompute" if "recompute" in inspect.signature(measure_step).parameters else "checkpointing"
+    return {name: value}
+
+
 def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2, **kw: Any) -> Any:
     """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak."""
     from labkit.memory.trace.step import measure_step
@@ -282,8 +312,133 @@ def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2, **kw: Any)
     opt = "adamw" if case.optimizer_impl == "fused" else "adamw-foreach"
     recompute = case.recompute if case.checkpoint_impl == "torch" else "none"   # HF's own is in the model
     return measure_step(lambda: build_model(case), make_batch(case), precision=case.step_precision,
-                        checkpointing=recompute, optimizer=opt, device=device, steps=steps, loop=case.loop,
-                        **step_hooks(case), **kw)
+                        optimizer=opt, device=device, steps=steps, loop=case.loop,
+                        **recompute_kwarg(recompute), **step_hooks(case), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# The user's own model (labkit measure --hf-config / --factory)
+
+_META_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+              "auto_map", "quantization_config", "_attn_implementation_autoset")
+_TASK_MAPPINGS = (("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+                  ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+                  ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+                  ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"))
+_ARCH_SUFFIX = (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"), ("ForMaskedLM", "masked-lm"),
+                ("ForConditionalGeneration", "seq2seq-lm"), ("ForImageClassification", "image-classification"))
+
+
+def config_source(spec: str, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+                  vocab: int | None = None, image_size: int | None = None) -> tuple[str, dict[str, Any], str]:
+    """``(model_type, configuration overrides, task)`` for a local ``config.json`` (or its folder)
+    or a transformers model type, with the size flags applied under the config's own field names."""
+    import json
+    from pathlib import Path
+
+    from labkit.core.serialize import read_bytes
+    from labkit.workloads.hf import require_transformers
+
+    transformers = require_transformers()
+    path = Path(spec)
+    archs: list[str] = []
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists():
+        try:
+            doc = json.loads(read_bytes(path, "Hugging Face config").decode())
+        except ValueError as exc:
+            raise LabkitError(f"{path}: not a JSON configuration ({exc})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
+            raise LabkitError(f"{path}: a Hugging Face config.json names its model_type; this one does not")
+        arch = doc["model_type"]
+        archs = list(doc.get("architectures") or [])
+        overrides = {k: v for k, v in doc.items() if k not in _META_KEYS}
+    else:
+        arch, overrides = spec, {}
+    mapping = transformers.CONFIG_MAPPING
+    if arch not in mapping:
+        import difflib
+
+        near = difflib.get_close_matches(arch, list(mapping.keys()), n=3)
+        raise LabkitError(f"--hf-config {spec!r}: not a file and not a transformers model type"
+                          + (f" (did you mean {', '.join(near)}?)" if near else ""))
+    cls = mapping[arch]
+    amap = getattr(cls, "attribute_map", {}) or {}
+    for canon, value in (("num_hidden_layers", layers), ("hidden_size", hidden), ("num_attention_heads", heads),
+                         ("vocab_size", vocab), ("image_size", image_size)):
+        if value is not None:
+            overrides[amap.get(canon, canon)] = value
+            if canon == "num_hidden_layers" and arch in ("t5", "mt5", "umt5", "bart", "mbart"):
+                for k in ("num_decoder_layers", "encoder_layers", "decoder_layers"):
+                    overrides[k] = value
+    if heads is not None:   # fewer heads than the default kv heads: keep the kv grouping valid
+        kv_key = next((k for k in ("num_key_value_heads", "num_kv_heads") if hasattr(cls(), k)), None)
+        kv = overrides.get(kv_key, getattr(cls(), kv_key, None)) if kv_key else None
+        if isinstance(kv, int) and (kv > heads or heads % kv):
+            overrides[kv_key] = heads
+    return arch, overrides, _task_of(arch, archs)
+
+
+def _task_of(arch: str, archs: list[str]) -> str:
+    for name in archs:
+        for suffix, task in _ARCH_SUFFIX:
+            if name.endswith(suffix):
+                return task
+    import importlib
+
+    auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    for task, mapping in _TASK_MAPPINGS:
+        if arch in getattr(auto, mapping, {}):
+            return task
+    raise LabkitError(f"model type {arch!r} has no causal-LM, masked-LM, seq2seq or image-classification head "
+                      "in transformers: give --factory with your own model")
+
+
+def load_factory(spec: str) -> Callable[[], nn.Module]:
+    """``module:function`` -> the function (importable from the current directory)."""
+    import importlib
+    import os
+    import sys
+
+    mod_name, sep, fn_name = spec.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise LabkitError(f"--factory {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.models:build")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise LabkitError(f"--factory {spec!r}: cannot import {mod_name} ({exc})") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise LabkitError(f"--factory {spec!r}: {mod_name} has no function {fn_name}")
+    return fn
+
+
+def make_shaped_batch(task: str, *, micro_batch: int, seq: int, vocab: int | None = None,
+                      factory: Callable[[], nn.Module] | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A CPU batch for a model given by a factory: token ids (vocabulary from ``vocab``, else the
+    model's ``config.vocab_size`` or first embedding, read from a copy built on the meta device)
+    or images with labels."""
+    g = torch.Generator().manual_seed(seed)
+    if task == "image-classification":
+        return {"pixel_values": torch.randn(micro_batch, 3, seq, seq, generator=g),
+                "labels": torch.randint(0, 2, (micro_batch,), generator=g)}
+    if vocab is None and factory is not None:
+        with torch.device("meta"):
+            m = factory()
+        vocab = getattr(getattr(m, "config", None), "vocab_size", None)
+        if vocab is None:
+            emb = next((x for x in m.modules() if isinstance(x, nn.Embedding)), None)
+            vocab = emb.num_embeddings if emb is not None else None
+    if vocab is None:
+        raise LabkitError("the model's vocabulary size is unknown (no config.vocab_size, no nn.Embedding): give --vocab")
+    ids = torch.randint(0, vocab, (micro_batch, seq), generator=g)
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    if task in ("masked-lm", "seq2seq-lm"):
+        batch["attention_mask"] = torch.ones_like(ids)
+    return batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,6 +574,83 @@ def _cases() -> list[Case]:
 
 CASES: tuple[Case, ...] = tuple(_cases())
 
+# Model types the compatibility corpus adds at CI size (not recorded on the GPU), already small.
+_T = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=512,
+          max_position_embeddings=128)
+_ENC = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=512)
+_S2S = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=512, max_position_embeddings=128)
+COMPAT_EXTRA: dict[str, tuple[Task, dict[str, Any]]] = {
+    "gptj": ("causal-lm", dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=128, vocab_size=512)),
+    "gpt_neo": ("causal-lm", dict(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+                                  max_position_embeddings=128, window_size=16, vocab_size=512)),
+    "codegen": ("causal-lm", dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128,
+                                  vocab_size=512)),
+    "gpt_bigcode": ("causal-lm", dict(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=512,
+                                      multi_query=True)),
+    "phi": ("causal-lm", dict(_T)),
+    "stablelm": ("causal-lm", dict(_T, num_key_value_heads=2)),
+    "starcoder2": ("causal-lm", dict(_T, num_key_value_heads=2)),
+    "olmo": ("causal-lm", dict(_T)),
+    "olmo2": ("causal-lm", dict(_T, num_key_value_heads=2)),
+    "cohere": ("causal-lm", dict(_T, num_key_value_heads=2)),
+    "granite": ("causal-lm", dict(_T, num_key_value_heads=2)),
+    "smollm3": ("causal-lm", dict(_T, num_key_value_heads=2)),
+    "qwen3_moe": ("causal-lm", dict(_T, num_key_value_heads=2, moe_intermediate_size=64, num_experts=4,
+                                    num_experts_per_tok=2, head_dim=16)),
+    "distilbert": ("masked-lm", dict(dim=64, hidden_dim=128, n_layers=2, n_heads=4, vocab_size=512)),
+    "electra": ("masked-lm", dict(_ENC, embedding_size=32)),
+    "albert": ("masked-lm", dict(_ENC, embedding_size=32)),
+    "xlm-roberta": ("masked-lm", dict(_ENC)),
+    "mbart": ("seq2seq-lm", dict(_S2S)),
+    "pegasus": ("seq2seq-lm", dict(_S2S)),
+    "mt5": ("seq2seq-lm", dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=512,
+                               decoder_start_token_id=0)),
+    "deit": ("image-classification", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=128, image_size=32, patch_size=8, num_labels=10,
+                                          architectures=["DeiTForImageClassification"])),
+    "swin": ("image-classification", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                          window_size=4, num_labels=10)),
+    "convnext": ("image-classification", dict(image_size=32, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)),
+}
+COMPAT_PRECISIONS = ("fp32", "amp-bf16", "bf16")
+
+
+def compat_cases() -> list[Case]:
+    """The compatibility corpus at CI size (see :func:`tiny`): every transformers model type of
+    :data:`CASES` under fp32, amp-bf16 and bf16, each torchvision classifier under the precisions
+    the corpus records for it, the :data:`COMPAT_EXTRA` types under amp-bf16 (the usual HF
+    training setting: breadth of architectures, at a CI cost of a second a case), the corpus's
+    LoRA, recomputation, optimizer and loop cases, and HF gradient checkpointing (both kinds)
+    under all three precisions."""
+    out: list[Case] = []
+    seen: set[tuple[str, str]] = set()
+    plain = [c for c in CASES if c.recompute == "none" and not c.lora and c.loop == "plain" and c.optimizer_impl == "fused"]
+    for c in plain:
+        if (c.family, c.arch) in seen:
+            continue
+        seen.add((c.family, c.arch))
+        t = tiny(c)
+        precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
+                      [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
+        for p in precisions:
+            out.append(replace(t, name=f"{c.family[:2]}-{c.arch}-{p}@tiny", precision=p))
+    for arch, (task, o) in COMPAT_EXTRA.items():
+        for p in ("amp-bf16",):
+            out.append(Case(f"tr-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,
+                            32 if task != "image-classification" else o["image_size"], p))
+    for c in CASES:
+        if c not in plain:
+            out.append(tiny(c))
+    for p in COMPAT_PRECISIONS:       # HF gradient checkpointing, both kinds, under every precision
+        for impl in ("hf", "hf-reentrant"):
+            out.append(replace(tiny(get_case("llama-gqa-b8-hfgc-fp32")), precision=p, checkpoint_impl=impl,
+                               name=f"tr-llama-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"))
+    unique: dict[str, Case] = {}      # at CI size some cases coincide (GPT-2's sizes, say): keep the first
+    for c in out:
+        unique.setdefault(repr(replace(c, name="")), c)
+    return list(unique.values())
+
 
 def get_case(name: str) -> Case:
     base = name[:-len("@tiny")] if name.endswith("@tiny") else name
@@ -435,5 +667,5 @@ def corpus_cases(split: str | None = None) -> list[Case]:
     return [c for c in CASES if split is None or c.split == split]
 
 
-__all__ = ["CASES", "Case", "build_model", "corpus_cases", "get_case", "make_batch", "plain_step", "predict",
-           "prepare_plain", "step_hooks", "tiny"]
+__all__ = ["CASES", "COMPAT_EXTRA", "Case", "build_model", "compat_cases", "config_source", "corpus_cases", "get_case", "load_factory", "make_batch",
+           "make_shaped_batch", "plain_step", "predict", "prepare_plain", "recompute_kwarg", "step_hooks", "tiny"]

@@ -38,6 +38,11 @@ import torch.nn as nn
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import TRACEABLE_PRECISIONS, OptimizerSpec, Recompute, canonical
 
+# The two loops users write: ``plain`` (``loss = model(**batch).loss``: the output object, with the
+# logits, is freed before backward) and ``keep-output`` (``out = model(**batch); loss = out.loss``:
+# the output stays alive through backward and the optimizer step, and is freed when the step ends).
+LOOPS = ("plain", "keep-output")
+
 
 @dataclass(frozen=True)
 class StepPolicy:
@@ -337,7 +342,10 @@ class TrainStep:
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  autocast: Callable[[], ContextManager] | None = None,
                  fused: bool | None = None, grad_scaler: Any = None,
-                 call: Callable[[nn.Module, Any], Any] | None = None) -> None:
+                 call: Callable[[nn.Module, Any], Any] | None = None, loop: str = "plain") -> None:
+        if loop not in LOOPS:
+            raise LabkitError(f"loop {loop!r} is not one of {', '.join(LOOPS)}")
+        self.loop = loop
         self.policy = policy
         self.call = call or call_model
         self.batch = batch
@@ -366,7 +374,9 @@ class TrainStep:
                 out = self.call(self.model, self.batch)
             with on_phase("loss"):
                 loss = self.loss_fn(out, self.batch)
-                del out
+                if self.loop == "plain":
+                    del out
+                    out = None
         with on_phase("backward"):
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         with on_phase("optimizer"):
@@ -378,5 +388,5 @@ class TrainStep:
         with on_phase("zero_grad"):
             self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
-        del loss
+        del loss, out
         return None

@@ -52,6 +52,9 @@ class HFGPT2Spec:
 
 
 def require_transformers() -> Any:
+    from labkit.workloads.vision import prepare_torchvision
+
+    prepare_torchvision()   # transformers imports torchvision when it is installed
     try:
         import transformers
     except ImportError:

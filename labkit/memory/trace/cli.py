@@ -1,44 +1,110 @@
-"""``labkit measure``: one training step of a GPT under the tracer, on a GPU, the CPU, or a faked GPU.
+"""``labkit measure``: the peak memory of training steps of your model, on a GPU, the CPU, or a faked GPU.
 
-    labkit measure --model gpt --layers 12 --hidden 768 --heads 12 --seq 1024 --batch 8 \\
-        --precision amp-bf16 --checkpointing full --device fake-cuda --json
+    labkit measure --model gpt --layers 12 --hidden 768 --heads 12 --seq 1024 --micro-batch 8 \\
+        --precision amp-bf16 --recompute full --device fake-cuda --json
+    labkit measure --hf-config llama --layers 4 --hidden 1024 --micro-batch 4 --seq 2048 --precision bf16
+    labkit measure --hf-config path/to/config.json --lora --precision bf16
+    labkit measure --factory mypkg.models:build --micro-batch 8 --seq 512       # your own nn.Module
+    labkit measure --factory mypkg.vision:net --image-size 224 --micro-batch 64
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 
+TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "measure", help="peak memory of one training step, per phase and category (GPU, CPU or fake GPU)",
-        description="Run training steps of a GPT (the lab's reference GPT or Hugging Face GPT-2 built from a "
-                    "config, no weights) under the memory tracer and report the steady-state peak, per phase "
-                    "and per category. --device fake-cuda predicts an H200's allocations without a GPU.")
-    p.add_argument("--model", choices=("gpt", "hf-gpt2"), default="gpt",
-                   help="gpt: labkit's reference GPT; hf-gpt2: transformers.GPT2LMHeadModel (needs labkit[hf])")
-    p.add_argument("--workload", help="a named reference workload (labkit.workloads.REFERENCE_WORKLOADS); "
+        "measure", help="peak memory of training steps of a model, per phase and category (GPU, CPU or fake GPU)",
+        description="Run training steps of a model under the memory tracer and report the steady-state peak, per "
+                    "phase and per category. The model: the lab's reference GPT (--model gpt, --workload), a "
+                    "Hugging Face model built from its configuration without weights (--hf-config), or your "
+                    "own code (--factory). --device fake-cuda (the default) predicts an H200's allocations "
+                    "without a GPU; a model fake mode cannot run is refused with the op and module named.")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=("gpt", "hf-gpt2"), default=None,
+                   help="gpt: labkit's reference GPT (the default); hf-gpt2: the same as --hf-config gpt2")
+    m.add_argument("--workload", help="a named reference workload (labkit.workloads.REFERENCE_WORKLOADS); "
                                       "other size flags override it")
-    p.add_argument("--layers", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--seq", type=int)
-    p.add_argument("--vocab", type=int)
-    p.add_argument("--batch", type=int)
-    p.add_argument("--precision", default="fp32", help="fp32, amp-bf16, amp-fp16 or bf16 (default fp32)")
-    p.add_argument("--checkpointing", default="none", help="none, full, every-K or selective (default none)")
-    p.add_argument("--optimizer", default="adamw", help="adamw (fused), adamw-foreach or sgd (default adamw)")
+    m.add_argument("--hf-config", metavar="PATH_OR_MODEL_TYPE",
+                   help="a local config.json (or its folder) or a transformers model type (llama, mistral, bert, "
+                        "t5, vit, ...): the model built from it, no weights (needs labkit[hf])")
+    m.add_argument("--factory", metavar="MODULE:FUNCTION",
+                   help="your own code: FUNCTION() in MODULE (importable from here) returns the nn.Module")
+    m.add_argument("--task", choices=TASKS, help="what the batch and the loss are (default: from the config; "
+                                                 "causal-lm, or image-classification with --image-size)")
+    m.add_argument("--lora", action="store_true", help="peft LoRA (r=16 on the attention projections) on a bf16 "
+                                                       "base (--hf-config; needs peft)")
+    m.add_argument("--layers", type=int)
+    m.add_argument("--hidden", type=int)
+    m.add_argument("--heads", type=int)
+    m.add_argument("--vocab", type=int)
+    b = p.add_argument_group("batch")
+    b.add_argument("--micro-batch", type=int, help="samples per step")
+    b.add_argument("--seq", type=int, help="tokens per sample")
+    b.add_argument("--image-size", type=int, help="image side in pixels (vision models)")
+    b.add_argument("--batch", type=int, help=argparse.SUPPRESS)          # deprecated: --micro-batch
+    s = p.add_argument_group("step")
+    s.add_argument("--precision", default="fp32", help="fp32, amp-bf16, amp-fp16 or bf16 (default fp32)")
+    s.add_argument("--recompute", default=None, help="none, full, every-K or selective (default none)")
+    s.add_argument("--checkpointing", default=None, help=argparse.SUPPRESS)   # deprecated: --recompute
+    s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default="torch",
+                   help="Hugging Face models: labkit's torch.utils.checkpoint per layer (torch, the default) or "
+                        "the model's gradient_checkpointing_enable (hf: non-reentrant; hf-reentrant)")
+    s.add_argument("--optimizer", default="adamw", help="adamw (fused), adamw-foreach or sgd (default adamw)")
+    s.add_argument("--loop", choices=("plain", "keep-output"), default="plain",
+                   help="plain: loss = model(**batch).loss (the output freed before backward, the default); "
+                        "keep-output: the output object alive through backward")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
     p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
     p.set_defaults(func=run)
 
 
-def _sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
+def _deprecated(args: argparse.Namespace) -> None:
+    """Old flags keep working, each with one line on stderr."""
+    if args.checkpointing is not None:
+        print("labkit measure: --checkpointing is deprecated: use --recompute", file=sys.stderr)
+        if args.recompute is None:
+            args.recompute = args.checkpointing
+    if args.batch is not None:
+        print("labkit measure: --batch is deprecated: use --micro-batch", file=sys.stderr)
+        if args.micro_batch is None:
+            args.micro_batch = args.batch
+    if args.model == "hf-gpt2":
+        print("labkit measure: --model hf-gpt2 is deprecated: use --hf-config gpt2", file=sys.stderr)
+        if args.hf_config is None:
+            args.hf_config = "gpt2"
+    args.recompute = args.recompute or "none"
+
+
+def _quiet_transformers() -> None:
+    """transformers' advice lines (use_cache with checkpointing, loss_type) are not this report's."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is not None:
+        import logging
+
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
     from labkit.core.errors import LabkitError
+
+    for n in names:
+        v = getattr(args, n.replace("-", "_"))
+        if v is not None and v < 1:
+            raise LabkitError(f"--{n} must be >= 1, got {v}")
+
+
+def _gpt_sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
     from labkit.workloads import get_workload
 
     if args.workload:
@@ -47,53 +113,105 @@ def _sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
         base = {"layers": c.n_layer, "hidden": c.n_embd, "heads": c.n_head, "seq": c.seq_len, "vocab": c.vocab_size}
         batch = w.batch_size
     else:
-        base = {"layers": 4, "hidden": 256, "heads": 4, "seq": 256,
-                "vocab": 50257 if args.model == "hf-gpt2" else 8192}
+        base = {"layers": 4, "hidden": 256, "heads": 4, "seq": 256, "vocab": 8192}
         batch = 4
     for k in base:
         v = getattr(args, k)
         if v is not None:
-            if v < 1:
-                raise LabkitError(f"--{k} must be >= 1, got {v}")
             base[k] = v
-    if args.batch is not None:
-        if args.batch < 1:
-            raise LabkitError(f"--batch must be >= 1, got {args.batch}")
-        batch = args.batch
-    return base, batch
+    return base, args.micro_batch or batch
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.core.units import fmt_bytes
-    from labkit.memory.trace.step import measure_step
+    from labkit.core.errors import LabkitError
 
-    s, batch = _sizes(args)
-    if args.model == "gpt":
-        from labkit.workloads import GPT, GPTConfig
-        from labkit.workloads import gpt_batch, gpt_call, gpt_loss
-
-        cfg = GPTConfig(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"], seq_len=s["seq"],
-                        vocab_size=s["vocab"])
-        rep = measure_step(lambda: GPT(cfg), gpt_batch(cfg, batch), loss_fn=gpt_loss, call=gpt_call,
-                           optimizer=args.optimizer, precision=args.precision, checkpointing=args.checkpointing,
-                           device=args.device, steps=args.steps)
+    _deprecated(args)
+    _quiet_transformers()
+    _positive(args, "layers", "hidden", "heads", "vocab", "micro-batch", "seq", "image-size")
+    sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
+                           args.workload and "--workload") if x]
+    if len(sources) > 1:
+        raise LabkitError(f"give one model: {' and '.join(sources)} both given")
+    if args.lora and not args.hf_config:
+        raise LabkitError("--lora applies to a Hugging Face model: give --hf-config")
+    if args.hf_config:
+        rep, what = _run_hf(args)
+    elif args.factory:
+        rep, what = _run_factory(args)
     else:
-        from labkit.core.errors import LabkitError
-        from labkit.workloads import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
-
-        if s["hidden"] % s["heads"]:
-            raise LabkitError(f"--hidden {s['hidden']} is not divisible by --heads {s['heads']}")
-        spec = HFGPT2Spec(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"], n_positions=s["seq"],
-                          vocab_size=s["vocab"])
-        rep = measure_step(hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, batch, s["seq"]),
-                           optimizer=args.optimizer, precision=args.precision, checkpointing=args.checkpointing,
-                           device=args.device, steps=args.steps)
+        rep, what = _run_gpt(args)
     if args.json:
         print(dumps(rep))
         return 0
+    _print_report(args, rep, what)
+    return 0
+
+
+def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from labkit.workloads.corpus import recompute_kwarg
+
+    return {"optimizer": args.optimizer, "precision": args.precision, "device": args.device, "steps": args.steps,
+            "loop": args.loop, **recompute_kwarg(args.recompute)}
+
+
+def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
+    from labkit.core.errors import LabkitError
+    from labkit.memory.trace.step import measure_step
+    from labkit.workloads import GPT, GPTConfig, gpt_batch, gpt_call, gpt_loss
+
+    s, batch = _gpt_sizes(args)
+    if s["hidden"] % s["heads"]:
+        raise LabkitError(f"--hidden {s['hidden']} is not divisible by --heads {s['heads']}")
+    cfg = GPTConfig(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"], seq_len=s["seq"],
+                    vocab_size=s["vocab"])
+    rep = measure_step(lambda: GPT(cfg), gpt_batch(cfg, batch), loss_fn=gpt_loss, call=gpt_call, **_step_kwargs(args))
+    return rep, f"labkit GPT, {batch} x {s['seq']} tokens"
+
+
+def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
+    from labkit.workloads.corpus import Case, config_source, predict
+
+    arch, overrides, task = config_source(args.hf_config, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                                          vocab=args.vocab, image_size=args.image_size)
+    task = args.task or task
+    seq = args.image_size if task == "image-classification" else args.seq
+    case = Case(name=f"cli-{arch}", family="transformers", arch=arch, task=task, overrides=overrides,
+                micro_batch=args.micro_batch or 4, seq=seq or (overrides.get("image_size", 224)
+                                                               if task == "image-classification" else 512),
+                precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
+                optimizer="adamw", optimizer_impl="foreach" if args.optimizer == "adamw-foreach" else "fused",
+                loop=args.loop, lora=args.lora)
+    if args.optimizer == "sgd":
+        from labkit.core.errors import LabkitError
+
+        raise LabkitError("--optimizer sgd: Hugging Face models are measured with AdamW (fused or foreach)")
+    rep = predict(case, device=args.device, steps=args.steps)
+    return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
+        ", LoRA on a bf16 base" if args.lora else "")
+
+
+def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
+    from labkit.memory.trace.step import measure_step
+    from labkit.workloads.corpus import load_factory, make_shaped_batch, vision_call, vision_loss
+
+    factory = load_factory(args.factory)
+    task = args.task or ("image-classification" if args.image_size else "causal-lm")
+    batch = make_shaped_batch(task, micro_batch=args.micro_batch or 4,
+                              seq=(args.image_size or 224) if task == "image-classification" else (args.seq or 512),
+                              vocab=args.vocab, factory=factory)
+    kw: dict[str, Any] = {}
+    if task == "image-classification":
+        kw = {"loss_fn": vision_loss, "call": vision_call}
+    rep = measure_step(factory, batch, **kw, **_step_kwargs(args))
+    return rep, f"{args.factory}() ({task})"
+
+
+def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
+    from labkit.core.units import fmt_bytes
+
     where = {"fake-cuda": "predicted for an H200 (fake tensors, no GPU used)", "cuda": "measured on this GPU",
-             "cpu": "measured on this CPU"}[args.device]
-    print(f"peak {fmt_bytes(rep.peak_bytes)} ({rep.peak_bytes} bytes) in phase {rep.peak_phase}, {where}; "
+             "cpu": "measured on this CPU"}.get(args.device, args.device)
+    print(f"{what}: peak {fmt_bytes(rep.peak_bytes)} ({rep.peak_bytes} bytes) in phase {rep.peak_phase}, {where}; "
           f"{rep.num_params / 1e6:.1f}M parameters, step {rep.steps} of {rep.steps}")
     print(render(["phase", "peak allocated", "tensor storages: start", "peak", "end"],
                  [[p.phase, fmt_bytes(p.peak_bytes), fmt_bytes(p.start_bytes), fmt_bytes(p.storage_peak_bytes),
@@ -101,7 +219,6 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(render(["category (at the peak)", "bytes"], [[k, fmt_bytes(v)] for k, v in rep.by_category.items() if v]))
     if rep.reserved_bytes is not None:
-        what = "predicted by the allocator simulator" if args.device == "fake-cuda" else "torch.cuda.memory_stats"
+        how = "predicted by the allocator simulator" if args.device == "fake-cuda" else "torch.cuda.memory_stats"
         print(f"\ntensor storages at their peak {fmt_bytes(rep.storage_peak_bytes)}; allocator reserved "
-              f"{fmt_bytes(rep.reserved_bytes)} ({what})")
-    return 0
+              f"{fmt_bytes(rep.reserved_bytes)} ({how})")

@@ -1,0 +1,44 @@
+"""Fake mode against the recorded untraced H200 loops (plain__corpus.json): the cases cheap enough
+for CI (transformers models of at most 6 layers: seconds each in fake mode), held-out and reference,
+against issue 11's targets. A case listed in KNOWN_GAPS is expected off target (strict: once fake
+mode gets it right the test says so, and it leaves the list)."""
+
+import pytest
+
+from labkit.memory.trace.corpus_check import PEAK_TOLERANCE_PCT, RESERVED_TOLERANCE_PCT, load_plain, validate
+from labkit.workloads.corpus import layer_count
+
+RECORDS = load_plain()
+CHEAP = [r for r in RECORDS if r.case.family == "transformers" and layer_count(r.case) <= 6]
+
+# case -> why fake mode is off on it today (from the recordings: which kernels the H200 ran)
+KNOWN_GAPS = {
+    "mistral-b4-fp32": "fp32 GQA through HF's enable_gqa: the H200 ran SDPA's math path (s x s scores kept); "
+                       "fake mode predicts a fused kernel",
+    "mixtral-b4-amp-bf16": "refused: aten._grouped_mm under autocast sees float32 inputs in fake mode",
+    "qwen2-moe-b4-amp-bf16": "refused: aten._grouped_mm under autocast sees float32 inputs in fake mode",
+    "gemma2-b2-amp-bf16": "peak 3.5% and reserved 11% high (not yet explained)",
+    "mistral-b4-lora-bf16": "refused: peft's model.to(bfloat16) -> Module._apply cannot swap fake parameters",
+}
+
+
+def test_split_is_recorded_and_a_third_is_held_out():
+    assert len(RECORDS) >= 60
+    held = [r for r in RECORDS if r.split == "held-out"]
+    assert 0.25 < len(held) / len(RECORDS) < 0.42
+    assert {r.split for r in CHEAP} == {"reference", "held-out"}
+
+
+@pytest.mark.parametrize("rec", [
+    pytest.param(r, id=f"{r.split}:{r.name}",
+                 marks=[pytest.mark.xfail(reason=KNOWN_GAPS[r.name], strict=True)] if r.name in KNOWN_GAPS else [])
+    for r in CHEAP])
+def test_fake_mode_peak_matches_the_plain_loop(rec):
+    (v,) = validate([rec])
+    assert v.status == "predicted", v.reason
+    assert abs(v.peak_error_pct) <= PEAK_TOLERANCE_PCT, (
+        f"{rec.name}: fake {v.predicted_peak / 1e9:.2f} GB vs recorded {rec.peak_allocated / 1e9:.2f} GB "
+        f"({v.peak_error_pct:+.1f}%)")
+    assert v.reserved_error_pct is not None and abs(v.reserved_error_pct) <= RESERVED_TOLERANCE_PCT, (
+        f"{rec.name}: reserved fake {v.predicted_reserved / 1e9:.2f} GB vs recorded {rec.peak_reserved / 1e9:.2f} GB "
+        f"({v.reserved_error_pct:+.1f}%)")
