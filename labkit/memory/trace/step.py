@@ -231,8 +231,6 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     ``loop``: ``plain`` (default; ``loss = model(**batch).loss``: the output object, logits included,
     is freed before backward) or ``keep-output`` (the output stays alive through backward and the
     optimizer step), the two loops users write (:data:`labkit.workloads.harness.LOOPS`).
-    """
-    from labkit.workloads import StepPolicy, TrainStep, move_batch
 
     In fake mode, a step that fake tensors cannot run (an op without a fake kernel, a data-dependent
     value, a kernel-specific check) raises :class:`FakeModeUnsupported`: one line naming the op, the
