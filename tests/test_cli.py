@@ -106,7 +106,7 @@ def test_comm_bench_on_two_gloo_ranks(capsys):
 
 
 def test_comm_buckets_one_rank(capsys):
-    rc, out, err = call(capsys, "comm", "buckets", "--world", "1", "--sizes", "25", "--steps", "1",
+    rc, out, err = call(capsys, "comm", "buckets", "--world", "1", "--model", "tiny", "--sizes", "25", "--steps", "1",
                         "--gradient-as-bucket-view", "off", "--micro-batch", "1", "--json")
     assert rc == 0, err
     doc = json.loads(out)

@@ -147,7 +147,8 @@ COMM_BENCH = {"--backend": value(["gloo", "nccl"]), "--world": INTS, "--op": val
               "--factor": INTS, "--warmup": INTS, "--repeats": INTS, "--link-class": WORDS, "--json": None}
 COMM_BUCKETS = {"--backend": value(["gloo", "nccl"]), "--world": INTS,
                 "--sizes": st.one_of(st.sampled_from(["1,25,100", "inf", "0", "1,,2", "1e9", "nan", "-1", "25"]), WORDS),
-                "--workload": value(["tiny", "gpt2-124m", "nope"]), "--micro-batch": INTS, "--batch-size": INTS,
+                "--model": value(["tiny", "gpt2-124m", "nope"]), "--workload": value(["tiny", "nope"]),
+                "--micro-batch": INTS, "--batch-size": INTS,
                 "--steps": INTS, "--warmup": INTS, "--gradient-as-bucket-view": value(["off", "on", "both"]),
                 "--precision": value(["fp32", "amp-bf16", "amp-fp16", "bf16", "float99"]),
                 "--amp": value(["bfloat16", "float16", "float99", "amp-bf16"]), "--json": None}
