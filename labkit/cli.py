@@ -25,6 +25,8 @@ CHAPTER_CLIS = (
     "labkit.report.cli",
     "labkit.comm.cli",
     "labkit.allocator.cli",
+    "labkit.allocator.watch_cli",
+    "labkit.advise.cli",
 )
 
 

@@ -6,6 +6,8 @@ Public names (other chapters and notebooks use only these):
 * :class:`CachingAllocatorSim`: the allocator itself, request by request.
 * :func:`read_snapshot`, :func:`compile_trace`, :func:`replay`, :func:`compare`: snapshot files and replays.
 * :func:`diagnose`, :func:`parse_oom_message`: the OOM doctor.
+* :func:`watch`, :class:`Watch`: capture an OOM in a user's own training loop (:mod:`labkit.allocator.capture`
+  reads the folders).
 * :mod:`labkit.allocator.synthetic`: modelled request streams; :mod:`labkit.allocator.recorded`: the
   recorded H200 results.
 """
@@ -17,9 +19,11 @@ from labkit.allocator.replay import ReplayResult, compare, load_trace, replay, r
 from labkit.allocator.simulator import CachingAllocatorSim
 from labkit.allocator.snapshot import Snapshot, read_snapshot
 from labkit.allocator.trace import Trace, TraceBuilder, compile_trace
+from labkit.allocator.watcher import Watch, watch
 
 __all__ = [
     "AllocatorConfig", "CachingAllocatorSim", "Diagnosis", "Finding", "OOMMessage", "ReplayResult", "Snapshot",
     "Trace", "TraceBuilder", "compare", "compile_trace", "diagnose", "format_diagnosis", "load_trace",
     "parse_alloc_conf", "parse_oom_message", "read_snapshot", "replay", "replay_with_sim", "round_size",
+    "Watch", "watch",
 ]

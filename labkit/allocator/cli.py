@@ -1,8 +1,11 @@
 """``labkit alloc``: replay a memory snapshot under any allocator configuration, compare, diagnose OOMs.
 
-    labkit alloc replay TRACE [--conf "expandable_segments:True,..."] [--cap-bytes N] [--json]
-    labkit alloc compare TRACE --conf A --conf B ... [--cap-bytes N] [--json]
+    labkit alloc replay TRACE [--conf "expandable_segments:True,..."] [--cap-bytes N] [--gpu N] [--json]
+    labkit alloc compare TRACE --conf A --conf B ... [--cap-bytes N] [--gpu N] [--json]
     labkit alloc doctor (--oom-text FILE | --stats FILE | --snapshot FILE) [--json]
+
+Every verb that reads a snapshot takes ``--max-snapshot-bytes`` (default 512 MiB decompressed).
+``--device N`` is the old spelling of ``--gpu N`` (``--device`` names a target elsewhere in labkit).
 
 TRACE is a ``torch.cuda.memory._snapshot()`` pickle (optionally gzip'd) recorded with
 ``torch.cuda.memory._record_memory_history()`` on.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
@@ -20,9 +24,19 @@ REPLAY_KEYS = ("allocated_peak_bytes", "reserved_peak_bytes", "segments_peak", "
                "num_alloc_retries", "num_ooms")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def _add_snapshot_flags(p: argparse.ArgumentParser, gpu: bool = True) -> None:
     from labkit.core.cliargs import Deprecated, nonnegative_int
 
+    if gpu:
+        p.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N",
+                       help="which GPU's trace (device index; default: the first with one)")
+        p.add_argument("--device", dest="gpu", type=nonnegative_int, action=Deprecated, new="--gpu N")
+    p.add_argument("--max-snapshot-bytes", default=None, metavar="SIZE",
+                   help="refuse snapshots that decompress to more than this (default 512MiB; loading takes ~5x that "
+                        "in memory)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("alloc", help="replay memory snapshots under allocator configurations; the OOM doctor",
                        description="A faithful simulator of PyTorch's CUDA caching allocator: replay a snapshot's "
                                    "requests under any PYTORCH_ALLOC_CONF, compare configurations, diagnose OOMs.")
@@ -32,9 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--conf", default="", help='PYTORCH_ALLOC_CONF value, e.g. "expandable_segments:True" (default: none)')
     r.add_argument("--cap-bytes", type=str, default=None, help="memory cap like set_per_process_memory_fraction "
                    "(bytes or e.g. 40GiB)")
-    r.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N",
-                   help="which GPU's trace (device index; default: the first with one)")
-    r.add_argument("--device", dest="gpu", type=nonnegative_int, action=Deprecated, new="--gpu N")
+    _add_snapshot_flags(r)
     r.add_argument("--json", action="store_true", help="print one JSON document")
     r.set_defaults(func=run_replay)
     c = s.add_parser("compare", help="replay TRACE under several configurations (a table)")
@@ -42,8 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--conf", action="append", default=None,
                    help='a configuration (repeat); "" or default for the default. Default: a standard set')
     c.add_argument("--cap-bytes", type=str, default=None)
-    c.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N", help="which GPU's trace (device index)")
-    c.add_argument("--device", dest="gpu", type=nonnegative_int, action=Deprecated, new="--gpu N")
+    _add_snapshot_flags(c)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=run_compare)
     d = s.add_parser("doctor", help="diagnose an out-of-memory case")
@@ -51,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--stats", help="JSON: memory_stats() dict, a list of them, or {'ranks': [...]} ")
     d.add_argument("--snapshot", help="snapshot pickle (.pickle / .pickle.gz)")
     d.add_argument("--no-sim", action="store_true", help="do not check with the simulator")
+    _add_snapshot_flags(d, gpu=False)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=run_doctor)
     p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
@@ -67,17 +79,51 @@ def _cap(text: str | None) -> int | None:
     return v
 
 
-def _trace(path: str, device: int | None):
+def _max_bytes(args: argparse.Namespace) -> int | None:
+    text = getattr(args, "max_snapshot_bytes", None)
+    if text is None:
+        return None
+    from labkit.core.units import parse_bytes
+
+    v = parse_bytes(text, what="--max-snapshot-bytes")
+    if v <= 0:
+        raise LabkitError(f"--max-snapshot-bytes must be positive, got {text!r}")
+    return v
+
+
+def _trace(args: argparse.Namespace):
     from labkit.allocator.replay import load_trace
 
-    return load_trace(path, device)
+    return load_trace(args.trace, args.gpu, max_bytes=_max_bytes(args))
+
+
+#: An OOM message is a few hundred bytes; a log excerpt holding one may be longer, never megabytes.
+MAX_OOM_TEXT_BYTES = 1 << 20
+
+
+def read_oom_text(path: str | Path) -> str:
+    """The text of a file holding an OOM message: UTF-8 text of at most 1 MiB (else a LabkitError naming it)."""
+    from labkit.core.serialize import read_bytes
+
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > MAX_OOM_TEXT_BYTES:
+        raise LabkitError(f"{p}: {p.stat().st_size} bytes is too long for an OOM message file (at most 1 MiB: "
+                          "cut the log down to the error)")
+    raw = read_bytes(p, "OOM message file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LabkitError(f"{p}: not a text file (byte {exc.start} is not UTF-8): give the OOM message as text") from None
+    if "\x00" in text:
+        raise LabkitError(f"{p}: not a text file (it holds NUL bytes): give the OOM message as text")
+    return text
 
 
 def run_replay(args: argparse.Namespace) -> int:
     from labkit.allocator.replay import replay
     from labkit.core.units import fmt_bytes
 
-    tr = _trace(args.trace, args.gpu)
+    tr = _trace(args)
     r = replay(tr, args.conf, cap_bytes=_cap(args.cap_bytes))
     if args.json:
         doc = {k: getattr(r, k) for k in REPLAY_KEYS}
@@ -114,7 +160,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from labkit.core.units import fmt_bytes
 
     confs = ["" if c in ("default",) else c for c in (args.conf or DEFAULT_COMPARE)]
-    tr = _trace(args.trace, args.gpu)
+    tr = _trace(args)
     res = compare(tr, confs, cap_bytes=_cap(args.cap_bytes))
     if args.json:
         print(dumps([{"config": r.config, **{k: getattr(r, k) for k in REPLAY_KEYS}} for r in res]))
@@ -133,20 +179,16 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from labkit.allocator.doctor import diagnose, format_diagnosis, load_stats_file
+    from labkit.allocator.snapshot import read_snapshot
 
     if not (args.oom_text or args.stats or args.snapshot):
         raise LabkitError("alloc doctor: give --oom-text FILE, --stats FILE or --snapshot FILE")
-    text = None
-    if args.oom_text:
-        try:
-            text = Path(args.oom_text).read_text()
-        except FileNotFoundError:
-            raise LabkitError(f"{args.oom_text}: no such file") from None
+    text = read_oom_text(args.oom_text) if args.oom_text else None
     stats = load_stats_file(args.stats) if args.stats else None
-    d = diagnose(oom_text=text, stats=stats, snapshot=args.snapshot, check_with_simulator=not args.no_sim)
+    mb = _max_bytes(args)
+    snap = read_snapshot(args.snapshot, **({"max_bytes": mb} if mb else {})) if args.snapshot else None
+    d = diagnose(oom_text=text, stats=stats, snapshot=snap, check_with_simulator=not args.no_sim)
     if args.json:
         print(dumps(d))
     else:

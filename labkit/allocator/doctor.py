@@ -3,8 +3,10 @@ say which case this is, show the evidence, give the fix, and check it with the s
 
 Cases (``Finding.kind``):
 
-* ``too_large``: allocated + request exceed what the process may use; no allocator setting helps.
-* ``fragmentation``: memory is reserved but unallocated in split blocks of partly used segments
+* ``too_large``: allocated + request exceed what the process may use (or fit by less than two pages); no
+  allocator setting helps.
+* ``fragmentation`` (the fake OOM): allocated + request fit under the limit, but the room for a new segment
+  does not and the reserved-but-unallocated bytes could not serve the request: they are in split blocks of partly used segments
   (inside one process the allocator frees its whole cached segments and retries before raising,
   so what is left reserved at an OOM is fragmentation).
 * ``cache_held``: reserved far above allocated in whole cached segments; harmless inside one process
@@ -38,6 +40,7 @@ class Finding:
     fix: str
     simulator_check: str | None = None
     rank: int | None = None
+    verified: bool | None = None  # the simulator's replay of the snapshot agrees (True), disagrees (False), or none
 
 
 @dataclass
@@ -83,15 +86,84 @@ def _stat(stats: dict, key: str) -> int:
 
 
 def load_stats_file(path: str | Path) -> Any:
-    """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement."""
+    """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement: a file,
+    or the JSON text itself (an argument starting with { or [ that is not a file)."""
+    text = str(path).strip()
+    if text[:1] in "{[" and not Path(text).exists():
+        import json
+
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise LabkitError(f"--stats: neither a file nor valid JSON ({exc})") from None
+        check_stats(doc, "--stats")
+        return doc
     doc = read_json(path, "stats file")
     if isinstance(doc, dict) and "provenance" in doc and "data" in doc:
         doc = doc["data"]
+    check_stats(doc, str(path))
     return doc
 
 
-def _growth(series: list[int], what: str) -> Finding | None:
-    """Steadily rising floor of allocated memory across steps."""
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _need(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise LabkitError(f"{where}: {what}")
+
+
+def _check_ints(lst: Any, where: str) -> None:
+    _need(isinstance(lst, list), where, f"expected a list of byte counts, got a {type(lst).__name__}")
+    for i, v in enumerate(lst):
+        _need(_is_int(v) and v >= 0, f"{where}[{i}]", f"expected a byte count, got {str(v)[:40]!r}")
+
+
+def check_stats(doc: Any, where: str = "stats") -> None:
+    """Check the shape of what the doctor reads, naming the first entry it cannot read."""
+    if isinstance(doc, list):
+        for i, st in enumerate(doc):
+            _need(isinstance(st, dict), f"{where}[{i}]", f"a memory_stats() sample is a dict, got a {type(st).__name__}")
+        return
+    _need(isinstance(doc, dict), where, "expected a memory_stats() dict, a list of them, or {\"ranks\": [...]}, "
+          f"got a {type(doc).__name__}")
+    if "ranks" in doc:
+        ranks = doc["ranks"]
+        _need(isinstance(ranks, list), f"{where}: 'ranks'", f"expected a list of per-rank dicts, got "
+              f"{type(ranks).__name__} {str(ranks)[:40]!r}")
+        for i, rk in enumerate(ranks):
+            w = f"{where}: ranks[{i}]"
+            _need(isinstance(rk, dict), w, f"expected a dict, got a {type(rk).__name__}")
+            for k in ("rank", "pid", "used_bytes"):
+                if rk.get(k) is not None and not _is_int(rk[k]):
+                    raise LabkitError(f"{w}.{k}: expected an integer, got {str(rk[k])[:40]!r}")
+            _need(rk.get("stats") is None or isinstance(rk["stats"], dict), f"{w}.stats", "expected a memory_stats() dict")
+            _need(rk.get("oom_text") is None or isinstance(rk["oom_text"], str), f"{w}.oom_text", "expected text")
+        nvml = doc.get("nvml")
+        if nvml is not None:
+            _need(isinstance(nvml, list), f"{where}: 'nvml'", "expected a list of per-GPU dicts")
+            for i, g in enumerate(nvml):
+                w = f"{where}: nvml[{i}]"
+                _need(isinstance(g, dict) and _is_int(g.get("gpu")), w, "expected a dict with an integer 'gpu'")
+                _need(g.get("used_bytes") is None or _is_int(g["used_bytes"]), f"{w}.used_bytes", "expected an integer")
+                procs = g.get("processes", [])
+                _need(isinstance(procs, list), f"{w}.processes", "expected a list")
+                for j, pr in enumerate(procs):
+                    _need(isinstance(pr, dict) and _is_int(pr.get("pid")), f"{w}.processes[{j}]",
+                          "expected a dict with an integer 'pid'")
+                    _need(pr.get("used_bytes") is None or _is_int(pr["used_bytes"]),
+                          f"{w}.processes[{j}].used_bytes", "expected an integer")
+    if "stats" in doc and not isinstance(doc["stats"], dict):
+        raise LabkitError(f"{where}: 'stats' is a {type(doc['stats']).__name__}, expected a memory_stats() dict")
+    if doc.get("oom_message") is not None:
+        _need(isinstance(doc["oom_message"], str), f"{where}: 'oom_message'", "expected text")
+    if doc.get("allocated_after_step_bytes") is not None:
+        _check_ints(doc["allocated_after_step_bytes"], f"{where}: allocated_after_step_bytes")
+
+
+def _growth(series: list[int], what: str, limit: int | None = None) -> Finding | None:
+    """Steadily rising floor of allocated memory across steps (k windows; the floor is each window's minimum)."""
     if len(series) < 4:
         return None
     k = min(8, len(series))
@@ -101,69 +173,117 @@ def _growth(series: list[int], what: str) -> Finding | None:
     grew = mins[-1] - mins[0]
     peak = max(series) or 1
     if rises >= 0.75 * (k - 1) and grew > max(64 * MiB, 0.2 * peak):
-        per = grew / max(1, n - 1) * (n / k) / (n / k)
-        return Finding("growth", "Allocated memory grows step after step (a leak)",
-                       [f"{what}: the lowest allocated value rose in {rises} of {k - 1} windows, by {fmt_bytes(grew)} "
-                        f"in total (from {fmt_bytes(mins[0])} to {fmt_bytes(mins[-1])}; ~{fmt_bytes(int(per))} per "
-                        "sample)"], FIXES["growth"])
+        span = (k - 1) * n // k  # first sample of the first window to first sample of the last
+        per = grew / span
+        ev = [f"{what}: the lowest allocated value rose in {rises} of {k - 1} windows of {n} samples, "
+              f"from {fmt_bytes(mins[0])} to {fmt_bytes(mins[-1])}: +{fmt_bytes(grew)}, "
+              f"{fmt_bytes(grew)} / {span} samples apart = ~{fmt_bytes(int(per))} per sample"]
+        if limit and series[-1] < limit and per > 0:
+            ev.append(f"at that rate the limit {fmt_bytes(limit)} is reached after about "
+                      f"({fmt_bytes(limit)} - {fmt_bytes(series[-1])}) / {fmt_bytes(int(per))} = "
+                      f"{max(1, round((limit - series[-1]) / per))} more sample(s)")
+        return Finding("growth", "Allocated memory grows step after step (a leak)", ev, FIXES["growth"])
     return None
 
 
+# Expandable segments map memory in pages (20 MiB in the large pool); a stretch of free memory keeps at most a
+# page mapped at each end. A fix that leaves less headroom than a couple of pages is not a fix the message can promise.
+PAGE = 20 * MiB
+SLACK = 2 * PAGE
+
+
+def effective_limit(m: OOMMessage) -> int | None:
+    """What PyTorch's allocator of this process could reserve in all: the memory fraction (which counts only the
+    allocator's own reservations), or else the device's capacity less what other processes and this process's
+    non-PyTorch memory (CUDA context, libraries' workspaces) hold, i.e. reserved + free."""
+    if m.allowed_bytes is not None:
+        return m.allowed_bytes
+    if m.free_bytes is not None and m.allocated_bytes is not None:
+        return m.allocated_bytes + (m.reserved_unallocated_bytes or 0) + m.free_bytes
+    return m.total_bytes
+
+
 def _from_oom(m: OOMMessage) -> list[Finding]:
+    """The fake-OOM rule. At an OOM, P is allocated, U reserved but unallocated, R requested, L the limit of what
+    this process's allocator may reserve. Before raising, the allocator has already freed its whole cached segments
+    and retried (FACTS 3), so U is what sits in split blocks of segments that still hold live tensors (or in private
+    pools). Headroom H = L - (P + U) could not hold R. If P + R <= L, the bytes exist but U could not serve the request:
+    fragmentation, which expandable segments remove. If P + R > L: too large (or other processes' memory)."""
     out: list[Finding] = []
     R = m.request_bytes
-    L = m.limit_bytes
     P = m.allocated_bytes or 0
     U = m.reserved_unallocated_bytes or 0
+    L = effective_limit(m)
     others = sum(b for _, b in m.other_processes)
-    lim = f"{fmt_bytes(L)} {'allowed (memory fraction)' if m.allowed_bytes is not None else 'device capacity'}" if L else "?"
+    fraction = m.allowed_bytes is not None
+    lim = (f"{fmt_bytes(L)} allowed (memory fraction)" if fraction else
+           f"{fmt_bytes(L)} this process could reserve (reserved {fmt_bytes(P + U)} + free {fmt_bytes(m.free_bytes)})"
+           if m.free_bytes is not None else f"{fmt_bytes(L)} device capacity") if L else "?"
     nonpt = (m.this_process_bytes - P - U) if m.this_process_bytes is not None else None
     small_foreign = [(pid, b) for pid, b in m.other_processes if b < 1.5 * GiB]
     # under a memory fraction the limit, not the other processes, decided this OOM
-    if small_foreign and len(small_foreign) == len(m.other_processes) and m.allowed_bytes is None:
+    if small_foreign and len(small_foreign) == len(m.other_processes) and not fraction:
         out.append(Finding("imbalance", "Small foreign processes on this GPU: likely other ranks' stray CUDA contexts",
                            [f"GPU {m.device} also hosts {len(small_foreign)} process(es) of "
                             + ", ".join(fmt_bytes(b) for _, b in small_foreign)
                             + " each: the size of a CUDA context (~0.3-1 GiB), not of a training job",
                             "typically every rank touched cuda:0 before torch.cuda.set_device(local_rank)"],
                            FIXES["imbalance"]))
-    if m.other_processes and m.allowed_bytes is None and m.free_bytes is not None and m.free_bytes < R \
-            and len(small_foreign) < len(m.other_processes):
+    if L is None:
+        return out
+    H = max(0, L - P - U)
+    fits_without_cache = P + R <= L
+    if m.other_processes and not fraction and not fits_without_cache and len(small_foreign) < len(m.other_processes):
         pids = ", ".join(f"{pid} ({fmt_bytes(b)})" for pid, b in m.other_processes)
         out.append(Finding("other_process", "Other processes hold the memory this request needs",
                            [f"request {fmt_bytes(R)} but only {fmt_bytes(m.free_bytes)} free on GPU {m.device}",
                             f"other processes use {fmt_bytes(others)}: {pids}",
-                            f"this process: {fmt_bytes(P)} allocated + {fmt_bytes(U)} cached by PyTorch"],
+                            f"this process: {fmt_bytes(P)} allocated + {fmt_bytes(U)} cached by PyTorch; "
+                            f"allocated + request = {fmt_bytes(P + R)} > {lim}"
+                            + (f", but <= {fmt_bytes(L + others)} without the other processes" if P + R <= L + others
+                               else "")],
                            FIXES["other_process"]))
-    if L is not None and P + R > L - max(0, others if m.allowed_bytes is None else 0):
-        ev = [f"allocated by PyTorch {fmt_bytes(P)} + request {fmt_bytes(R)} = {fmt_bytes(P + R)} > {lim}"]
+        return out
+    arith = f"allocated {fmt_bytes(P)} + request {fmt_bytes(R)} = {fmt_bytes(P + R)}"
+    if not fits_without_cache:
+        ev = [f"{arith} > {lim}: short by {fmt_bytes(P + R - L)} even with no cache and no fragmentation"]
         if nonpt is not None and nonpt > 0:
             ev.append(f"besides, {fmt_bytes(nonpt)} of this process is outside PyTorch's allocator (CUDA context, "
                       "cuBLAS/NCCL workspaces)")
         if U:
             ev.append(f"only {fmt_bytes(U)} is reserved but unallocated: freeing all of it would not make room")
-        if not any(f.kind == "other_process" for f in out):
-            out.append(Finding("too_large", "The request does not fit even with no cache and no fragmentation", ev,
-                               FIXES["too_large"]))
-    elif U >= R or (L and U > 0.1 * L):
-        out.append(Finding("fragmentation", "Reserved but unallocated memory is stranded in split blocks",
-                           [f"{fmt_bytes(U)} reserved by PyTorch but unallocated, request {fmt_bytes(R)}",
-                            f"allocated {fmt_bytes(P)} + request {fmt_bytes(R)} = {fmt_bytes(P + R)} <= {lim}: "
-                            "the bytes exist, but not in one free block",
-                            "before raising, the allocator already released every whole cached segment and retried; "
-                            "what stays reserved sits in segments that still hold live tensors"],
-                           FIXES["fragmentation"]))
-        if L and P + R > 0.9 * L:
-            out.append(Finding("too_large", "Even without fragmentation the device would be nearly full",
-                               [f"allocated {fmt_bytes(P)} + request {fmt_bytes(R)} = {fmt_bytes(P + R)}, "
-                                f"{100 * (P + R) / L:.0f}% of {lim}"], FIXES["too_large"]))
-    elif not out:
-        used = P + U + R
-        ev = [f"allocated {fmt_bytes(P)} + reserved-unallocated {fmt_bytes(U)} + request {fmt_bytes(R)} = "
-              f"{fmt_bytes(used)}" + (f", {100 * used / L:.0f}% of {lim}" if L else "")]
-        if m.allowed_bytes is None and m.free_bytes is not None:
-            ev.append(f"the device reports {fmt_bytes(m.free_bytes)} free")
-        out.append(Finding("too_large", "The memory limit is nearly reached by live tensors", ev, FIXES["too_large"]))
+        out.append(Finding("too_large", "The request does not fit even with no cache and no fragmentation", ev,
+                           FIXES["too_large"]))
+        return out
+    margin = L - (P + R)
+    if R <= H:
+        # the headroom alone should have held the request: rounding (2 MiB segments, 20 MiB for small requests)
+        # or memory outside the allocator that grew between the failure and the message
+        out.append(Finding("too_large", "The memory limit is nearly reached by live tensors",
+                           [f"{arith}, {100 * (P + R) / L:.0f}% of {lim}",
+                            f"headroom {fmt_bytes(L)} - reserved {fmt_bytes(P + U)} = {fmt_bytes(H)} >= request: the "
+                            "request failed on rounding (a new segment is rounded up to 2 MiB, or 20 MiB for requests "
+                            "below 10 MiB) or on memory outside PyTorch's allocator"], FIXES["too_large"]))
+        return out
+    ev = [f"{arith} <= {lim}: the bytes exist (margin {fmt_bytes(margin)})",
+          f"reserved {fmt_bytes(P)} + {fmt_bytes(U)} = {fmt_bytes(P + U)}; room for a new segment {fmt_bytes(L)} - "
+          f"{fmt_bytes(P + U)} = {fmt_bytes(H)} < request {fmt_bytes(R)}",
+          f"the {fmt_bytes(U)} reserved but unallocated could not serve it: before raising, the allocator already "
+          "released every whole cached segment and retried, so what stays reserved is free blocks split inside "
+          "segments that still hold live tensors" + (f" (or in private pools: {fmt_bytes(m.private_pool_bytes)})"
+                                                    if m.private_pool_bytes else ""),
+          f"room + stranded = {fmt_bytes(H)} + {fmt_bytes(U)} = {fmt_bytes(H + U)} >= request {fmt_bytes(R)}: "
+          "usable as one block, the stranded memory would have been enough"]
+    if margin < SLACK:
+        ev.append(f"but the margin {fmt_bytes(margin)} is under two 20 MiB pages ({fmt_bytes(SLACK)}): even expandable "
+                  "segments may not fit it; only a replay of a snapshot can tell")
+        out.append(Finding("too_large", "At the limit: live tensors fill the memory, fragmentation only decides "
+                           "which request fails", ev, FIXES["too_large"]))
+        return out
+    if (P + R) > 0.9 * L:
+        ev.append(f"after the fix the peak is {100 * (P + R) / L:.0f}% of the limit: little room for anything more")
+    out.append(Finding("fragmentation", "Reserved but unallocated memory is stranded in split blocks (a fake OOM)",
+                       ev, FIXES["fragmentation"]))
     return out
 
 
@@ -197,11 +317,12 @@ def _from_stats(st: dict, rank: int | None = None) -> list[Finding]:
     return out
 
 
-def _from_snapshot(snap: Snapshot, limit: int | None, check: bool) -> tuple[list[Finding], list[str]]:
+def _from_snapshot(snap: Snapshot, limit: int | None, check: bool) -> tuple[list[Finding], list[str], dict | None]:
     from labkit.allocator.trace import compile_trace
 
     out: list[Finding] = []
     notes: list[str] = []
+    sim: dict | None = None
     reserved = sum(s["total_size"] for s in snap.segments)
     allocated = sum(int(s.get("allocated_size", 0)) for s in snap.segments)
     stranded = 0
@@ -240,24 +361,67 @@ def _from_snapshot(snap: Snapshot, limit: int | None, check: bool) -> tuple[list
             notes.append(f"the trace is incomplete ({ctr.incomplete_reason}): it cannot be replayed; growth and "
                          "the current state are still read from it")
         elif check:
-            from labkit.allocator.replay import replay
+            sim = _replays(ctr, limit)
+            notes.append(sim["text"])
+    return out, notes, sim
 
-            cap = limit
-            rows = []
-            for conf in ("", "expandable_segments:True", "max_split_size_mb:128"):
-                try:
-                    r = replay(ctr, conf, cap_bytes=cap)
-                except LabkitError as exc:
-                    rows.append(f"{conf or 'default'}: {exc}")
-                    continue
-                rows.append(f"{conf or 'default'}: reserved peak {fmt_bytes(r.reserved_peak_bytes)}, "
-                            f"{r.num_ooms} OOM(s), {r.recorded_oom_requests_that_fit} of the recorded OOM requests fit")
-            check_text = ("simulator, replaying this trace" + (f" under a cap of {fmt_bytes(cap)}" if cap else "")
-                          + ": " + "; ".join(rows))
-            for f in out:
-                f.simulator_check = check_text
-            notes.append(check_text)
-    return out, notes
+
+FIX_CONF = "expandable_segments:True"
+
+
+def _replays(ctr, cap: int | None) -> dict:
+    """Replay the captured request stream under the configuration it was recorded with and under the fixes."""
+    from labkit.allocator.replay import replay
+
+    base = ctr.recorded_conf or ""
+    confs = [base] + [c for c in ("expandable_segments:True", "max_split_size_mb:128") if c != base]
+    rows, results = [], {}
+    for conf in confs:
+        try:
+            r = replay(ctr, conf, cap_bytes=cap)
+        except LabkitError as exc:
+            rows.append(f"{conf or 'default'}: {exc}")
+            continue
+        results[conf] = r
+        rows.append(f"{conf or 'default'}: reserved peak {fmt_bytes(r.reserved_peak_bytes)}, "
+                    f"{r.num_ooms} OOM(s), {r.recorded_oom_requests_that_fit} of the recorded OOM requests fit")
+    text = ("simulator, replaying this trace" + (f" under a cap of {fmt_bytes(cap)}" if cap else "")
+            + ": " + "; ".join(rows))
+    return {"text": text, "results": results, "base": base, "cap": cap}
+
+
+def _fits(r) -> bool:
+    return r.num_ooms == 0
+
+
+def _apply_check(findings: list[Finding], sim: dict) -> None:
+    """Each finding's verdict against the simulator: does the same request stream fit under the fix?"""
+    res, base = sim["results"], sim["base"]
+    b = res.get(base)
+    for f in findings:
+        f.simulator_check = f.simulator_check or sim["text"]
+        if b is None:
+            continue
+        if f.kind == "fragmentation":
+            if "expandable_segments:True" in base.replace(" ", ""):
+                f.fix = ("expandable_segments is already on (recorded configuration " + base + "): what is left is "
+                         "stranded inside partly used pages; reduce the peak, or free large temporaries earlier")
+                continue
+            fx = res.get(FIX_CONF)
+            if fx is None:
+                continue
+            f.verified = (not _fits(b)) and _fits(fx)
+            f.simulator_check += (f". Under {FIX_CONF} the same requests fit: the fix is confirmed by the simulator"
+                                  if f.verified else
+                                  f". Not confirmed: under {FIX_CONF} the simulator still counts {fx.num_ooms} OOM(s)"
+                                  if not _fits(fx) else ". Not confirmed: the default replay did not run out either")
+        elif f.kind in ("too_large", "growth"):
+            others = [r for c, r in res.items()]
+            f.verified = not any(_fits(r) for r in others)
+            f.simulator_check += (". No configuration makes it fit: allocator settings cannot help (confirmed by the "
+                                  "simulator)" if f.verified else
+                                  ". But " + ", ".join(c or "default" for c, r in res.items() if _fits(r))
+                                  + " fits in the simulator: not confirmed")
 
 
 def _from_ranks(ranks: list[dict]) -> list[Finding]:
@@ -309,6 +473,12 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
         raise LabkitError("doctor: give an OOM message, memory_stats(), a snapshot, or per-rank data")
     d = Diagnosis(inputs=[])
     limit = cap_bytes
+    if stats is not None:
+        check_stats(stats)
+    if ranks is not None:
+        check_stats({"ranks": ranks, **({"nvml": nvml} if nvml is not None else {})}, "ranks")
+    if step_allocated is not None:
+        _check_ints(list(step_allocated) if isinstance(step_allocated, tuple) else step_allocated, "step_allocated")
     if isinstance(stats, dict) and "ranks" in stats and ranks is None:
         ranks = stats["ranks"]
         nvml = nvml or stats.get("nvml")
@@ -323,12 +493,12 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
     if oom_text is not None:
         d.inputs.append("OOM message")
         d.oom = parse_oom_message(oom_text)
-        limit = limit or d.oom.limit_bytes
+        limit = limit or effective_limit(d.oom)
         d.findings += _from_oom(d.oom)
     if isinstance(stats, list):
         d.inputs.append(f"memory_stats() series ({len(stats)} samples)")
         series = [_stat(s, "allocated_bytes.all.current") for s in stats if isinstance(s, dict)]
-        g = _growth(series, "allocated_bytes.all.current across the samples")
+        g = _growth(series, "allocated_bytes.all.current across the samples", limit)
         if g:
             d.findings.append(g)
         if stats and isinstance(stats[-1], dict):
@@ -340,28 +510,22 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
                 d.findings.append(f)
     if step_allocated:
         d.inputs.append(f"allocated after each step ({len(step_allocated)} steps)")
-        g = _growth(list(step_allocated), "torch.cuda.memory_allocated() after each step")
+        g = _growth(list(step_allocated), "torch.cuda.memory_allocated() after each step", limit)
         if g and "growth" not in d.kinds:
             d.findings.insert(0, g)
     if snapshot is not None:
         snap = snapshot if isinstance(snapshot, Snapshot) else read_snapshot(snapshot)
         d.inputs.append(f"snapshot {snap.source}")
-        fs, notes = _from_snapshot(snap, limit, check_with_simulator)
+        fs, notes, sim = _from_snapshot(snap, limit, check_with_simulator)
         for f in fs:
             existing = [x for x in d.findings if x.kind == f.kind]
             if existing:
                 existing[0].evidence += f.evidence
-                existing[0].simulator_check = existing[0].simulator_check or f.simulator_check
             else:
                 d.findings.append(f)
-        if check_with_simulator:
-            for f in d.findings:
-                if f.simulator_check is None and fs and fs[0].simulator_check:
-                    f.simulator_check = fs[0].simulator_check
+        if sim is not None:
+            _apply_check(d.findings, sim)
         d.notes += notes
-        if not fs and any(n.startswith("simulator") for n in notes):
-            for f in d.findings:
-                f.simulator_check = f.simulator_check or next(n for n in notes if n.startswith("simulator"))
     if ranks:
         d.inputs.append(f"{len(ranks)} ranks")
         for i, rk in enumerate(ranks):

@@ -83,7 +83,7 @@ def parse_oom_message(text: str, *, source: str = "OOM message") -> OOMMessage:
         if m.group(3):
             msg.private_pool_bytes = _b(m.group(3), m.group(4))
         msg.reserved_unallocated_bytes = _b(m.group(5), m.group(6))
-        return msg
+        return _consistent(msg, source)
     m = re.search(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE +
                   r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" reserved in total by PyTorch\)", t)
     if m:
@@ -96,8 +96,39 @@ def parse_oom_message(text: str, *, source: str = "OOM message") -> OOMMessage:
         if g[7]:
             msg.allowed_bytes = _b(g[7], g[8])
         msg.reserved_unallocated_bytes = _b(g[9], g[10]) - msg.allocated_bytes
-        return msg
+        return _consistent(msg, source)
     if msg.total_bytes is None:
         raise LabkitError(f"{source}: an OOM message, but without the capacity/allocated figures this lab reads "
                           "(was it cut short?)")
+    return _consistent(msg, source)
+
+
+def _tol(x: int) -> int:
+    """Printed sizes carry two decimals: half a unit of the last digit, at most ~0.5%."""
+    return int(0.006 * x) + 1024 * 1024
+
+
+def _consistent(msg: OOMMessage, source: str) -> OOMMessage:
+    """Refuse a message whose figures contradict one another (edited by hand, or two messages mixed)."""
+    from labkit.core.units import fmt_bytes
+
+    T, F = msg.total_bytes, msg.free_bytes
+    problems = []
+    if T is not None and F is not None and F > T + _tol(T):
+        problems.append(f"{fmt_bytes(F)} free is more than the total capacity {fmt_bytes(T)}")
+    if T is not None and msg.allowed_bytes is not None and msg.allowed_bytes > T + _tol(T):
+        problems.append(f"{fmt_bytes(msg.allowed_bytes)} allowed is more than the total capacity {fmt_bytes(T)}")
+    if msg.reserved_unallocated_bytes is not None and msg.reserved_unallocated_bytes < 0:
+        problems.append("reserved in total is less than already allocated")
+    res = msg.reserved_bytes
+    if res is not None and msg.this_process_bytes is not None and res > msg.this_process_bytes + _tol(res):
+        problems.append(f"PyTorch's reserved {fmt_bytes(res)} is more than all of this process's memory "
+                        f"{fmt_bytes(msg.this_process_bytes)}")
+    if T is not None and F is not None:
+        used = (msg.this_process_bytes or res or 0) + sum(b for _, b in msg.other_processes)
+        if used + F > T + _tol(T) + _tol(used):
+            problems.append(f"in use {fmt_bytes(used)} + free {fmt_bytes(F)} is more than the capacity {fmt_bytes(T)}")
+    if problems:
+        raise LabkitError(f"{source}: the message contradicts itself ({'; '.join(problems)}): was it edited or "
+                          "pieced together from two errors?")
     return msg

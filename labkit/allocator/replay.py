@@ -46,10 +46,13 @@ class ReplayResult:
         return self.reserved_peak_bytes - self.allocated_peak_bytes
 
 
-def load_trace(src: str | Path | bytes | dict | Snapshot | Trace, device: int | None = None) -> Trace:
+def load_trace(src: str | Path | bytes | dict | Snapshot | Trace, device: int | None = None, *,
+               max_bytes: int | None = None) -> Trace:
+    """A compiled trace from a snapshot file/bytes/dict; ``max_bytes`` caps a file's decompressed size."""
     if isinstance(src, Trace):
         return src
-    snap = src if isinstance(src, Snapshot) else read_snapshot(src)
+    kw = {"max_bytes": max_bytes} if max_bytes is not None else {}
+    snap = src if isinstance(src, Snapshot) else read_snapshot(src, **kw)
     return compile_trace(snap, device)
 
 

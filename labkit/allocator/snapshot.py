@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import reprlib
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,14 +60,38 @@ class Snapshot:
         return ",".join(parts)
 
 
-def _load_bytes(raw: bytes, name: str) -> Any:
+#: Largest decompressed snapshot read by default. Loading a pickle of small dicts takes about 5x its size in memory,
+#: so 512 MiB of pickle is about 2.5 GB of Python objects; ``--max-snapshot-bytes`` raises it.
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+
+def _too_big(name: str, limit: int) -> LabkitError:
+    from labkit.core.units import fmt_bytes
+
+    return LabkitError(f"{name}: decompresses to more than {fmt_bytes(limit)} (the snapshot size limit; loading takes "
+                       "about 5x that in memory); if the file is genuine, raise the limit with --max-snapshot-bytes "
+                       "(max_bytes=)")
+
+
+def _gunzip(raw: bytes, name: str, limit: int) -> bytes:
+    """Decompress at most ``limit`` bytes: a gzip bomb is refused after reading limit + 1 bytes, not all of it."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+            out = f.read(limit + 1)
+    except EOFError:
+        raise LabkitError(f"{name}: the gzip stream is truncated (the file was cut short)") from None
+    except (OSError, gzip.BadGzipFile, zlib.error) as exc:
+        raise LabkitError(f"{name}: not a readable gzip file ({exc})") from None
+    if len(out) > limit:
+        raise _too_big(name, limit)
+    return out
+
+
+def _load_bytes(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise LabkitError(f"{name}: the gzip stream is truncated (the file was cut short)") from None
-        except (OSError, gzip.BadGzipFile) as exc:
-            raise LabkitError(f"{name}: not a readable gzip file ({exc})") from None
+        raw = _gunzip(raw, name, max_bytes)
+    elif len(raw) > max_bytes:
+        raise _too_big(name, max_bytes)
     if not raw:
         raise LabkitError(f"{name}: the file is empty")
     if raw[:1] != b"\x80":
@@ -76,7 +102,65 @@ def _load_bytes(raw: bytes, name: str) -> Any:
     except EOFError:
         raise LabkitError(f"{name}: the pickle is truncated (the file was cut short)") from None
     except (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
-        raise LabkitError(f"{name}: not a readable memory snapshot ({exc})") from None
+        raise LabkitError(f"{name}: not a readable memory snapshot ({_short(str(exc))})") from None
+    except RecursionError:
+        raise LabkitError(f"{name}: not a readable memory snapshot (nested too deeply)") from None
+    except MemoryError:
+        raise LabkitError(f"{name}: not a readable memory snapshot (it does not fit in memory)") from None
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxstring = 40
+_REPR.maxother = 40
+
+
+def _short(x: Any) -> str:
+    """A bounded description of any loaded value (never recurses deeply: nesting 100,000 deep is fine)."""
+    try:
+        return _REPR.repr(x)
+    except (RecursionError, Exception):  # noqa: BLE001 - a description must not fail
+        return f"a {type(x).__name__}"
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _segment_problem(s: Any) -> str | None:
+    if not isinstance(s, dict):
+        return f"is a {type(s).__name__}, not a dict"
+    for k in ("address", "total_size"):
+        if not _is_int(s.get(k)) or s[k] < 0:
+            return f"needs a non-negative integer {k!r}, has {_short(s.get(k))}"
+    for k in ("device", "stream", "allocated_size", "active_size", "requested_size"):
+        if k in s and not _is_int(s[k]):
+            return f"{k!r} is {_short(s[k])}, not an integer"
+    pool = s.get("segment_pool_id")
+    if pool is not None and not (isinstance(pool, (tuple, list)) and all(_is_int(v) for v in pool)):
+        return f"'segment_pool_id' is {_short(pool)}, not a pair of integers"
+    blocks = s.get("blocks", [])
+    if not isinstance(blocks, list):
+        return f"'blocks' is a {type(blocks).__name__}, not a list"
+    for j, b in enumerate(blocks):
+        if not isinstance(b, dict) or not _is_int(b.get("size", 0)) or not isinstance(b.get("state", ""), str):
+            return f"block {j} is not a block (needs an integer 'size' and a string 'state'): {_short(b)}"
+    return None
+
+
+def _entry_problem(e: Any) -> str | None:
+    if not isinstance(e, dict):
+        return f"is a {type(e).__name__}, not a trace entry"
+    a = e.get("action")
+    if not isinstance(a, str) or a not in TRACE_ACTIONS:
+        return f"has action {_short(a)} (expected one of {', '.join(sorted(TRACE_ACTIONS))})"
+    if not _is_int(e.get("size", 0)) or e.get("size", 0) < 0:
+        return f"({a}) has size {_short(e.get('size'))}, not a non-negative integer"
+    if a != "oom" and not _is_int(e.get("addr", 0)):
+        return f"({a}) has address {_short(e.get('addr'))}, not an integer"
+    if "stream" in e and not _is_int(e["stream"]):
+        return f"({a}) has stream {_short(e['stream'])}, not an integer"
+    return None
 
 
 def _check(obj: Any, name: str) -> Snapshot:
@@ -85,35 +169,40 @@ def _check(obj: Any, name: str) -> Snapshot:
                           f"this file holds a {type(obj).__name__}")
     if "segments" not in obj:
         raise LabkitError(f"{name}: no 'segments' key: not a torch.cuda.memory._snapshot() dict "
-                          f"(keys: {sorted(map(str, obj))[:8]})")
+                          f"(keys: {_short(list(obj)[:8])})")
     segs = obj["segments"]
     traces = obj.get("device_traces", [])
     if not isinstance(segs, list) or not isinstance(traces, list):
         raise LabkitError(f"{name}: 'segments' and 'device_traces' must be lists")
     for i, s in enumerate(segs):
-        if not isinstance(s, dict) or not isinstance(s.get("address"), int) or not isinstance(s.get("total_size"), int) \
-                or not isinstance(s.get("blocks", []), list):
-            raise LabkitError(f"{name}: segment {i} is malformed (needs integer 'address', 'total_size' and a "
-                              "'blocks' list)")
+        why = _segment_problem(s)
+        if why:
+            raise LabkitError(f"{name}: segments[{i}] is malformed: {why}")
     for d, tr in enumerate(traces):
         if not isinstance(tr, list):
-            raise LabkitError(f"{name}: device_traces[{d}] is not a list")
+            raise LabkitError(f"{name}: device_traces[{d}] is a {type(tr).__name__}, not a list")
         for j, e in enumerate(tr):
-            if not isinstance(e, dict) or e.get("action") not in TRACE_ACTIONS:
-                raise LabkitError(f"{name}: device_traces[{d}][{j}] is not a trace entry "
-                                  f"(action {e.get('action') if isinstance(e, dict) else e!r})")
-            if not isinstance(e.get("size", 0), int) or (e["action"] != "oom" and not isinstance(e.get("addr", 0), int)):
-                raise LabkitError(f"{name}: device_traces[{d}][{j}] ({e['action']}) has a non-integer size or address")
+            why = _entry_problem(e)
+            if why:
+                raise LabkitError(f"{name}: device_traces[{d}][{j}] {why}")
     settings = obj.get("allocator_settings") or {}
     return Snapshot(name, segs, traces, settings if isinstance(settings, dict) else {})
 
 
-def read_snapshot(src: str | Path | bytes | dict) -> Snapshot:
-    """Read a snapshot from a path (``.pickle`` / ``.pickle.gz``), raw bytes, or an already loaded dict."""
+def read_snapshot(src: str | Path | bytes | dict, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
+    """Read a snapshot from a path (``.pickle`` / ``.pickle.gz``), raw bytes, or an already loaded dict.
+
+    ``max_bytes`` caps the decompressed size (a larger file is refused before it is unpacked in full)."""
     if isinstance(src, dict):
         return _check(src, "snapshot")
     if isinstance(src, (bytes, bytearray)):
-        return _check(_load_bytes(bytes(src), "snapshot"), "snapshot")
+        return _check(_load_bytes(bytes(src), "snapshot", max_bytes), "snapshot")
     path = Path(src)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    if size > max_bytes:  # compressed data is never larger than what it unpacks to (for real snapshots)
+        raise _too_big(str(path), max_bytes)
     raw = read_bytes(path, "snapshot file")
-    return _check(_load_bytes(raw, str(path)), str(path))
+    return _check(_load_bytes(raw, str(path), max_bytes), str(path))

@@ -94,6 +94,8 @@ def compile_trace(snap: Snapshot, device: int | None = None) -> Trace:
                           "torch.cuda.memory._record_memory_history() before the work, then _snapshot())")
     if device is None:
         device = devs[0]
+    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+        raise LabkitError(f"{snap.source}: device index must be a non-negative integer, got {device!r}")
     if device >= len(snap.device_traces) or not snap.device_traces[device]:
         raise LabkitError(f"{snap.source}: no trace for device {device} (devices with traces: {devs})")
     tr = snap.device_traces[device]

@@ -1,26 +1,56 @@
-"""``labkit report``: execute every notebook (or --only some) into a report folder."""
+"""``labkit report``: execute every notebook (or --only some) into a report folder;
+``labkit report history DIR``: rebuild a report folder's history from its run folders."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="execute the notebooks headless into an HTML report",
                        description="Execute notebooks with papermill into DIR/<UTC timestamp>-<host>/ with HTML, "
-                                   "summary.json and index.html. Exits 1 if a notebook failed, 2 on bad input.")
+                                   "summary.json and index.html, and append the key results to DIR/history.jsonl. "
+                                   "`labkit report history DIR` rebuilds that history from the run folders. "
+                                   "Exits 1 if a notebook failed, 3 with --fail-on-regression when a result "
+                                   "regressed, 2 on bad input.")
+    p.add_argument("action", nargs="?", choices=("run", "history"), default="run",
+                   help="run (default): execute the notebooks; history: rebuild DIR/history.jsonl")
+    p.add_argument("dir", nargs="?", metavar="DIR", help="with history: the report folder (default: --out)")
     p.add_argument("--profile", choices=("smoke", "full"), default="smoke",
                    help="smoke: small and fast (CI); full: the real sizes (default: smoke)")
     p.add_argument("--out", default="reports", metavar="DIR", help="parent folder of the run folders (default: reports)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="notebook names (file names without .ipynb)")
     p.add_argument("-p", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="set a notebook parameter (repeatable); unknown names are refused")
+    p.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 3 (after writing everything) when a result moved beyond its tolerance the bad way "
+                        "against the last comparable run")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only the final summary")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from labkit.core.errors import LabkitError
+
+    if args.action == "history":
+        from labkit.report.history import HISTORY_FILE, rebuild
+
+        folder = Path(args.dir or args.out)
+        n = rebuild(folder)
+        print(f"labkit report history: {n} finished run(s) written to {folder / HISTORY_FILE}")
+        return 0
+    if args.dir is not None:
+        raise LabkitError(f"report: unexpected argument {args.dir!r} (a folder goes with `report history DIR` or --out)")
     from labkit.report.runner import run_report
 
-    result = run_report(profile=args.profile, out_dir=Path(args.out), only=args.only, params=args.params)
-    return 1 if result.failed else 0
+    def say(msg: str) -> None:
+        if not args.quiet or msg.startswith("labkit report:"):
+            print(msg, flush=True)
+
+    result = run_report(profile=args.profile, out_dir=args.out, only=args.only, params=args.params,
+                        say=say, progress=not args.quiet and sys.stderr.isatty())
+    if result.failed:
+        return 1
+    return 3 if args.fail_on_regression and result.regressions else 0

@@ -16,6 +16,7 @@ from labkit.core.errors import LabkitError
 
 RESULTS_ENV = "LABKIT_RESULTS_FILE"
 SOURCES = ("measured here", "model", "recorded", "sample")
+DIRECTIONS = ("higher", "lower")  # which way is better; None: informational (any change is just "changed")
 
 
 @dataclass
@@ -24,16 +25,19 @@ class Result:
     value: float | int | str
     unit: str
     source: str
-    tolerance: float | None = None  # relative change vs the previous run that is flagged
+    tolerance: float | None = None  # relative change vs the last comparable run that is flagged
+    direction: str | None = None    # "higher" or "lower" is better; None: informational
 
 
 _session: dict[str, Result] = {}
 
 
 def record(name: str, value: float | int | str, unit: str = "", *, source: str,
-           tolerance: float | None = None) -> None:
+           tolerance: float | None = None, direction: str | None = None) -> None:
     """Record a key result. ``source`` says where the number comes from: 'measured here',
-    'model', 'recorded on <GPU>, <date>' or 'sample: <name>'."""
+    'model', 'recorded on <GPU>, <date>' or 'sample: <name>'. ``direction`` says which way is
+    better ("higher" or "lower"), so the report can call a change a regression or an improvement;
+    leave it None for a result that is information only."""
     if not name or not isinstance(name, str):
         raise LabkitError(f"record: result name must be a non-empty string, got {name!r}")
     if not any(source.startswith(s) for s in SOURCES):
@@ -42,9 +46,14 @@ def record(name: str, value: float | int | str, unit: str = "", *, source: str,
         raise LabkitError(f"record {name!r}: value must be a number or a string, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise LabkitError(f"record {name!r}: value is {value}, not a finite number")
+    if direction is not None and direction not in DIRECTIONS:
+        raise LabkitError(f"record {name!r}: direction {direction!r} is not 'higher', 'lower' or None")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+                                  or not math.isfinite(tolerance) or tolerance < 0):
+        raise LabkitError(f"record {name!r}: tolerance {tolerance!r} must be a finite number >= 0")
     if hasattr(value, "item"):
         value = value.item()
-    r = Result(name=name, value=value, unit=unit, source=source, tolerance=tolerance)
+    r = Result(name=name, value=value, unit=unit, source=source, tolerance=tolerance, direction=direction)
     _session[name] = r
     path = os.environ.get(RESULTS_ENV)
     if path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import nbformat
@@ -23,17 +22,6 @@ def notebook_html(ipynb: Path, out: Path) -> Path:
     return out
 
 
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
-.passed { color: #11772d; font-weight: bold; } .failed { color: #b00020; font-weight: bold; }
-.incomplete { color: #b26a00; font-weight: bold; } .changed { background: #ffe9a8; }
-.src { color: #666; font-size: 90%; max-width: 24em; } pre { white-space: pre-wrap; margin: 0; }
-table table { font-size: 90%; margin: 0; } table table td:nth-child(2) { white-space: nowrap; }
-"""
-
-
 def _fmt(v, unit: str = "") -> str:
     if unit in ("bytes", "B") and isinstance(v, (int, float)):
         from labkit.core.units import fmt_bytes
@@ -44,6 +32,12 @@ def _fmt(v, unit: str = "") -> str:
     return "" if v is None else str(v)
 
 
+def _with_unit(v, unit: str) -> str:
+    if v is None:
+        return "—"
+    return _fmt(v, unit) + ("" if unit in ("bytes", "B", "") else f" {unit}")
+
+
 def _short_source(src: str) -> str:
     """'recorded on 1 x H200, 2026-11-29 (driver ...); command: ...' -> the part before the details."""
     for cut in (" (driver", "; command"):
@@ -51,48 +45,85 @@ def _short_source(src: str) -> str:
     return src
 
 
-def index_html(summary: dict, comparison: dict, previous_id: str | None) -> str:
-    e = html.escape
-    state = summary.get("state")
-    status = summary.get("status")
-    head = "incomplete" if state != "finished" else status
+def _sparkline(points: list[tuple[str, float]], regressed: bool):
+    """A small Bokeh line of a result over the comparable runs (the last point is this run)."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    src = ColumnDataSource({"i": list(range(len(points))), "v": [v for _, v in points],
+                            "run": [r for r, _ in points]})
+    fig = figure(width=220, height=56, toolbar_location=None, tools="", min_border=2,
+                 x_axis_type=None, y_axis_type=None)
+    fig.outline_line_color = None
+    fig.grid.visible = False
+    colour = "#b00020" if regressed else "#3465a4"
+    fig.line("i", "v", source=src, line_width=1.5, color=colour)
+    fig.scatter("i", "v", source=src, size=4, color=colour)
+    fig.add_tools(HoverTool(tooltips=[("run", "@run"), ("value", "@v{0.[000]}")]))
+    return fig
+
+
+def _change_text(c) -> str:
+    if c is None:
+        return ""
+    if c.status == "not comparable":
+        return "not comparable"
+    if c.status == "new":
+        return "new"
+    delta = f"{c.rel_change * 100:+.1f}% " if c.rel_change is not None else ""
+    return (delta + ("" if c.status == "same" else c.status)).strip()
+
+
+def index_html(summary: dict, comparison: dict, history_note: str = "") -> str:
+    """The run's index page, from ``templates/run_index.html.j2``: per notebook its status and key
+    results, each with the last comparable run's value, the change judged by the result's
+    direction, and a trend over the comparable runs (Bokeh, inline: renders offline)."""
+    import jinja2
+    from bokeh.embed import components
+    from bokeh.resources import INLINE
+
+    from labkit.report.compare import regressions
+    from labkit.report.history import identity_key, machine_identity
+
     env = summary.get("environment") or {}
-    rows = []
+    state, status = summary.get("state"), summary.get("status")
+    head = "incomplete" if state != "finished" else status
+    figures: dict[str, object] = {}
+    notebooks = []
     for nb in summary.get("notebooks", []):
-        cls = nb["status"] if nb["status"] in ("passed", "failed") else "incomplete"
-        links = " ".join(f"<a href='{e(nb[k])}'>{k}</a>" for k in ("html", "ipynb") if nb.get(k))
-        err = ""
-        if nb.get("error"):
-            er = nb["error"]
-            err = f"<pre>cell {e(str(er.get('cell')))}: {e(str(er.get('ename')))}: {e(str(er.get('evalue')))[:2000]}</pre>"
-        res_rows = []
+        rows = []
         for rname, r in (nb.get("results") or {}).items():
-            c = comparison.get(nb["name"], {}).get(rname, {})
-            flag = " class='changed'" if c.get("flagged") else ""
-            delta = f"{c['rel_change'] * 100:+.1f}%" if c.get("rel_change") is not None else ""
+            c = comparison.get(nb["name"], {}).get(rname)
+            key = f"t{len(figures)}"
+            trend = ""
+            if c is not None and len(c.trend) >= 2:
+                figures[key] = _sparkline(c.trend, c.status == "regressed")
+                trend = key
             unit = r.get("unit", "")
-            shown_unit = "" if unit in ("bytes", "B") else f" {unit}"
-            prev = _fmt(c.get("previous"), unit) + shown_unit if "previous" in c else "—"
             src = r.get("source", "")
-            res_rows.append(f"<tr{flag}><td>{e(rname)}</td><td>{e(_fmt(r['value'], unit) + shown_unit)}</td>"
-                            f"<td>{e(prev)}</td><td>{e(delta)}{' changed' if c.get('flagged') else ''}</td>"
-                            f"<td class='src' title='{e(src)}'>{e(_short_source(src))}</td></tr>")
-        results = ("<table><tr><th>result</th><th>value</th><th>previous</th><th>change</th><th>source</th></tr>"
-                   + "".join(res_rows) + "</table>") if res_rows else ""
-        params = e(", ".join(f"{k}={v!r}" for k, v in (nb.get("parameters") or {}).items()))
-        dur = f"{nb['duration_s']:.1f} s" if nb.get("duration_s") is not None else ""
-        rows.append(f"<tr><td><b>{e(nb['name'])}</b><br>{links}</td><td class='{cls}'>{e(nb['status'])}</td>"
-                    f"<td>{dur}</td><td class='src'>{params}</td><td>{results}{err}</td></tr>")
-    gpu = f"{env.get('gpu_count')} x {env.get('gpu_name')}" if env.get("gpu_count") else "no GPU"
-    prev = f"compared with the previous run <b>{e(previous_id)}</b>" if previous_id else "no previous run in this folder to compare with"
-    return f"""<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>GPU Memory Lab report {e(summary['run_id'])}</title>
-<style>{_CSS}</style></head><body>
-<h1>GPU Memory Lab report</h1>
-<p>Run <b>{e(summary['run_id'])}</b>, profile <b>{e(summary.get('profile', ''))}</b>: <span class='{e(head or '')}'>{e(head or '')}</span>
-({e(str(summary.get('started')))} to {e(str(summary.get('finished') or '—'))}).</p>
-<p class='src'>{e(env.get('host', ''))}: {e(gpu)}, driver {e(str(env.get('driver')))}, CUDA {e(str(env.get('cuda')))}, torch {e(str(env.get('torch')))},
-labkit {e(str(env.get('labkit')))} ({e(str(env.get('git_commit')))}); command: <code>{e(str(summary.get('command')))}</code></p>
-<p>{prev}; changes beyond each result's tolerance are highlighted.</p>
-<table><tr><th>notebook</th><th>status</th><th>duration</th><th>parameters</th><th>key results</th></tr>
-{''.join(rows)}</table></body></html>
-"""
+            rows.append({"name": rname, "value": _with_unit(r.get("value"), unit),
+                         "previous": _with_unit(c.previous, unit) if c is not None and c.previous_run else "—",
+                         "change": _change_text(c), "reason": (c.reason if c is not None else "") or
+                         (f"against {c.previous_run}, tolerance {c.tolerance:.0%}" if c is not None and c.previous_run else ""),
+                         "css": (c.status.replace(" ", "-") if c is not None else ""), "trend": trend,
+                         "source": src, "short_source": _short_source(src)})
+        er = nb.get("error")
+        notebooks.append({
+            "name": nb["name"], "status": nb["status"],
+            "css": nb["status"] if nb["status"] in ("passed", "failed") else "incomplete",
+            "duration": f"{nb['duration_s']:.1f} s" if nb.get("duration_s") is not None else "",
+            "links": [{"href": nb[k], "label": k} for k in ("html", "ipynb") if nb.get(k)],
+            "params": ", ".join(f"{k}={v!r}" for k, v in (nb.get("parameters") or {}).items()),
+            "error": (f"cell {er.get('cell')}: {er.get('ename')}: {str(er.get('evalue'))[:2000]}" if er else ""),
+            "results": rows})
+    script, divs = components(figures) if figures else ("", {})
+    for nb in notebooks:
+        for r in nb["results"]:
+            r["trend"] = divs.get(r["trend"], "") if r["trend"] else ""
+    compared = any(c.previous_run and c.status != "not comparable" for res in comparison.values() for c in res.values())
+    tmpl = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                              undefined=jinja2.ChainableUndefined).get_template("run_index.html.j2")
+    return tmpl.render(run=summary, env=env, head=head, head_class=head or "", notebooks=notebooks,
+                       machine_key=identity_key(machine_identity(env)), history_note=history_note,
+                       regressions=regressions(comparison), compared=compared,
+                       bokeh_js=INLINE.render_js() if figures else "", bokeh_script=script)

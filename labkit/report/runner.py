@@ -2,7 +2,9 @@
 
 The folder ``DIR/<UTC timestamp>-<host>/`` gets each executed notebook, its offline HTML,
 ``summary.json`` (rewritten after every notebook, so an interrupted run is visibly incomplete)
-and ``index.html``. A failing notebook is recorded and the run goes on; the caller exits non-zero.
+and ``index.html``. A finished run appends its key results to ``DIR/history.jsonl``, which the
+index reads for trends and for the last comparable run. A failing notebook is recorded and the
+run goes on; the caller exits non-zero.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from labkit.core.errors import LabkitError
 from labkit.core.paths import NOTEBOOKS_DIR
 from labkit.core.serialize import to_jsonable
 from labkit.report import compare as cmp
+from labkit.report import history
 from labkit.report import notebooks as nbs
 from labkit.report.record import RESULTS_ENV, read_results
 from labkit.report.render import index_html, notebook_html
@@ -57,6 +60,7 @@ class ReportRun:
     finished: str | None = None
     environment: dict = field(default_factory=dict)
     notebooks: list[NotebookRun] = field(default_factory=list)
+    regressions: list[str] = field(default_factory=list)  # "notebook/result" beyond tolerance, the bad way
 
     @property
     def failed(self) -> list[str]:
@@ -83,27 +87,52 @@ def new_run_folder(out_dir: Path) -> Path:
 
 
 def _write_summary(run: ReportRun) -> None:
+    """summary.json and index.html as the run stands; a finished run also goes into the history."""
     doc = to_jsonable(run)
     doc.pop("folder", None)
+    out_dir = run.folder.parent
+    past, bad = history.read(out_dir)
+    comparison = cmp.compare(doc, past)
+    run.regressions = cmp.regressions(comparison) if run.state == "finished" else []
+    doc["regressions"] = run.regressions
     tmp = run.folder / "summary.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(run.folder / "summary.json")
-    prev = cmp.previous_run(run.folder.parent, run.run_id)
-    comparison = cmp.compare(doc, prev[1] if prev else None)
-    (run.folder / "index.html").write_text(index_html(doc, comparison, prev[0] if prev else None), encoding="utf-8")
+    if run.state == "finished":
+        history.append(out_dir, doc)
+    runs = len({e.run_id for e in past})
+    note = (f"{runs} earlier run(s) in {out_dir / history.HISTORY_FILE}" if runs else "no earlier run in this folder")
+    if bad:
+        note += f"; {bad} unreadable line(s) skipped (labkit report history {out_dir} rebuilds it)"
+    (run.folder / "index.html").write_text(index_html(doc, comparison, note), encoding="utf-8")
+
+
+def running_cell(ipynb: Path) -> tuple[int, int] | None:
+    """(1-based index, count) of the code cell papermill marks as running in the output notebook
+    it saves after every cell, or None when that cannot be read yet."""
+    try:
+        cells = [c for c in json.loads(ipynb.read_text()).get("cells", []) if c.get("cell_type") == "code"]
+    except (OSError, ValueError, AttributeError):
+        return None
+    for i, c in enumerate(cells, 1):
+        if (c.get("metadata", {}).get("papermill") or {}).get("status") == "running":
+            return i, len(cells)
+    return None
 
 
 class _Heartbeat:
-    """Prints elapsed time while a long notebook runs."""
+    """Prints, every ``every_s`` seconds while a notebook runs, the elapsed time and the cell being run."""
 
-    def __init__(self, say: Callable[[str], None], name: str, every_s: float = 30.0) -> None:
+    def __init__(self, say: Callable[[str], None], name: str, ipynb: Path, every_s: float = 15.0) -> None:
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._loop, args=(say, name, every_s), daemon=True)
+        self._t = threading.Thread(target=self._loop, args=(say, name, ipynb, every_s), daemon=True)
 
-    def _loop(self, say, name, every_s) -> None:
+    def _loop(self, say, name, ipynb, every_s) -> None:
         t0 = time.monotonic()
         while not self._stop.wait(every_s):
-            say(f"      ... {name} still running ({time.monotonic() - t0:.0f} s)")
+            cell = running_cell(ipynb)
+            where = f"code cell {cell[0]}/{cell[1]}" if cell else "starting"
+            say(f"      ... {name}: {where}, {time.monotonic() - t0:.0f} s")
 
     def __enter__(self):
         self._t.start()
@@ -113,7 +142,7 @@ class _Heartbeat:
         self._stop.set()
 
 
-def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path) -> None:
+def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, progress: bool = False) -> None:
     import papermill
 
     old = os.environ.get(RESULTS_ENV)
@@ -121,7 +150,7 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path) -
     try:
         papermill.execute_notebook(str(src), str(dst), parameters=params, kernel_name=KERNEL,
                                    start_timeout=START_TIMEOUT_S, cwd=str(src.parent),
-                                   progress_bar=False, log_output=False, report_mode=False)
+                                   progress_bar=progress, log_output=False, report_mode=False)
     finally:
         if old is None:
             os.environ.pop(RESULTS_ENV, None)
@@ -139,14 +168,15 @@ def _error_info(exc: BaseException) -> dict:
 
 def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only: list[str] | None = None,
                params: list[str] | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
-               say: Callable[[str], None] = print) -> ReportRun:
-    """Run the selected notebooks. Bad names/parameters raise LabkitError before anything runs."""
+               say: Callable[[str], None] = print, progress: bool = False) -> ReportRun:
+    """Run the selected notebooks. Bad names/parameters raise LabkitError before anything runs.
+    ``progress``: papermill's per-cell progress bar on stderr (cells done, elapsed time)."""
+    out_dir = _check_out_dir(out_dir)
     selected = nbs.select(only, notebooks_dir)
     per_nb = nbs.resolve(selected, nbs.parse_assignments(params or []), profile)
 
     from labkit.core.provenance import header
 
-    out_dir = Path(out_dir)
     folder = new_run_folder(out_dir)
     command = " ".join(shlex.quote(a) for a in sys.argv)
     run = ReportRun(run_id=folder.name, folder=folder, profile=profile, command=command,
@@ -171,8 +201,8 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
             os.close(fd)
             t0 = time.monotonic()
             try:
-                with _Heartbeat(say, nbr.name):
-                    _execute(src, dst, nbr.parameters, Path(results_file))
+                with _Heartbeat(say, nbr.name, dst):
+                    _execute(src, dst, nbr.parameters, Path(results_file), progress)
                 nbr.status = "passed"
             except KeyboardInterrupt:
                 raise
@@ -208,4 +238,16 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
         say(f"labkit report: {run.state}, {run.status}; index: {folder / 'index.html'}")
+        if run.regressions:
+            say(f"labkit report: {len(run.regressions)} result(s) regressed: {', '.join(run.regressions)}")
     return run
+
+
+def _check_out_dir(out_dir: Path | str) -> Path:
+    """The parent folder of the runs: refused if empty or an existing file, before anything runs."""
+    if not str(out_dir).strip():
+        raise LabkitError("--out: the report folder is empty; give a directory such as reports")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise LabkitError(f"--out {out}: exists and is not a directory")
+    return out

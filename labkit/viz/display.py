@@ -43,3 +43,16 @@ def source_note(text: str):
     from IPython.display import Markdown
 
     return Markdown(f"*Source: {text}*")
+
+
+WIDGET_TEXT = "[interactive explorer: open this notebook in JupyterLab (make lab) to use it; the static result is shown beside it]"
+
+
+def show_widget(widget, text: str = WIDGET_TEXT) -> None:
+    """Display an ipywidgets widget whose plain-text fallback (what a report without a kernel shows) is
+    ``text``, not the widget's repr (``VBox(children=(HBox(...``)."""
+    from IPython.display import display
+
+    data = dict(widget._repr_mimebundle_() or {})
+    data["text/plain"] = text
+    display(data, raw=True)

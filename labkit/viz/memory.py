@@ -28,16 +28,25 @@ def _data(labels: Sequence[str], breakdowns: Sequence[Mapping[str, int]]) -> dic
     return data
 
 
+def _y_end(totals_gib: Sequence[float], capacity_bytes: int | None) -> float:
+    """The y axis' top: the tallest bar or the capacity line, whichever is higher, plus headroom."""
+    top = max([*totals_gib, (capacity_bytes or 0) / GIB, 1e-3])
+    return top * 1.08
+
+
 def stacked_bars(labels: Sequence[str], breakdowns: Sequence[Mapping[str, int]], *, title: str, source: str,
                  capacity_bytes: int | None = None, width: int = 760, height: int = 340):
     """One stacked bar per GPU (or pipeline stage): bytes by category, in GiB (2^30 bytes);
-    a dashed line at the GPU's capacity when given."""
-    from bokeh.models import ColumnDataSource, HoverTool, Legend, Span
+    a dashed line at the GPU's capacity when given (the axis always reaches it)."""
+    from bokeh.models import ColumnDataSource, HoverTool, Legend, Range1d, Span, Title
     from bokeh.plotting import figure
 
-    src = ColumnDataSource(_data(labels, breakdowns))
-    fig = figure(x_range=list(labels), width=width, height=height, title=f"{title} ({source})",
-                 y_axis_label="GiB (2^30 bytes)", toolbar_location="right")
+    data = _data(labels, breakdowns)
+    src = ColumnDataSource(data)
+    fig = figure(x_range=list(labels), width=width, height=height, y_axis_label="GiB (2^30 bytes)",
+                 toolbar_location="right", y_range=Range1d(0, _y_end(data["total"], capacity_bytes)))
+    fig.add_layout(Title(text=source, text_font_style="italic", text_font_size="9pt"), "above")
+    fig.add_layout(Title(text=title, text_font_size="12pt"), "above")
     rs = fig.vbar_stack(list(CATEGORIES), x="x", width=0.7, source=src, color=[COLORS[c] for c in CATEGORIES],
                         fill_alpha=0.8)
     fig.add_layout(Legend(items=[(LABELS.get(c, c), [r]) for c, r in zip(CATEGORIES, rs)], location="center"), "right")
@@ -46,9 +55,9 @@ def stacked_bars(labels: Sequence[str], breakdowns: Sequence[Mapping[str, int]],
     fig.add_tools(HoverTool(tooltips=[("", "@x"), ("total", "@total{0.00} GiB"), ("activations", "@activations{0.00} GiB"),
                                       ("parameters", "@parameters{0.00} GiB"),
                                       ("optimizer states", "@optimizer_state{0.00} GiB")]))
-    fig.y_range.start = 0
     fig.xaxis.major_label_orientation = 0.6 if len(labels) > 6 else 0
     fig._labkit_source = src  # the explorer updates this
+    fig._labkit_capacity = capacity_bytes
     return fig
 
 
@@ -60,26 +69,30 @@ def stage_bars(est: Any, *, title: str, source: str = "model", capacity_bytes: i
 
 
 def model_vs_measured(labels: Sequence[str], model_bytes: Sequence[int], measured_bytes: Sequence[int], *,
-                      title: str, source: str, width: int = 760, height: int = 320):
-    """Grouped bars: the model's peak beside the measured one (GiB), with the relative error in the hover."""
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+                      title: str, source: str, width: int = 760, height: int | None = None):
+    """Paired horizontal bars: the model's peak beside the measured one (GiB), the relative error in the
+    hover. Horizontal, so that long case names read across and never overlap."""
+    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Legend, LegendItem, Title
     from bokeh.plotting import figure
-    from bokeh.transform import factor_cmap
 
-    xs, vals, errs = [], [], []
+    ys, vals, errs, kinds = [], [], [], []
     for lab, m, r in zip(labels, model_bytes, measured_bytes):
         for kind, v in (("model", m), ("measured", r)):
-            xs.append((lab, kind))
+            ys.append((lab, kind))
             vals.append(v / GIB)
             errs.append(f"{(m - r) / r * 100:+.1f}%" if r else "")
-    src = ColumnDataSource({"x": xs, "v": vals, "err": errs, "kind": [k for _, k in xs]})
-    fig = figure(x_range=FactorRange(*xs), width=width, height=height, title=f"{title} ({source})",
-                 y_axis_label="peak allocated, GiB (2^30 bytes)", toolbar_location="right")
-    fig.vbar(x="x", top="v", width=0.8, source=src,
-             fill_color=factor_cmap("x", palette=["#d62728", "#1f77b4"], factors=["model", "measured"], start=1, end=2))
-    fig.add_tools(HoverTool(tooltips=[("", "@x"), ("peak", "@v{0.000} GiB"), ("model vs measured", "@err")]))
-    fig.y_range.start = 0
-    fig.xaxis.major_label_orientation = 1.0
+            kinds.append(kind)
+    colour = {"model": "#d62728", "measured": "#1f77b4"}
+    src = ColumnDataSource({"y": ys, "v": vals, "err": errs, "kind": kinds, "c": [colour[k] for k in kinds]})
+    fig = figure(y_range=FactorRange(*reversed(ys)), width=width, height=height or 80 + 16 * len(ys),
+                 x_axis_label="peak allocated, GiB (2^30 bytes)", toolbar_location="right")
+    fig.add_layout(Title(text=source, text_font_style="italic", text_font_size="9pt"), "above")
+    fig.add_layout(Title(text=title, text_font_size="12pt"), "above")
+    fig.hbar(y="y", right="v", height=0.8, source=src, fill_color="c", line_color=None)
+    fig.add_tools(HoverTool(tooltips=[("", "@y"), ("peak", "@v{0.000} GiB"), ("model vs measured", "@err")]))
+    fig.x_range.start = 0
+    fig.ygrid.grid_line_color = None
+    fig.yaxis.group_label_orientation = "horizontal"
     return fig
 
 
@@ -112,13 +125,26 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
         "micro_batch": W.Dropdown(options=[1, 2, 4, 8, 16], value=init["micro_batch"], description="micro-batch"),
     }
     msg = W.HTML()
+    dims = ("layers", "hidden", "heads", "seq", "vocab")
+    filling = [False]  # True while a preset's dimensions are written into the boxes (one redraw, not five)
+
+    def fill_from_preset(_change=None):
+        if w["preset"].value == "custom":
+            return
+        p = get_preset(w["preset"].value)
+        filling[0] = True
+        for d in dims:
+            w[d].value = getattr(p, d)
+        filling[0] = False
 
     def compute():
+        values = {d: w[d].value for d in dims}
         if w["preset"].value == "custom":
-            m = ModelSpec(layers=w["layers"].value, hidden=w["hidden"].value, heads=w["heads"].value,
-                          seq=w["seq"].value, vocab=w["vocab"].value)
-        else:
-            m = get_preset(w["preset"].value)
+            m = ModelSpec(**values)
+        else:  # the boxes edit the preset's dimensions; the rest (gated MLP, KV heads, norms) stays the preset's
+            import dataclasses
+
+            m = dataclasses.replace(get_preset(w["preset"].value), **values)
         par = ParallelSpec(tp=w["tp"].value, pp=w["pp"].value, dp=w["dp"].value, zero=w["zero"].value,
                            sp=w["sp"].value and w["tp"].value > 1)
         gb = max(init["global_batch"], w["micro_batch"].value * w["dp"].value * w["pp"].value)
@@ -127,6 +153,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
                        recompute=w["recompute"].value)
         return estimate(m, par, tr)
 
+    fill_from_preset()
     est = compute()
     fig = stage_bars(est, title="per-GPU memory by pipeline stage", capacity_bytes=capacity_bytes)
     src = fig._labkit_source
@@ -136,6 +163,8 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
         from labkit.core.errors import LabkitError
         from labkit.core.units import fmt_bytes
 
+        if filling[0]:
+            return
         try:
             e = compute()
         except LabkitError as exc:
@@ -143,13 +172,18 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
             return
         labels = [f"stage {s.stage} ({s.peak_phase})" for s in e.by_stage]
         fig.x_range.factors = labels
-        src.data = _data(labels, [s.per_gpu_bytes for s in e.by_stage])
+        src.data = data = _data(labels, [s.per_gpu_bytes for s in e.by_stage])
+        fig.y_range.end = _y_end(data["total"], capacity_bytes)
         msg.value = (f"most loaded GPU: {fmt_bytes(e.total)} (stage {e.most_loaded_stage}, peak in {e.peak_phase}); "
                      f"{e.micro_batches} micro-batches per step; source: model")
 
+    w["preset"].observe(fill_from_preset, names="value")
     for x in w.values():
         x.observe(redraw, names="value")
     redraw()
     left = W.VBox([w["preset"], w["layers"], w["hidden"], w["heads"], w["seq"], w["vocab"]])
     right = W.VBox([w["tp"], w["pp"], w["dp"], w["zero"], w["sp"], w["precision"], w["recompute"], w["micro_batch"]])
-    return W.VBox([W.HBox([left, right]), msg, model])
+    box = W.VBox([W.HBox([left, right]), msg, model])
+    box.add_class("labkit-explorer")
+    box._labkit_figure = fig  # what the widgets redraw (tests read it)
+    return box

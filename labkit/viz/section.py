@@ -33,10 +33,13 @@ class Claim:
     name: str | None = None              # key result name in the report, or None (not recorded)
     tolerance: float | None = None
     direction: str | None = None         # "higher", "lower" or None (informational), for the report
+    digits: int | None = None            # decimals to show (default: 3 significant digits)
 
     def value_text(self) -> str:
         v = self.value
-        if isinstance(v, float):
+        if self.digits is not None and isinstance(v, (int, float)):
+            v = f"{v:,.{self.digits}f}"
+        elif isinstance(v, float):
             v = f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
         return f"{v} {self.unit}".strip()
 
@@ -53,12 +56,13 @@ class Section:
     caption: str | None = None
     figures: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    widgets: list[Any] = field(default_factory=list)   # ipywidgets explorers, shown after the figures
     _recorded: bool = field(default=False, repr=False)
 
     # -- building ---------------------------------------------------------------------------
     def claim(self, text: str, value, unit: str = "", *, source: str | None = None, name: str | None = None,
-              tolerance: float | None = None, direction: str | None = None) -> "Section":
-        self.claims.append(Claim(text, value, unit, source or self.source, name, tolerance, direction))
+              tolerance: float | None = None, direction: str | None = None, digits: int | None = None) -> "Section":
+        self.claims.append(Claim(text, value, unit, source or self.source, name, tolerance, direction, digits))
         return self
 
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> "Section":
@@ -70,6 +74,13 @@ class Section:
     def figure(self, fig) -> "Section":
         if fig is not None:
             self.figures.append(fig)
+        return self
+
+    def widget(self, w) -> "Section":
+        """An interactive explorer (ipywidgets), shown after the figures; in a report without a kernel
+        a one-line note stands in for it (:func:`labkit.viz.display.show_widget`)."""
+        if w is not None:
+            self.widgets.append(w)
         return self
 
     def note(self, text: str) -> "Section":
@@ -94,14 +105,7 @@ class Section:
         for c in self.claims:
             if c.name is None or not c.source:
                 continue
-            kwargs = {"source": c.source, "tolerance": c.tolerance}
-            if c.direction is not None:
-                kwargs["direction"] = c.direction
-            try:
-                record(c.name, c.value, c.unit, **kwargs)
-            except TypeError:  # a report module without result directions
-                kwargs.pop("direction", None)
-                record(c.name, c.value, c.unit, **kwargs)
+            record(c.name, c.value, c.unit, source=c.source, tolerance=c.tolerance, direction=c.direction)
         self._recorded = True
 
     def html(self) -> str:
@@ -125,12 +129,14 @@ class Section:
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, display
 
-        from labkit.viz.display import show
+        from labkit.viz.display import show, show_widget
 
         self.record()
         display(HTML(self.html()))
         for fig in self.figures:
             show(fig)
+        for w in self.widgets:
+            show_widget(w)
 
     def __str__(self) -> str:  # plain text, e.g. in a terminal
         lines = [self.title]

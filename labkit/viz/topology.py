@@ -61,7 +61,7 @@ def link_graph(topo, origin: str, *, highlight_groups: list[list[int]] | None = 
     from bokeh.plotting import figure
 
     pos = _positions(topo)
-    p = figure(width=440, height=420, title=title or f"Link graph ({origin})", toolbar_location=None,
+    p = figure(width=540, height=420, title=title or f"Link graph ({origin})", toolbar_location=None,
                x_range=(-1.35, 1.35), y_range=(-1.35, 1.35), match_aspect=True)
     top = max((topo.link(i, j).bandwidth_Bps for i in range(topo.n) for j in range(topo.n) if i != j), default=1.0)
     for kind in ("SYS", "NODE", "PHB", "PXB", "PIX", "NVLINK"):
@@ -96,14 +96,15 @@ def link_graph(topo, origin: str, *, highlight_groups: list[list[int]] | None = 
     p.axis.visible = False
     p.grid.visible = False
     if p.legend:
-        p.legend.location = "bottom_right"
         p.legend.label_text_font_size = "8pt"
+        p.add_layout(p.legend[0], "right")   # beside the graph, never over a GPU
     return p
 
 
-def bandwidth_bars(rows: list[tuple[str, float | None, float | None]], title: str):
-    """Measured beside nominal: rows of (what, nominal bytes/s or None, measured bytes/s or None), GB/s."""
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+def bandwidth_bars(rows: list[tuple[str, float | None, float | None]], title: str, source: str | None = None):
+    """Measured beside nominal: rows of (what, nominal bytes/s or None, measured bytes/s or None), GB/s.
+    Horizontal bars, so that the labels read across and never overlap; the source is a subtitle line."""
+    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Title
     from bokeh.plotting import figure
 
     factors, values, colours, kinds = [], [], [], []
@@ -114,15 +115,18 @@ def bandwidth_bars(rows: list[tuple[str, float | None, float | None]], title: st
                 values.append(v / 1e9)
                 colours.append(c)
                 kinds.append(kind)
-    src = ColumnDataSource(dict(x=factors, v=values, c=colours, k=kinds))
-    p = figure(x_range=FactorRange(*factors), height=340, width=max(420, 70 * len(factors)), title=title,
+    src = ColumnDataSource(dict(y=factors, v=values, c=colours, k=kinds))
+    p = figure(y_range=FactorRange(*reversed(factors)), width=760, height=70 + 26 * len(factors),
                toolbar_location=None)
-    p.vbar(x="x", top="v", width=0.8, source=src, fill_color="c", line_color=None)
-    p.add_tools(HoverTool(tooltips=[("", "@x"), ("GB/s (decimal)", "@v{0.0}")]))
-    p.y_range.start = 0
-    p.yaxis.axis_label = "GB/s per direction (1 GB = 1e9 B)"
-    p.xaxis.major_label_orientation = 0.9
-    p.xgrid.grid_line_color = None
+    if source:
+        p.add_layout(Title(text=source, text_font_style="italic", text_font_size="9pt"), "above")
+    p.add_layout(Title(text=title, text_font_size="12pt"), "above")
+    p.hbar(y="y", right="v", height=0.8, source=src, fill_color="c", line_color=None)
+    p.add_tools(HoverTool(tooltips=[("", "@y"), ("GB/s (decimal)", "@v{0.0}")]))
+    p.x_range.start = 0
+    p.xaxis.axis_label = "GB/s per direction (1 GB = 1e9 B)"
+    p.ygrid.grid_line_color = None
+    p.yaxis.group_label_orientation = "horizontal"
     return p
 
 
@@ -146,8 +150,12 @@ def p2p_heatmap(table, key: str, mode: str, origin: str):
     src = ColumnDataSource(dict(x=xs, y=ys, v=vals, t=text))
     finite = [v for v in vals if v == v] or [0.0, 1.0]
     title = {"uni_Bps": "unidirectional", "bi_Bps": "bidirectional", "latency_s": "latency"}[key]
-    p = figure(x_range=names, y_range=list(reversed(names)), width=140 + 80 * table.n, height=110 + 60 * table.n,
-               title=f"{title} {unit}, {mode.replace('_', ' ')} ({origin})", toolbar_location=None, x_axis_location="above")
+    p = figure(x_range=names, y_range=list(reversed(names)), width=max(320, 140 + 80 * table.n), height=130 + 60 * table.n,
+               toolbar_location=None, x_axis_location="above")
+    from bokeh.models import Title
+
+    p.add_layout(Title(text=origin, text_font_style="italic", text_font_size="9pt"), "above")
+    p.add_layout(Title(text=f"{title} ({unit}), {mode.replace('_', ' ')}", text_font_size="12pt"), "above")
     p.rect("x", "y", 1, 1, source=src, line_color="white",
            fill_color=linear_cmap("v", "Blues8" if key != "latency_s" else "Oranges8", max(finite), min(finite) if min(finite) < max(finite) else 0))
     p.text("x", "y", text="t", source=src, text_align="center", text_baseline="middle", text_font_size="10pt")
@@ -199,4 +207,6 @@ def placement_explorer(topo, origin: str, *, tp: int = 2, pp: int = 1, dp: int =
     for s in sliders:
         s.observe(update, names="value")
     update()
-    return w.VBox([w.HBox(sliders), out])
+    box = w.VBox([w.HBox(sliders), out])
+    box.add_class("labkit-explorer")
+    return box

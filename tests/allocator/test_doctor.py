@@ -55,8 +55,60 @@ def test_classifies_messages(text, kind):
     assert f.evidence and f.fix
 
 
-def test_small_fragmentation_on_a_full_device_names_both():
-    assert diagnose(oom_text=LEGACY).kinds == ["fragmentation", "too_large"]
+def test_small_fragmentation_on_a_full_device_is_fragmentation_with_little_room():
+    d = diagnose(oom_text=LEGACY)
+    assert d.kinds == ["fragmentation"]
+    assert any("little room" in e for e in d.findings[0].evidence)
+
+
+# issue 11: a default-allocator OOM under a 13.5 GiB cap that the same run survives with expandable segments
+ISSUE11 = ("CUDA out of memory. Tried to allocate 1.51 GiB. GPU 0 has a total capacity of 139.80 GiB of which 126.09 GiB "
+           "is free. Including non-PyTorch memory, this process has 13.71 GiB memory in use. 13.50 GiB allowed; Of the "
+           "allocated memory 11.64 GiB is allocated by PyTorch, and 825.00 MiB is reserved by PyTorch but "
+           "unallocated." + TAIL)
+
+
+def test_fake_oom_of_issue_11_is_fragmentation_with_its_arithmetic():
+    d = diagnose(oom_text=ISSUE11)
+    assert d.kinds == ["fragmentation"]
+    f = d.findings[0]
+    assert "expandable_segments:True" in f.fix and "cannot help" not in f.fix
+    ev = " | ".join(f.evidence)
+    # allocated + request fits under the cap ...
+    assert "allocated 11.64 GiB + request 1.51 GiB = 13.15 GiB <= 13.50 GiB allowed" in ev
+    # ... but the room for a new segment does not, and the cached bytes could not serve it
+    assert "13.50 GiB - 12.45 GiB = 1.05 GiB < request 1.51 GiB" in ev
+    assert "1.05 GiB + 825.00 MiB = 1.86 GiB >= request 1.51 GiB" in ev
+    assert f.verified is None and any("record a snapshot" in n for n in d.notes)
+
+
+def test_fragmentation_without_a_memory_fraction_counts_other_memory_out():
+    # no fraction: the limit is what this process could reserve, reserved + free (context and others excluded)
+    text = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.14 GiB of which 1.00 GiB "
+            "is free. Including non-PyTorch memory, this process has 78.10 GiB memory in use. Of the allocated memory "
+            "70.00 GiB is allocated by PyTorch, and 7.50 GiB is reserved by PyTorch but unallocated.")
+    d = diagnose(oom_text=text)
+    assert d.primary == "fragmentation"
+    assert "reserved 77.50 GiB + free 1.00 GiB" in d.findings[0].evidence[0]
+    # the same, with the request larger than allocated + everything this process could have
+    big = text.replace("Tried to allocate 2.00 GiB", "Tried to allocate 9.00 GiB")
+    assert diagnose(oom_text=big).primary == "too_large"
+
+
+def test_a_margin_under_two_pages_is_not_promised_to_expandable_segments():
+    # allocated + request fits by 10 MiB only: no allocator setting can be promised to make room
+    text = ISSUE11.replace("1.51 GiB. GPU", "1.85 GiB. GPU")
+    d = diagnose(oom_text=text)
+    assert d.primary == "too_large" and any("under two 20 MiB pages" in e for e in d.findings[0].evidence)
+
+
+def test_a_self_contradictory_message_is_refused():
+    bad = FRAG.replace("of which 133.9 GiB is free", "of which 200.00 GiB is free")
+    with pytest.raises(LabkitError, match="contradicts itself.*more than the total capacity"):
+        diagnose(oom_text=bad)
+    worse = FRAG.replace("this process has 5.52 GiB", "this process has 1.00 GiB")
+    with pytest.raises(LabkitError, match="contradicts itself"):
+        parse_oom_message(worse)
 
 
 def test_fragmentation_checked_by_simulator():
@@ -67,11 +119,18 @@ def test_fragmentation_checked_by_simulator():
     # the simulator says: default OOMs (again), expandable segments do not
     assert "default: reserved peak 5.00 GiB, 1 OOM(s)" in f.simulator_check
     assert "expandable_segments:True: reserved peak" in f.simulator_check and ", 0 OOM(s), 1 of the recorded" in f.simulator_check
+    assert f.verified is True and "the fix is confirmed by the simulator" in f.simulator_check
 
 
 def test_growth_from_steps_and_from_trace():
     d = diagnose(step_allocated=[300 * MiB + i * 200 * MiB for i in range(12)])
     assert d.primary == "growth"
+    # the arithmetic: the floor rose from 300 MiB to 1.86 GiB over the windows, ~200 MiB a step
+    assert "~200.00 MiB per sample" in d.findings[0].evidence[0]
+    series = [{"allocated_bytes.all.current": 1 * GiB + i * 100 * MiB, "reserved_bytes.all.current": 4 * GiB}
+              for i in range(10)]
+    d3 = diagnose(stats=series, cap_bytes=4 * GiB)
+    assert d3.primary == "growth" and "limit 4.00 GiB is reached after about" in d3.findings[0].evidence[1]
     d2 = diagnose(snapshot=to_snapshot(growth(steps=20), ""))
     assert "growth" in d2.kinds
     flat = diagnose(step_allocated=[500 * MiB + (i % 2) * MiB for i in range(12)])

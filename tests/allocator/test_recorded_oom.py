@@ -109,3 +109,26 @@ def test_empty_cache_frees_whole_segments_only():
     assert emptied["inactive_split_bytes"] == trained["inactive_split_bytes"] > GiB  # untouched by empty_cache()
     assert emptied["reserved_bytes"] - emptied["allocated_bytes"] == emptied["inactive_split_bytes"]
     assert one_gib["reserved_bytes"] == emptied["reserved_bytes"]  # the 1 GiB fit in a split free block
+
+
+@pytest.mark.parametrize("name, kind", [("too_large", "too_large"), ("fragmentation", "fragmentation"),
+                                        ("leak", "growth")])
+def test_the_simulator_confirms_each_recorded_verdict(name, kind):
+    diag = diagnose(stats=case(name), snapshot=recorded.oom_snapshot_path(name))
+    f = diag.findings[0]
+    assert f.kind == kind and f.verified is True, f.simulator_check
+    if kind == "fragmentation":
+        assert "expandable_segments:True" in f.fix and "fix is confirmed by the simulator" in f.simulator_check
+    else:
+        assert "allocator settings cannot help (confirmed by the simulator)" in f.simulator_check
+
+
+@pytest.mark.parametrize("name, kind", [("too_large", "too_large"), ("fragmentation", "fragmentation"),
+                                        ("leak", "too_large"), ("other_process", "other_process")])
+def test_recorded_message_texts_alone(name, kind):
+    """The .txt files hold the real messages: the message alone gives the fake-OOM rule's verdict. The leak's last
+    request fitted by 17 MiB under the cap: at the limit, not a fake OOM (its growth needs the per-step series)."""
+    text = (recorded.oom_snapshot_path("fragmentation").parent / f"oom__{name}.txt").read_text()
+    d = diagnose(oom_text=text)
+    assert d.primary == kind, d.kinds
+    assert "=" in d.findings[0].evidence[0] or kind == "other_process"

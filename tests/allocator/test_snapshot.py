@@ -38,9 +38,18 @@ def test_truncated_files_are_refused(tmp_path, snap_dict):
     (b"hello, not a pickle", "not a pickle"),
     (pickle.dumps([1, 2, 3]), "holds a list"),
     (pickle.dumps({"a": 1}), "no 'segments'"),
-    (pickle.dumps({"segments": [{"address": "x"}]}), "segment 0 is malformed"),
-    (pickle.dumps({"segments": [], "device_traces": [[{"action": "teleport"}]]}), "not a trace entry"),
-    (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": "big"}]]}), "non-integer"),
+    (pickle.dumps({"segments": [{"address": "x"}]}), r"segments\[0\] is malformed: needs a non-negative integer 'address'"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "teleport"}]]}),
+     r"device_traces\[0\]\[0\] has action 'teleport' \(expected one of"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": "big"}]]}),
+     r"device_traces\[0\]\[0\] \(alloc\) has size 'big', not a non-negative integer"),
+    # issue 12: an unhashable action, a non-integer stream, malformed blocks and pool ids
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": ["alloc"], "addr": 1, "size": 2}]]}),
+     r"device_traces\[0\]\[0\] has action \['alloc'\]"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 2, "stream": "s1"}]]}),
+     r"device_traces\[0\]\[0\] \(alloc\) has stream 's1', not an integer"),
+    (pickle.dumps({"segments": [{"address": 0, "total_size": 4, "blocks": [["x"]]}]}), r"segments\[0\].*block 0"),
+    (pickle.dumps({"segments": [{"address": 0, "total_size": 4, "segment_pool_id": "p"}]}), "segment_pool_id"),
 ])
 def test_malformed_snapshots_get_a_clear_error(tmp_path, payload, why):
     p = tmp_path / "bad.pickle"
@@ -138,3 +147,37 @@ def test_private_pools_are_refused(snap_dict):
     seg = dict(snap_dict["segments"][0], segment_pool_id=(1, 0))
     with pytest.raises(LabkitError, match="private memory pool"):
         compile_trace(read_snapshot(dict(snap_dict, segments=[seg])))
+
+
+def test_deep_nesting_is_named_without_recursing(tmp_path):
+    """issue 12: a trace entry nested 100,000 deep raised RecursionError inside the error message."""
+    n = 100_000
+    deep = b"]" * n + b"a" * (n - 1)  # pickle opcodes: n empty lists, each appended into the one below
+    raw = (b"\x80\x04}" + b"\x8c\x08segments]s" + b"\x8c\x0ddevice_traces]]}" + b"\x8c\x06action" + deep + b"s"
+           + b"\x8c\x04addrK\x01s" + b"aas.")
+    p = tmp_path / "deep.pickle"
+    p.write_bytes(raw)
+    with pytest.raises(LabkitError, match=r"device_traces\[0\]\[0\] has action \[\[\[\.\.\.\]\]\]"):
+        read_snapshot(p)
+
+
+def test_gzip_bomb_is_refused_before_it_is_unpacked(tmp_path):
+    """issue 12: 2 MB of gzip that unpacks to 2 GB took 4.2 GB. Here 8 MiB of zeros in a few KB: refused at a 512 KiB
+    limit after reading just past the limit; the limit can be raised."""
+    import tracemalloc
+
+    raw = pickle.dumps({"segments": [], "pad": b"\0" * (8 << 20)})
+    bomb = tmp_path / "bomb.pickle.gz"
+    bomb.write_bytes(gzip.compress(raw))
+    assert bomb.stat().st_size < 20_000
+    tracemalloc.start()
+    with pytest.raises(LabkitError, match=r"decompresses to more than 512.00 KiB.*--max-snapshot-bytes"):
+        read_snapshot(bomb, max_bytes=512 * 1024)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 * 512 * 1024  # not the 8 MiB it unpacks to
+    assert read_snapshot(bomb, max_bytes=9 << 20).segments == []
+    plain = tmp_path / "big.pickle"
+    plain.write_bytes(raw)
+    with pytest.raises(LabkitError, match="size limit"):
+        read_snapshot(plain, max_bytes=512 * 1024)

@@ -54,14 +54,14 @@ def test_failure_is_recorded_and_the_others_still_run(nbdir, tmp_path):
     assert summary["environment"]["labkit"]
 
 
-def test_runs_never_overwrite_and_compare_with_previous(nbdir, tmp_path):
+def test_runs_never_overwrite_and_a_parameter_change_is_not_comparable(nbdir, tmp_path):
     out = tmp_path / "reports"
     first = run_report(out_dir=out, notebooks_dir=nbdir, only=["a_ok"], say=_quiet)
     second = run_report(out_dir=out, notebooks_dir=nbdir, only=["a_ok"], params=["scale=1.5"], say=_quiet)
     assert first.folder != second.folder and first.folder.exists()
     index = (second.folder / "index.html").read_text()
-    assert first.run_id in index  # compared with the previous run
-    assert "+50.0%" in index and "changed" in index  # 42 -> 63 is flagged beyond the 10% tolerance
+    assert "not comparable" in index and "scale default -&gt; 1.5" in index  # the reason says what differed
+    assert "+50.0%" not in index and second.regressions == []
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -82,11 +82,11 @@ def test_interrupted_run_is_marked_incomplete(nbdir, tmp_path, monkeypatch):
     calls = []
     real = runner._execute
 
-    def flaky(src, dst, params, results_file):
+    def flaky(src, dst, params, results_file, progress=False):
         calls.append(src.name)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        real(src, dst, params, results_file)
+        real(src, dst, params, results_file, progress)
 
     monkeypatch.setattr(runner, "_execute", flaky)
     out = tmp_path / "reports"
@@ -97,6 +97,7 @@ def test_interrupted_run_is_marked_incomplete(nbdir, tmp_path, monkeypatch):
     assert summary["state"] == "interrupted"
     assert [n["status"] for n in summary["notebooks"]] == ["passed", "interrupted", "not run"]
     assert "incomplete" in (folder / "index.html").read_text()
+    assert not (out / "history.jsonl").exists()  # an interrupted run is not history
 
 
 def test_html_report_loads_nothing_from_the_network(nbdir, tmp_path):

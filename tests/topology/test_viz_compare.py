@@ -32,7 +32,7 @@ def test_p2p_heatmaps_and_bars():
             vt.p2p_heatmap(t, key, mode, "sample")
     rows = compare_p2p(t, gen=generation_for(t.gpus[0]))
     bars = vt.bandwidth_bars([(r.what, r.nominal_Bps, r.measured_Bps) for r in rows], "t")
-    assert len(bars.x_range.factors) == 2 * len(rows)
+    assert len(bars.y_range.factors) == 2 * len(rows)
 
 
 def test_compare_uses_the_link_of_the_pair_and_the_largest_size():

@@ -68,6 +68,7 @@ class MeasureReport:
     num_params: int = 0
     step_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    reserved_by_conf: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def phase_peaks(self) -> dict[str, int]:
@@ -112,7 +113,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  device: str = "fake-cuda", steps: int = 2,
                  call: Callable[[nn.Module, Any], Any] | None = None,
                  target: Any = None, op_log: bool = False, timing: bool = False,
-                 rounding: int | None = None, checkpointing: str | None = None) -> MeasureReport:
+                 rounding: int | None = None, alloc_confs: tuple[str, ...] = (),
+                 observers: tuple = (), checkpointing: str | None = None) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -125,6 +127,10 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     ``precision``, ``recompute`` (a :class:`~labkit.core.vocab.Recompute` or ``none|selective|full|every-K``)
     and ``optimizer`` (a name, implementation ``foreach``, or an :class:`~labkit.core.vocab.OptimizerSpec`)
     speak :mod:`labkit.core.vocab`; ``checkpointing`` is the deprecated name of ``recompute``.
+    ``alloc_confs`` (fake mode): also replay the run's allocation stream under each of these
+    ``PYTORCH_ALLOC_CONF`` values; the report's ``reserved_by_conf`` holds what each predicts.
+    ``observers``: callables ``(func, args, kwargs, out, phase)`` the tracker calls after every op
+    (e.g. :class:`labkit.advise.roofline.Roofline`, which prices each op on the target GPU).
     """
     from labkit.workloads import StepPolicy, TrainStep, move_batch
 
@@ -156,17 +162,19 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         stack.enter_context(fake)
         if policy.autocast_dtype is not None:
             autocast = emulator.autocast_factory(policy.autocast_dtype)
-        tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log)  # fake storages are meta
+        tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log,
+                                 observers=observers)  # fake storages are meta
         to_device: Callable[[torch.Tensor], torch.Tensor] = fake.from_tensor
         device_type = "cpu"
     elif is_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        tracker = StorageTracker(device_type="cuda", rounding=rounding or 512, op_log=op_log, cuda_op_stats=op_log)
+        tracker = StorageTracker(device_type="cuda", rounding=rounding or 512, op_log=op_log, cuda_op_stats=op_log,
+                                 observers=observers)
         to_device = lambda t: t.to("cuda", non_blocking=False)  # noqa: E731
         device_type = "cuda"
     else:
-        tracker = StorageTracker(device_type="cpu", rounding=rounding or 1, op_log=op_log)
+        tracker = StorageTracker(device_type="cpu", rounding=rounding or 1, op_log=op_log, observers=observers)
         to_device = lambda t: t  # noqa: E731
         device_type = "cpu"
         fused = None  # fused AdamW has a CPU kernel too
@@ -239,6 +247,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         acts = tuple(i for i in by_step[p.step] if tracker.phases[i] in ("forward", "loss"))
         p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
     reserved = None
+    reserved_by_conf: dict[str, dict[str, int]] = {}
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
         from labkit.memory.trace.reserved import replay_tracker
 
@@ -246,6 +255,13 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         for p in phases:
             p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
         reserved = rp.reserved_end
+        if alloc_confs:
+            from labkit.allocator import parse_alloc_conf
+
+            for conf in alloc_confs:
+                r = replay_tracker(tracker, parse_alloc_conf(conf))
+                reserved_by_conf[conf] = {"reserved_peak": r.reserved_peak, "segments": r.segments,
+                                          "peak_allocated": max(r.phase_peak_allocated, default=0)}
     elif is_cuda:
         for p in phases:
             p.peak_bytes = p.cuda_peak_allocated or 0
@@ -278,6 +294,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         emulation=emulator.describe() if emulator is not None else None, num_params=num_params,
         step_time_s=(sorted(t_steps)[len(t_steps) // 2] if timing and t_steps else None),
     )
+    rep.reserved_by_conf = reserved_by_conf
     if op_log:
         rep.op_log = tracker.op_log  # type: ignore[attr-defined]
     return rep

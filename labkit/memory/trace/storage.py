@@ -64,7 +64,8 @@ class StorageTracker(TorchDispatchMode):
     """Tracks live storages of ``device_type`` seen as op outputs; see the module docstring."""
 
     def __init__(self, *, device_type: str | None = None, rounding: int = 512,
-                 emulator: Any = None, op_log: bool = False, cuda_op_stats: bool = False) -> None:
+                 emulator: Any = None, op_log: bool = False, cuda_op_stats: bool = False,
+                 observers: tuple = ()) -> None:
         super().__init__()
         self.device_type = device_type
         self.rounding = rounding
@@ -82,6 +83,7 @@ class StorageTracker(TorchDispatchMode):
         self.current = 0
         self._next_id = 0
         self.op_log_enabled = op_log
+        self.observers = tuple(observers)  # callables (func, args, kwargs, out, phase) after every op
         self.cuda_op_stats = cuda_op_stats
         self.op_log: list[OpRecord] = []
         self.op_count = 0
@@ -236,7 +238,7 @@ class StorageTracker(TorchDispatchMode):
 
     # -- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if self.emulator is None and not self.op_log_enabled:
+        if self.emulator is None and not self.op_log_enabled and not self.observers:
             # fast path (the overhead on a real GPU step): views share their input's storage
             out = func(*args, **(kwargs or {}))
             self.op_count += 1
@@ -257,6 +259,8 @@ class StorageTracker(TorchDispatchMode):
         if self.emulator is not None:
             self.emulator.after(func, args, kwargs, out, self)
         self.op_count += 1
+        for observe in self.observers:
+            observe(func, args, kwargs, out, self.phases[-1])
         if self.op_log_enabled:
             rec = OpRecord(self.op_count, str(func), self.phases[-1], self.current, self.current - before,
                            shapes=_shapes(args, out))

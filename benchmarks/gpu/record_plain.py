@@ -1,0 +1,337 @@
+"""Ground truth for the fake-GPU tracer: the corpus (``labkit.workloads.corpus``) as plain, untraced
+training loops on a GPU, exactly as users write them.
+
+Per case: ``loss = model(**batch).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)``
+(fused or foreach AdamW as the case says; autocast around the forward for amp-bf16;
+``model.to(torch.bfloat16)`` for bf16). Four steps; before each, ``torch.cuda.reset_peak_memory_stats``;
+the peak is the max of ``torch.cuda.max_memory_allocated`` over steps 2-4 (likewise
+``max_memory_reserved``), the step time the median of steps 2-4 (CUDA-synchronised wall time). One more
+step runs under ``torch.profiler`` to list the CUDA kernels that ran (the attention kernels tell
+which SDPA backend the GPU chose). No labkit code runs during the measured steps: the model comes
+from its configuration, the loop is :func:`labkit.workloads.corpus.plain_step`.
+
+Then the clue experiment of issue 11: the same GPT-2 large case (the lab's HF GPT-2 spec, batch 4 x 1024,
+amp-bf16, fused AdamW) run as a plain loop with the output dropped / kept, with foreach AdamW,
+by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``measure_step(device="cuda")``
+(the tracer attached), to isolate why the traced recording is higher than the plain loop.
+
+    PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
+
+``--smoke``: a few cases at CI size on the CPU (no peaks: there is no allocator to ask), to check the script.
+Writes ``DIR/plain_cases.json`` (rewritten after every case, so a run cut short keeps what finished),
+``DIR/clue_gpt2_large.json`` and ``DIR/log.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import re
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from labkit.core.provenance import header, write_measurement
+from labkit.workloads.corpus import CASES, Case, plain_step, prepare_plain, tiny
+
+T0 = time.perf_counter()
+LOG: list[str] = []
+ATTENTION_KERNEL = re.compile(r"flash|fmha|efficient|attention|attn|sdpa|softmax", re.IGNORECASE)
+SMOKE_CASES = ("gpt2-b8-amp-bf16", "llama-gqa-b4-bf16", "t5-base-b16-amp-bf16", "tv-resnet50-b128-amp-bf16",
+               "llama-gqa-b4-lora-bf16", "llama-gqa-b8-hfgc-amp-bf16", "llama-gqa-b8-hfgc-reentrant-fp32",
+               "llama-gqa-b8-ckpt-amp-bf16", "llama-gqa-b4-keep-amp-bf16")
+STEPS = 4          # steps per measured loop: the first warms up, the peak is the max of the others
+
+
+def log(msg: str) -> None:
+    line = f"[{time.perf_counter() - T0:6.1f}s] {msg}"
+    LOG.append(line)
+    print(line, flush=True)
+
+
+def cleanup(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def versions() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mod in ("transformers", "torchvision", "peft", "timm"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - not installed or not importable: recorded as such
+            out[mod] = None
+    out["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return out
+
+
+ATTENTION_OP = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|softmax|baddbmm")
+
+
+def profile_step(fn: Any, cuda: bool) -> tuple[list[str], dict[str, int]]:
+    """One call of ``fn`` under ``torch.profiler``: the device kernels' names (GPU only) and the count
+    of each ATen op about attention (which SDPA variant ran, softmax, baddbmm)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    kernels: set[str] = set()
+    ops: dict[str, int] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            kernels.add(e.name)
+        elif e.name.startswith("aten::") and ATTENTION_OP.search(e.name):
+            ops[e.name] = ops.get(e.name, 0) + 1
+    return sorted(kernels), dict(sorted(ops.items()))
+
+
+def sdpa_backends(ops: dict[str, int]) -> list[str]:
+    """The SDPA backends that ran, from the ATen ops: flash, efficient, cudnn, math; ``eager`` when
+    the model computed attention itself (softmax ops and no SDPA call)."""
+    found = []
+    for backend, names in (("flash", ("aten::_scaled_dot_product_flash_attention",
+                                      "aten::_scaled_dot_product_flash_attention_for_cpu")),
+                           ("efficient", ("aten::_scaled_dot_product_efficient_attention",)),
+                           ("cudnn", ("aten::_scaled_dot_product_cudnn_attention",)),
+                           ("math", ("aten::_scaled_dot_product_attention_math",))):
+        if any(n in ops for n in names):
+            found.append(backend)
+    if not found and "aten::scaled_dot_product_attention" not in ops and any("softmax" in n for n in ops):
+        found.append("eager")
+    return found
+
+
+def measure_loop(step: Any, cuda: bool, steps: int | None = None) -> dict[str, Any]:
+    """Run ``step()`` ``steps`` times; peaks and times of steps 2..steps."""
+    peaks, reserved, times = [], [], []
+    for i in range(1, (steps or STEPS) + 1):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        if i >= 2:
+            times.append(dt)
+            if cuda:
+                peaks.append(torch.cuda.max_memory_allocated())
+                reserved.append(torch.cuda.max_memory_reserved())
+    st = torch.cuda.memory_stats() if cuda else {}
+    return {
+        "peak_allocated": max(peaks) if peaks else None,
+        "peak_reserved": max(reserved) if reserved else None,
+        "step_peaks_allocated": peaks, "step_peaks_reserved": reserved,
+        "end_allocated": torch.cuda.memory_allocated() if cuda else None,
+        "step_times_s": times, "median_step_s": statistics.median(times),
+        "num_alloc_retries": int(st.get("num_alloc_retries", 0)),
+    }
+
+
+def run_case(case: Case, device: str) -> dict[str, Any]:
+    cuda = device == "cuda"
+    cleanup(cuda)
+    row: dict[str, Any] = {"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
+                           "describe": case.describe(), "device": device}
+    t = time.perf_counter()
+    row["base_allocated"] = torch.cuda.memory_allocated() if cuda else None   # e.g. cuBLAS workspaces kept
+    model = opt = batch = None
+    try:
+        model, opt, batch = prepare_plain(case, device)
+        if cuda:
+            torch.cuda.synchronize()
+        row["init_allocated"] = torch.cuda.memory_allocated() if cuda else None
+        row["num_params"] = sum(p.numel() for p in model.parameters())
+        row["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        row["param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+        row["attn_implementation"] = getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+        def step() -> None:
+            plain_step(case, model, opt, batch, device_type=device)
+
+        row.update(measure_loop(step, cuda))
+        kernels, ops = profile_step(step, cuda)
+        row["attention_kernels"] = [k for k in kernels if ATTENTION_KERNEL.search(k)]
+        row["attention_ops"] = ops
+        row["sdpa_backends"] = sdpa_backends(ops)
+        row["num_kernels"] = len(kernels)
+    except torch.cuda.OutOfMemoryError as exc:  # type: ignore[attr-defined]
+        row["error"] = f"OutOfMemoryError: {str(exc).splitlines()[0]}"
+    except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        row["traceback_tail"] = traceback.format_exc()[-1500:]
+    del model, opt, batch
+    cleanup(cuda)
+    row["wall_s"] = time.perf_counter() - t
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The clue of issue 11: traced recording 29.39 GB vs plain loop 26.9 GB (HF GPT-2 large, b4, amp-bf16)
+
+
+class _NoopMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """A TorchDispatchMode that only forwards each op: isolates 'a Python dispatch mode is active'."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def clue_experiment(device: str, smoke: bool) -> dict[str, Any]:
+    from labkit.memory.trace.step import measure_step
+    from labkit.workloads.harness import StepPolicy, TrainStep
+    from labkit.workloads.hf import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
+
+    cuda = device == "cuda"
+    spec = (HFGPT2Spec(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=512) if smoke
+            else HFGPT2Spec.named("gpt2-large"))
+    b, s = (2, 64) if smoke else (4, 1024)
+    dt = torch.bfloat16
+
+    def setup(impl: str = "fused") -> tuple[Any, Any, dict]:
+        with torch.device(device):
+            model = hf_gpt2_factory(spec)()
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if impl == "fused" else {"foreach": True}))
+        batch = {k: v.to(device) for k, v in hf_lm_batch(spec.vocab_size, b, s).items()}
+        return model, opt, batch
+
+    def plain(model: Any, opt: Any, batch: dict, keep: bool = False, mode: Any = None) -> Any:
+        def step() -> None:
+            with (mode() if mode else contextlib.nullcontext()):
+                out = None
+                with torch.autocast(device, dtype=dt):
+                    if keep:
+                        out = model(**batch)
+                        loss = out.loss
+                    else:
+                        loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del out, loss
+        return step
+
+    results: dict[str, Any] = {"spec": spec.as_dict(), "batch": b, "seq": s, "precision": "amp-bf16", "variants": {}}
+    variants = {
+        "plain, fused AdamW, output dropped (loss = model(**batch).loss)": dict(impl="fused"),
+        "plain, fused AdamW, output kept through backward": dict(impl="fused", keep=True),
+        "plain, foreach AdamW, output dropped": dict(impl="foreach"),
+        "plain under a do-nothing TorchDispatchMode": dict(impl="fused", mode=_NoopMode),
+        "labkit TrainStep, untraced": dict(impl="fused", harness=True),
+    }
+    for label, v in variants.items():
+        cleanup(cuda)
+        try:
+            model, opt, batch = setup(v["impl"])
+            if v.get("harness"):
+                del opt
+                ts = TrainStep(model, batch, policy=StepPolicy(precision="amp-bf16", optimizer="adamw"),
+                               device_type=device, fused=True if cuda else False)
+                step = ts.run
+            else:
+                step = plain(model, opt, batch, keep=v.get("keep", False), mode=v.get("mode"))
+            r = measure_loop(step, cuda)
+            del step, model, batch
+            if v.get("harness"):
+                del ts
+            else:
+                del opt
+        except Exception as exc:  # noqa: BLE001
+            r = {"error": f"{type(exc).__name__}: {exc}"}
+        results["variants"][label] = r
+        log(f"clue: {label}: peak {fmt(r.get('peak_allocated'))}, reserved {fmt(r.get('peak_reserved'))}")
+    for steps in ((2,) if smoke else (2, 4)):
+        label = f"measure_step(device={device!r}, steps={steps}) (the tracer attached)"
+        cleanup(cuda)
+        try:
+            rep = measure_step(hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, b, s), precision="amp-bf16",
+                               optimizer="adamw", device=device, steps=steps)
+            r = {"peak_allocated": rep.cuda["steady_peak_allocated"] if rep.cuda else None,
+                 "peak_reserved": rep.reserved_bytes, "tracker_peak": rep.storage_peak_bytes,
+                 "phase_peaks_allocated": rep.cuda["steady_phase_peaks"] if rep.cuda else None,
+                 "by_category": rep.by_category}
+            del rep
+        except Exception as exc:  # noqa: BLE001
+            r = {"error": f"{type(exc).__name__}: {exc}"}
+        results["variants"][label] = r
+        log(f"clue: {label}: peak {fmt(r.get('peak_allocated'))}, reserved {fmt(r.get('peak_reserved'))}")
+    cleanup(cuda)
+    return results
+
+
+def fmt(n: Any) -> str:
+    return "-" if n is None else f"{n / 1e9:.3f} GB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--budget", type=float, default=320.0, help="seconds; cases past it are skipped (default 320)")
+    ap.add_argument("--only", help="run only cases whose name contains this")
+    ap.add_argument("--no-clue", action="store_true", help="skip the clue experiment")
+    ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = "cuda" if cuda else "cpu"
+    cmd = "python3 benchmarks/gpu/record_plain.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    prov = header(cmd)
+    prov.update(versions())
+    log(f"device {device}; torch {torch.__version__}; {prov.get('gpu_name')}; transformers {prov.get('transformers')}")
+    if not cuda:
+        log("no CUDA GPU (or --smoke): CI-size cases on the CPU, no peaks (a script check, not GPU numbers)")
+    if args.smoke:
+        global STEPS
+        STEPS = 2
+        todo = [tiny(c) for c in CASES if c.name in SMOKE_CASES]
+    else:
+        todo = list(CASES)
+    if args.only:
+        todo = [c for c in todo if args.only in c.name]
+    clue = None
+    if not args.no_clue:
+        clue = clue_experiment(device, args.smoke)
+        write_measurement(args.out / "clue_gpt2_large.json", "measure_plain_clue", clue, provenance=prov)
+    rows: list[dict] = []
+    for i, case in enumerate(todo):
+        left = args.budget - (time.perf_counter() - T0)
+        if left < 8:
+            log(f"budget: skipping {case.name}")
+            rows.append({"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
+                         "skipped": "time budget"})
+            continue
+        row = run_case(case, device)
+        rows.append(row)
+        if "error" in row:
+            log(f"[{i + 1}/{len(todo)}] {case.name}: {row['error']}")
+        else:
+            log(f"[{i + 1}/{len(todo)}] {case.name} ({case.split}): peak {fmt(row['peak_allocated'])}, reserved "
+                f"{fmt(row['peak_reserved'])}, step {row['median_step_s'] * 1e3:.1f} ms, sdpa {row['sdpa_backends']}"
+                f", {row['wall_s']:.1f} s")
+        write_measurement(args.out / "plain_cases.json", "measure_plain",
+                          {"device": device, "smoke": args.smoke, "method": __doc__.split("\n\n")[1],
+                           "cases": rows}, provenance=prov)
+        (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
+    log(f"done: {sum('peak_allocated' in r or 'median_step_s' in r for r in rows)} of {len(todo)} cases ran")
+    (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

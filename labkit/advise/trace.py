@@ -1,0 +1,58 @@
+"""One fake-mode step of the user's real model (a Hugging Face config or their factory), through
+``measure_step`` exactly as ``labkit measure`` runs it, with the allocation stream replayed under
+the candidate allocator settings."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from labkit.core.errors import LabkitError
+
+
+def _factory(source: str):
+    mod, _, fn = source.partition(":")
+    try:
+        f = getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError) as exc:
+        raise LabkitError(f"--factory {source}: cannot import it ({exc})") from None
+    if not callable(f):
+        raise LabkitError(f"--factory {source}: {fn} is not callable")
+    return f
+
+
+def hf_causal_lm_factory(cfg: dict[str, Any], layers: int | None = None, hidden: int | None = None):
+    """A zero-argument builder of ``AutoModelForCausalLM.from_config`` for a config dict."""
+    from labkit.workloads.hf import require_transformers
+
+    tr = require_transformers()
+    cfg = dict(cfg)
+    mt = cfg.pop("model_type", None)
+    if not mt:
+        raise LabkitError("hf config: no model_type")
+    if layers is not None:
+        for k in ("num_hidden_layers", "n_layer"):
+            if k in cfg or k == "num_hidden_layers":
+                cfg[k] = layers
+    if hidden is not None:
+        for k in ("hidden_size", "n_embd"):
+            if k in cfg:
+                cfg[k] = hidden
+    config = tr.AutoConfig.for_model(mt, **{k: v for k, v in cfg.items() if not k.startswith("_")})
+    return lambda: tr.AutoModelForCausalLM.from_config(config), int(getattr(config, "vocab_size", 32000))
+
+
+def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
+    from labkit.memory.trace.step import measure_step
+    from labkit.workloads.hf import hf_lm_batch
+
+    if model.hf_config:
+        from labkit.memory.estimate.hf_config import load_hf_config
+
+        build, vocab = hf_causal_lm_factory(load_hf_config(model.hf_config), model.layers, model.hidden)
+    else:
+        build, vocab = _factory(model.factory), 32000
+    precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"
+    batch = hf_lm_batch(vocab, micro_batch, job.seq)
+    return measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
+                        device="fake-cuda", steps=2, alloc_confs=alloc_confs)

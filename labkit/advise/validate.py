@@ -1,0 +1,62 @@
+"""Advise's step time against recorded plain-loop step times (``benchmarks/gpu/record_plain.py``):
+each recorded case of the corpus is run in fake mode with the :class:`Roofline` observer and its
+predicted step compared with the median step the H200 ran; reference and held-out cases apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.core import paths
+from labkit.core.errors import LabkitError
+
+PLAIN_FILE = paths.DATA_DIR / "measurements" / "measure" / "plain__corpus.json"
+
+
+@dataclass
+class StepTimeCheck:
+    name: str
+    split: str
+    measured_s: float
+    predicted_s: float
+    kernels: int
+
+    @property
+    def rel_error(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+
+def recorded_step_times(path: Path | str = PLAIN_FILE) -> dict[str, dict]:
+    from labkit.core.provenance import load_measurement
+
+    p = Path(path)
+    if not p.exists():
+        raise LabkitError(f"{p}: no plain-loop recording (benchmarks/gpu/record_plain.py writes it)")
+    doc = load_measurement(p)
+    return {c["name"]: c for c in doc["data"]["cases"] if c.get("median_step_s")}
+
+
+def predict_step_time(case) -> tuple[float, int]:
+    """(predicted seconds, kernels) of one corpus case's steady step on the target GPU."""
+    from labkit.advise.roofline import Roofline
+    from labkit.workloads import corpus
+
+    rf = Roofline()
+    corpus.predict(case, observers=(rf,))
+    return rf.step_s, rf.describe()["kernels"]
+
+
+def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list[StepTimeCheck]:
+    from labkit.workloads import corpus
+
+    rec = recorded_step_times(path)
+    out = []
+    for name in names or sorted(rec):
+        row = rec[name]
+        try:
+            case = corpus.get_case(name)
+        except LabkitError:
+            continue
+        pred, kernels = predict_step_time(case)
+        out.append(StepTimeCheck(name, row.get("split", case.split), row["median_step_s"], pred, kernels))
+    return out

@@ -1,0 +1,131 @@
+"""``labkit watch -- CMD ARGS``: run a training script unedited, capture its OOM (snapshot, statistics, message,
+verdict) into one folder per rank, and print the folder at the end.
+
+    labkit watch [--out DIR] [--detail trace|stacks|stats] [--max-entries N] [--no-sim] -- python train.py ARGS
+    labkit watch -- torchrun --standalone --nproc-per-node 2 train.py ARGS
+    labkit watch --show RUN_FOLDER [--json]
+
+The command's processes get ``labkit/allocator/_watch_boot`` first on PYTHONPATH: its ``sitecustomize``
+starts :mod:`labkit.allocator.watcher` in every process that imports torch and initialises CUDA (the torchrun
+launcher itself does not). The exit status is the command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from labkit.core.errors import LabkitError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("watch", help="run a training command and capture its out-of-memory error per rank",
+                       description="Run CMD with the allocator's history on; on an OOM each rank writes the snapshot, "
+                                   "per-step memory_stats(), the message and the doctor's verdict into its own folder.")
+    p.add_argument("--out", default="labkit-watch", help="folder for the run folders (default: ./labkit-watch)")
+    p.add_argument("--detail", choices=("trace", "stacks", "stats"), default="trace",
+                   help="trace: history without stacks (default); stacks: with Python stacks (slower); "
+                        "stats: per-step statistics only (no snapshot, no simulator check)")
+    p.add_argument("--max-entries", type=int, default=None, help="history ring buffer size (default 200000)")
+    p.add_argument("--no-sim", action="store_true", help="do not check the verdict with the simulator")
+    p.add_argument("--reduce", action="store_true", help="keep only what the doctor needs in the snapshot")
+    p.add_argument("--show", metavar="RUN", help="print the verdicts of an earlier run folder instead")
+    p.add_argument("--json", action="store_true", help="with --show: one JSON document")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to run")
+    p.set_defaults(func=run_watch)
+
+
+def boot_dir() -> Path:
+    return Path(__file__).resolve().parent / "_watch_boot"
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def summarize(run: Path) -> list[dict]:
+    """One row per rank folder: state, whether it saw an OOM, the verdict."""
+    from labkit.allocator.capture import rank_folders, read_capture
+
+    rows = []
+    for f in rank_folders(run):
+        try:
+            c = read_capture(f)
+        except LabkitError as exc:
+            rows.append({"folder": str(f), "state": "unreadable", "reason": str(exc)})
+            continue
+        v = c.verdict or {}
+        first = (v.get("findings") or [{}])[0]
+        rows.append({"folder": str(f), "rank": c.rank, "state": c.state, "reason": c.reason,
+                     "steps": len(c.steps), "oom": bool(c.manifest.get("oom")), "verdict": first.get("kind"),
+                     "title": first.get("title"), "fix": first.get("fix"), "verified": first.get("verified")})
+    return rows
+
+
+def _print_rows(run: Path, rows: list[dict]) -> None:
+    print(f"labkit watch: captures in {run}")
+    if not rows:
+        print("  (no rank folder: no process initialised CUDA under the hook; python -I or -S ignores PYTHONPATH)")
+    for r in rows:
+        line = f"  {Path(r['folder']).name}: {r['state']}"
+        if r.get("steps") is not None:
+            line += f", {r['steps']} steps"
+        if r.get("oom"):
+            line += f", OOM: [{r.get('verdict')}] {r.get('title') or ''}"
+            if r.get("verified"):
+                line += " (checked by the simulator)"
+        if r["state"] != "complete" and r.get("reason"):
+            line += f" ({r['reason']})"
+        print(line)
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from labkit.allocator.capture import run_folder
+
+    if args.show:
+        run = Path(args.show)
+        rows = summarize(run)
+        if args.json:
+            print(json.dumps({"run": str(run), "ranks": rows}, indent=1))
+        else:
+            _print_rows(run, rows)
+        return 0
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise LabkitError("watch: give the command to run after --, e.g. labkit watch -- python train.py")
+    if args.max_entries is not None and args.max_entries < 1000:
+        raise LabkitError(f"--max-entries must be at least 1000, got {args.max_entries}")
+    if not _gpu_available():
+        print("labkit watch: no CUDA GPU here: running the command without watching (watch is a no-op)",
+              file=sys.stderr, flush=True)
+        return subprocess.call(cmd)
+    run = run_folder(args.out)
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LabkitError(f"--out {args.out}: cannot create {run} ({exc})") from None
+    env = dict(os.environ)
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([str(boot_dir()), pkg_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                                        else []))
+    env["LABKIT_WATCH_RUN_DIR"] = str(run.resolve())
+    opts = {"detail": args.detail, "check_with_simulator": not args.no_sim, "reduce": args.reduce}
+    if args.max_entries is not None:
+        opts["max_entries"] = args.max_entries
+    env["LABKIT_WATCH_OPTS"] = json.dumps(opts)
+    try:
+        rc = subprocess.call(cmd, env=env)
+    except FileNotFoundError:
+        raise LabkitError(f"watch: no such command {cmd[0]!r}") from None
+    _print_rows(run, summarize(run))
+    return rc

@@ -1,0 +1,44 @@
+"""Notebook sections: one function per section, each returning a self-displaying value.
+
+A layer above the chapters, ``labkit.viz`` and ``labkit.report`` (imports point down): a lesson
+takes what a chapter computed, writes the claims beside their numbers (sentences computed from those
+numbers), picks the figure from ``labkit.viz`` and states any gap (a recording that is not there) as
+a note. One module per notebook chapter: ``server`` (00), ``topology`` (01), ``parallel_memory`` (02).
+
+Every notebook starts with :func:`setup`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+# Third-party messages that say nothing about the lesson, filtered by their text or module only.
+_QUIET_MESSAGES = (
+    r".*Kernel is running over TCP.*",
+    r".*USDT.*",
+)
+_QUIET_MODULES = (r"transformers(\..*)?$", r"huggingface_hub(\..*)?$")
+
+
+def quiet_third_party() -> None:
+    """Hide the third-party warnings that would otherwise fill cells and reports (transformers'
+    advisories, the profiler's USDT notice, ipykernel's TCP notice); nothing of labkit's is hidden."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    for text in _QUIET_MESSAGES:
+        warnings.filterwarnings("ignore", message=text)
+    for module in _QUIET_MODULES:
+        warnings.filterwarnings("ignore", module=module)
+    import logging
+
+    for name in ("transformers", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def setup() -> None:
+    """What every notebook calls first: Bokeh inline (offline reports) and the third-party filters."""
+    from labkit.viz.display import setup as viz_setup
+
+    quiet_third_party()
+    viz_setup()

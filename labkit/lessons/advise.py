@@ -1,0 +1,146 @@
+"""Notebook 06 (advise): one section per call, each a ``Section`` that displays itself."""
+
+from __future__ import annotations
+
+from labkit.core.units import fmt_bytes
+from labkit.viz.section import Section
+
+
+def advice(adv, *, title: str | None = None) -> Section:
+    """The advice for one job on one machine: the layout and its numbers, the settings, the launch
+    line, why the runners-up lost, and the evidence with the source of each number."""
+    sec = Section(title or f"Advice: {adv.model} on {adv.machine}", source="model")
+    if not adv.fits:
+        sec.claim("No layout fits; the smallest cluster of these GPUs that would", adv.smallest_fitting_gpus or "none",
+                  "GPUs", name="advise_smallest_fitting_gpus")
+        sec.note(f"What dominates: {adv.dominant}")
+        sec.table(["why not"], [[w] for w in adv.why_not])
+        return sec
+    lay = adv.layout
+    label = (f"tp={lay['tp']}{'+SP' if lay['sp'] else ''} pp={lay['pp']} dp={lay['dp']} ZeRO-{lay['zero']}, "
+             f"micro-batch {lay['micro_batch']}, recompute {lay['recompute']}")
+    sec.claim(f"Fastest layout that fits ({label}): predicted step time", round(adv.step_time_s * 1e3, 1), "ms",
+              name="advise_step_time_ms", direction="lower")
+    sec.claim("Per-GPU peak allocated on the most loaded GPU", adv.peak_bytes, "bytes",
+              name="advise_peak_bytes", direction="lower")
+    sec.claim("Reserved by the caching allocator at that peak", adv.reserved_peak_bytes, "bytes")
+    sec.claim("Memory usable per GPU after the margin", adv.usable_bytes, "bytes")
+    sec.table(["setting", "value"], [
+        ["CUDA_VISIBLE_DEVICES", adv.placement.get("cuda_visible_devices")],
+        ["placement", adv.placement.get("verdict")],
+        ["PYTORCH_ALLOC_CONF", adv.alloc_conf or "(default)"],
+        ["DDP bucket_cap_mb", adv.bucket_cap_mb if adv.bucket_cap_mb else "(no DDP buckets)"],
+        ["launch", adv.command],
+    ] + [[f"runner-up / rejected {i + 1}", w] for i, w in enumerate(adv.why_not[:6])]
+      + [[f"evidence: {e.what}", f"{e.value} {e.unit} ({e.source})".strip()] for e in adv.evidence])
+    for n in adv.notes:
+        sec.note(n)
+    return sec
+
+
+def step_time_check(checks) -> Section:
+    """Predicted against recorded single-GPU step times, reference and held-out cases apart."""
+    import statistics
+
+    sec = Section("Step time: advise's op-by-op model against the H200's plain loops",
+                  source="recorded on 1 x NVIDIA H200 (plain loops) vs model")
+    if not checks:
+        return sec.note("No recorded step times under data/measurements/measure/: run "
+                        "benchmarks/gpu/record_plain.py on a GPU")
+    for split in ("reference", "held-out"):
+        errs = [abs(c.rel_error) for c in checks if c.split == split]
+        if errs:
+            sec.claim(f"Median |error| on {len(errs)} {split} case(s)", round(100 * statistics.median(errs), 1), "%",
+                      name=f"advise_step_time_median_error_{split.replace('-', '_')}", direction="lower")
+            sec.claim(f"Worst |error| on the {split} cases", round(100 * max(errs), 1), "%")
+    sec.table(["case", "split", "H200 (ms)", "predicted (ms)", "error"],
+              [[c.name, c.split, f"{c.measured_s * 1e3:.1f}", f"{c.predicted_s * 1e3:.1f}", f"{c.rel_error * 100:+.1f}%"]
+               for c in checks])
+    return sec
+
+
+def live_advice(job, model, *, margin: float = 0.10) -> Section:
+    """The advice for this machine (NVML and nvidia-smi topo -m); without a GPU, a stated gap."""
+    from labkit.advise import MachineSource, advise
+    from labkit.core.errors import LabkitError
+    from labkit.core.machine import probe
+
+    m = probe()
+    if not m.gpus:
+        return Section("Advice for this machine", source="measured here").note(
+            "No GPU here (NVML found none): the advice above is for the bundled topology. On a GPU server this "
+            "section plans the same job for the live machine: `labkit advise --live ...`.")
+    try:
+        adv = advise(model, job, MachineSource(live=True, margin=margin))
+    except LabkitError as exc:
+        return Section("Advice for this machine", source="measured here").note(f"advise --live: {exc}")
+    return advice(adv, title=f"Advice for this machine ({fmt_bytes(adv.usable_bytes)} usable per GPU)")
+
+
+def layouts(adv) -> Section:
+    """The advised layout's step time beside its runners-up (a figure)."""
+    from labkit.viz.advise import layouts_figure
+
+    sec = Section("The advised layout and the runners-up", source="model")
+    if adv.runners_up:
+        slower = adv.runners_up[0]["step_time_s"] / adv.step_time_s - 1
+        sec.claim("The nearest runner-up is slower by", round(100 * slower, 1), "%")
+    return sec.figure(layouts_figure(adv))
+
+
+def explorer(model, job, *, sample: str, gpu_memory: str, gpu_choices=(1, 2, 4, 8), initial: int = 8) -> Section:
+    """Re-plan the same job on fewer or more GPUs of the sample's kind (one node, NVSwitch assumed
+    past the sample's size is not done: counts above the sample's GPUs are left out)."""
+    from labkit.advise import MachineSource, advise
+    from labkit.topology import load_sample
+    from labkit.viz.advise import explorer as make
+
+    from labkit.core.units import parse_bytes
+
+    n = len(load_sample(sample).gpus)
+    mem = parse_bytes(gpu_memory, what="gpu_memory")
+    choices = [g for g in gpu_choices if g <= n] or [n]
+
+    def advise_for(g: int):
+        src = (MachineSource(sample=sample, gpu_memory_bytes=mem) if g == n
+               else MachineSource(gpus=g, gpu_memory_bytes=mem))
+        return advise(model, job, src, trace=False)
+
+    sec = Section("Explorer: the same job on other GPU counts", source="model")
+    sec.note(f"Counts below the sample's {n} GPUs assume identical GPUs on NVSwitch.")
+    return sec.widget(make(advise_for, choices, initial if initial in choices else choices[-1]))
+
+
+def plan(model: str, *, sample: str, gpu_memory: str, seq: int, global_batch: int, precision: str = "amp-bf16",
+         hf_config: str = ""):
+    """The notebook's job on a bundled topology (whose GPUs have ``gpu_memory``, e.g. "80GiB"):
+    (advice, model source, job)."""
+    from labkit.advise import Job, MachineSource, ModelSource, advise
+    from labkit.core.units import parse_bytes
+
+    src = ModelSource(hf_config=hf_config) if hf_config else ModelSource(preset=model)
+    job = Job(seq=seq, global_batch=global_batch, precision=precision)
+    mem = parse_bytes(gpu_memory, what="gpu_memory")
+    return advise(src, job, MachineSource(sample=sample, gpu_memory_bytes=mem)), src, job
+
+
+# Recorded decoder-LM cases whose step the notebook re-predicts (the cheapest first); smoke: the first two.
+STEP_TIME_CASES = ("opt-b4-bf16", "gpt-neox-b4-bf16", "gpt2-b8-amp-bf16", "llama-gqa-b4-amp-bf16",
+                   "mistral-b4-bf16", "phi3-b4-amp-bf16", "qwen2-b4-bf16", "gpt2-medium-b4-amp-bf16",
+                   "falcon-b4-amp-bf16", "mistral-b4-amp-bf16", "llama-gqa-b4-bf16", "opt-b4-fp32")
+
+
+def step_time_validation(smoke: bool) -> Section:
+    """Re-predict recorded H200 steps op by op here (fake mode) and compare (a progress bar: ~10 s a case)."""
+    from tqdm.auto import tqdm
+
+    from labkit.advise import validate
+    from labkit.core.errors import LabkitError
+
+    try:
+        rec = validate.recorded_step_times()
+    except LabkitError as exc:
+        return step_time_check([]).note(str(exc))
+    names = [n for n in STEP_TIME_CASES if n in rec][: 2 if smoke else None]
+    checks = [c for n in tqdm(names, desc="predicting recorded steps") for c in validate.check([n])]
+    return step_time_check(checks)

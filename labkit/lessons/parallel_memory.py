@@ -1,0 +1,285 @@
+"""Notebook 02 (parallel memory): the model checked against real peaks, then DP/ZeRO, TP, PP,
+recomputation and precision, the explorer and the planner, each as one section."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.core.errors import LabkitError
+from labkit.core.units import GiB, fmt_bytes
+from labkit.memory.estimate import DEFAULTS_SOURCE, ModelSpec, ParallelSpec, TrainSpec, estimate, total_params
+from labkit.memory.estimate.presets import get_preset
+from labkit.viz.section import Section
+
+MODEL = "model (labkit.memory.estimate)"
+
+
+@dataclass
+class Setup:
+    """The model and the GPU the chapter plans for."""
+
+    model: ModelSpec
+    gpu_memory_gib: float
+
+    @property
+    def capacity(self) -> int:
+        return int(self.gpu_memory_gib * GiB)
+
+    def section(self) -> Section:
+        from labkit.core.machine import probe
+
+        here = probe()
+        m = self.model
+        sec = Section(f"The model: {m.name}", source="model")
+        sec.claim("Parameters", round(total_params(m) / 1e9, 2), "x 1e9")
+        sec.claim("Dimensions", f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads "
+                                f"({m.kv_heads or m.heads} KV), seq {m.seq}, vocab {m.vocab}")
+        sec.claim("Memory per GPU planned for", self.gpu_memory_gib, "GiB (2^30 bytes)")
+        sec.claim(f"This machine ({here.hostname})", len(here.gpus), "NVIDIA GPUs", source="measured here")
+        return sec.note("Figures below are the model's unless they say 'recorded on'.")
+
+    def _ipython_display_(self) -> None:
+        self.section()._ipython_display_()
+
+
+def setup_for(model_name: str, seq: int, gpu_memory_gib: float) -> Setup:
+    """A preset at the chosen sequence length, and the GPU memory to plan for."""
+    return Setup(dataclasses.replace(get_preset(model_name), seq=seq), gpu_memory_gib)
+
+
+def _fits(total: int, s: Setup) -> str:
+    return "yes" if total <= s.capacity else "no"
+
+
+# -- the model against real peaks ---------------------------------------------------------------
+
+
+def model_check(measure_dir: Path | None = None) -> Section:
+    """The model's peak beside ``torch.cuda.max_memory_allocated`` of real steps: the reference set
+    (used to set the model's defaults) and the held-out set (recorded after), each with its own error."""
+    from labkit.memory.estimate.recorded import compare_tracer
+    from labkit.memory.trace.recorded import measure_dir as default_dir
+    from labkit.viz import memory as vm
+
+    d = Path(measure_dir) if measure_dir is not None else default_dir()
+    sec = Section("Is the model right? Its peaks against real GPU peaks", source=MODEL)
+    try:
+        comps = compare_tracer(d / "reference_peaks.json")
+    except LabkitError as exc:
+        return sec.note(f"No recorded peaks here ({exc}): run benchmarks/gpu/record_measure.py on a GPU machine "
+                        "(its --smoke mode makes a fixture on a CPU).")
+    held = compare_tracer(d / "heldout_peaks.json") if (d / "heldout_peaks.json").exists() else []
+    src = comps[0].source + " vs model"
+    worst = max(comps + held, key=lambda c: abs(c.error_pct))
+    sec.claim("Largest deviation of the model over both sets", round(abs(worst.error_pct), 3), "%",
+              name="model_vs_h200_max_abs_error_pct", source=src, digits=2)
+    sec.claim("Largest deviation on the reference set (used to set the defaults)",
+              round(max(abs(c.error_pct) for c in comps), 2), "%", source=src, digits=2)
+    if held:
+        sec.claim("Largest deviation on the held-out set (recorded after the defaults were set)",
+                  round(max(abs(c.error_pct) for c in held), 2), "%", name="model_vs_h200_heldout_max_abs_error_pct",
+                  source=src, digits=2)
+    else:
+        sec.note("No held-out recording (heldout_peaks.json): only the reference set is shown.")
+    sec.claim("Cases whose peak falls in the phase the model predicts",
+              sum(c.model_phase == c.measured_phase for c in comps + held), f"of {len(comps + held)}", source=src)
+    sec.table(["case", "set", "measured peak", "model peak", "model - measured", "phase (measured / model)"],
+              [[c.name, kind, fmt_bytes(c.measured_peak), fmt_bytes(c.model_peak), f"{c.error_pct:+.2f}%",
+                f"{c.measured_phase} / {c.model_phase}"] for kind, cs in (("reference", comps), ("held out", held))
+               for c in cs],
+              caption=f"Steady-step peak allocated, lab GPT on one GPU; measured: {comps[0].source}")
+    sec.note(f"Defaults no formula gives: {DEFAULTS_SOURCE}")
+    return sec.figure(vm.model_vs_measured([c.name for c in comps + held], [c.model_peak for c in comps + held],
+                                           [c.measured_peak for c in comps + held], title="Model vs measured peak",
+                                           source=src))
+
+
+# -- data parallelism and sharding ----------------------------------------------------------------
+
+
+def data_parallel(s: Setup) -> Section:
+    """DDP keeps everything on every GPU; ZeRO 1/2/3 shard optimizer states, gradients, then weights."""
+    from labkit.viz import memory as vm
+
+    train = TrainSpec(micro_batch=1, precision="bf16-mixed", recompute="selective")
+    layouts = [(1, 0)] + [(dp, z) for dp in (2, 8) for z in (0, 1, 2, 3)]
+    ests = {(dp, z): estimate(s.model, ParallelSpec(dp=dp, zero=z), dataclasses.replace(train, global_batch=dp))
+            for dp, z in layouts}
+    labels = [f"dp={dp} ZeRO-{z}" for dp, z in layouts]
+    e1, e8, e8z3 = ests[(1, 0)], ests[(8, 0)], ests[(8, 3)]
+    sec = Section("Data parallelism does not lower per-GPU memory", source="model")
+    sec.claim("Per GPU with dp=8 (DDP) over dp=1: the buckets add, nothing shrinks", round(e8.total / e1.total, 3),
+              "x", name="dp8_over_dp1_per_gpu", digits=3)
+    sec.claim("Per GPU with dp=8 and ZeRO-3 (weights, gradients and states sharded)", round(e8z3.total / GiB, 2),
+              "GiB", name="zero3_dp8_per_gpu_gib", digits=2)
+    rows = []
+    for (dp, z), lab in zip(layouts, labels):
+        e = ests[(dp, z)]
+        bwd = e.by_stage[0].phase_breakdown["backward"]
+        rows.append([lab, fmt_bytes(e.model_states["total"]), fmt_bytes(bwd["activations"] + bwd["logits"]),
+                     fmt_bytes(e.total), e.peak_phase, _fits(e.total, s)])
+    sec.table(["layout", "weights+grads+optimizer", "activations+logits (backward)", "total per GPU", "peak phase",
+               f"fits {s.gpu_memory_gib:g} GiB"], rows,
+              caption=f"{MODEL}, bf16 weights with fp32 master and Adam states, micro-batch 1")
+    return sec.figure(vm.stacked_bars(labels, [ests[k].per_gpu_bytes for k in layouts],
+                                      title=f"{s.model.name}: per-GPU memory vs data parallelism", source="model",
+                                      capacity_bytes=s.capacity))
+
+
+def sharding(s: Setup, smoke: bool = False) -> Section:
+    """Where ZeRO-3 pays: the share of the model states in the peak decides it, per model."""
+    names = ["gpt2", "llama3-8b"] if smoke else ["gpt2", "llama3.2-1b", "llama3-8b", "llama2-13b"]
+    t = TrainSpec(micro_batch=1, global_batch=8, precision="bf16-mixed", recompute="selective")
+    rows = []
+    for name in names:
+        m = dataclasses.replace(get_preset(name), seq=min(s.model.seq, 4096))
+        d0, d3 = estimate(m, ParallelSpec(dp=8, zero=0), t), estimate(m, ParallelSpec(dp=8, zero=3), t)
+        verdict = ("ZeRO-3 needed" if d0.total > s.capacity >= d3.total else
+                   "either" if d3.total <= s.capacity and d0.total <= s.capacity else
+                   "ZeRO-3 only" if d3.total <= s.capacity else "neither fits")
+        rows.append([name, f"{d0.model_states['total'] / d0.peak_allocated:.0%}", fmt_bytes(d0.total), fmt_bytes(d3.total),
+                     f"{1 - d3.total / d0.total:.0%}", verdict])
+    sec = Section("When sharding beats plain data parallelism", source="model")
+    best = max(rows, key=lambda r: float(r[4].rstrip("%")))
+    sec.claim(f"Largest saving of ZeRO-3 over DDP here ({best[0]}, model states {best[1]} of the DDP peak)",
+              best[4])
+    return sec.table(["model", "model states / peak (DDP)", "DDP per GPU", "ZeRO-3 per GPU", "saved",
+                      f"on {s.gpu_memory_gib:g} GiB"], rows,
+                     caption="model; dp=8, micro-batch 1, selective recompute, bf16 mixed precision")
+
+
+# -- tensor and pipeline parallelism ---------------------------------------------------------------
+
+
+def tensor_parallel(s: Setup) -> Section:
+    """TP splits the weights and the activations inside the blocks; SP also splits the rest."""
+    from labkit.viz import memory as vm
+
+    t = TrainSpec(micro_batch=2, global_batch=2, precision="bf16-mixed")
+    layouts = [(1, False)] + [(tp, sp) for tp in (2, 4, 8) for sp in (False, True)]
+    ests = [estimate(s.model, ParallelSpec(tp=tp, sp=sp), t) for tp, sp in layouts]
+    labels = [f"tp={tp}{' +SP' if sp else ''}" for tp, sp in layouts]
+    transient = t.micro_batch * s.model.seq * s.model.hidden * 2
+    sec = Section("Tensor parallelism: split weights, and transient all-gathers", source="model")
+    sec.claim("Per GPU with tp=8 and sequence parallelism", round(ests[-1].total / GiB, 2), "GiB",
+              name="tp8_sp_per_gpu_gib", digits=2)
+    sec.claim(f"One TP collective's output, s x b x h x 2 bytes (seq {s.model.seq}, micro-batch {t.micro_batch}, "
+              f"hidden {s.model.hidden}), at every layer boundary in forward and backward", fmt_bytes(transient))
+    sec.table(["layout", "weights", "activations", "comm buffers (incl. NCCL)", "total per GPU"],
+              [[lab, fmt_bytes(e.per_gpu_bytes["params"]), fmt_bytes(e.per_gpu_bytes["activations"]),
+                fmt_bytes(e.per_gpu_bytes["comm_buffers"]), fmt_bytes(e.total)] for lab, e in zip(labels, ests)],
+              caption="model; micro-batch 2, no recompute; comm buffers include NCCL's own (assumed) and the TP transient")
+    return sec.figure(vm.stacked_bars(labels, [e.per_gpu_bytes for e in ests], title=f"{s.model.name}: tensor parallelism",
+                                      source="model", capacity_bytes=s.capacity))
+
+
+def tp_recorded(directory: Path | None = None) -> Section:
+    """Real 2-rank tensor-parallel steps (benchmarks/gpu/record_parallel_memory.py) beside the model."""
+    from labkit.memory.estimate.recorded import compare_parallel_dir
+    from labkit.viz import memory as vm
+
+    sec = Section("Recorded: real tensor-parallel steps, per rank", source=MODEL)
+    try:
+        pcs = compare_parallel_dir(directory)
+    except LabkitError as exc:
+        return sec.note(f"No recording in this checkout ({exc}): run benchmarks/gpu/record_parallel_memory.py on a "
+                        "GPU machine (its --smoke mode makes a fixture on a CPU).")
+    src = pcs[0].source + " vs model"
+    worst = max(pcs, key=lambda c: abs(c.error_pct))
+    sec.claim(f"Largest deviation of the model ({worst.name})", round(abs(worst.error_pct), 2), "%",
+              name="model_vs_tp_ranks_max_abs_error_pct", source=src, digits=2)
+    by = {c.name.split(" (")[0]: c for c in pcs}
+    single, tp = by.get("gpt2-124m single fp32"), by.get("gpt2-124m tp fp32")
+    if single and tp:
+        sec.claim("gpt2-124m fp32, batch 8: one rank alone peaks at", fmt_bytes(single.measured_peak), source=src)
+        sec.claim("... and with tp=2 each rank peaks at (TP halves the blocks, not the embeddings, norm inputs "
+                  "and full logits)", fmt_bytes(tp.measured_peak), source=src)
+        sec.claim("... of the single-rank peak", round(tp.measured_peak / single.measured_peak * 100), "%", source=src)
+    sec.table(["configuration", "rank peaks (measured)", "model", "model - measured", "phase (measured / model)"],
+              [[c.name, ", ".join(fmt_bytes(p) for p in c.per_rank_peaks), fmt_bytes(c.model_peak),
+                f"{c.error_pct:+.1f}%", f"{c.measured_phase} / {c.model_phase}"] for c in pcs],
+              caption=f"measured: {pcs[0].source} (data/measurements/parallel_memory/); model: labkit.memory.estimate")
+    return sec.figure(vm.model_vs_measured([c.name for c in pcs], [c.model_peak for c in pcs],
+                                           [c.measured_peak for c in pcs],
+                                           title="Tensor parallelism, 2 ranks: model vs measured", source=src))
+
+
+def pipeline(s: Setup) -> Section:
+    """1F1B, interleaved and GPipe: micro-batches in flight per stage, and the first stage's load."""
+    from labkit.viz import memory as vm
+
+    base = dict(tp=2, pp=4, sp=True)
+    t = TrainSpec(micro_batch=1, global_batch=16, precision="bf16-mixed")
+    schedules = {"1F1B": ParallelSpec(**base), "interleaved v=2": ParallelSpec(**base, vpp=2, schedule="interleaved"),
+                 "GPipe": ParallelSpec(**base, schedule="gpipe")}
+    ests = {name: estimate(s.model, par, t) for name, par in schedules.items()}
+    e = ests["1F1B"]
+    first, last = e.by_stage[0].per_gpu_bytes["activations"], max(1, e.by_stage[-1].per_gpu_bytes["activations"])
+    sec = Section("Pipeline parallelism: micro-batches in flight", source="model")
+    sec.claim("1F1B: the first stage's activations over the last stage's", round(first / last, 2), "x",
+              name="pp4_1f1b_stage0_over_last", digits=2)
+    sec.claim("GPipe over 1F1B, most loaded GPU", round(ests["GPipe"].total / e.total, 2), "x", digits=2)
+    sec.table(["schedule", "in flight per stage", "activations per stage", "most loaded stage", "its total"],
+              [[name, ", ".join(f"{st.in_flight:.2f}" for st in x.by_stage),
+                ", ".join(fmt_bytes(st.per_gpu_bytes["activations"]) for st in x.by_stage), x.most_loaded_stage,
+                fmt_bytes(x.total)] for name, x in ests.items()],
+              caption="model; tp=2 +SP, pp=4, 16 micro-batches of 1")
+    return sec.figure(vm.stage_bars(e, title=f"{s.model.name}, tp=2 +SP, pp=4, 1F1B, 16 micro-batches",
+                                    capacity_bytes=s.capacity))
+
+
+def recompute_precision(s: Setup) -> Section:
+    """Recomputation and precision on tp=2 +SP: activations at the backward peak and where the peak moves."""
+    rows, totals = [], {}
+    for prec in ("fp32", "amp-bf16", "bf16-mixed"):
+        for rc in ("none", "selective", "full"):
+            e = estimate(s.model, ParallelSpec(tp=2, sp=True),
+                         TrainSpec(micro_batch=2, global_batch=2, precision=prec, recompute=rc))
+            totals[(prec, rc)] = e.total
+            rows.append([prec, rc, fmt_bytes(e.by_stage[0].phase_breakdown["backward"]["activations"]),
+                         fmt_bytes(e.by_stage[0].phases["backward"]), fmt_bytes(e.total), e.peak_phase])
+    sec = Section("Recomputation and precision: spending compute to save memory", source="model")
+    sec.claim("bf16-mixed: full recomputation's total per GPU over none's",
+              round(totals[("bf16-mixed", "full")] / totals[("bf16-mixed", "none")], 2), "x", digits=2)
+    return sec.table(["precision", "recompute", "activations at the backward peak", "allocated at the backward peak",
+                      "total per GPU (at its peak)", "peak phase"], rows, caption="model; tp=2 +SP, micro-batch 2")
+
+
+# -- the explorer and the planner ------------------------------------------------------------------
+
+
+def explorer(s: Setup, model_name: str) -> Section:
+    """The widgets (interactive in JupyterLab) and the default layout's figure as the static result."""
+    from labkit.viz import memory as vm
+
+    e = estimate(s.model, ParallelSpec(tp=2, pp=2, dp=2, zero=1, sp=True),
+                 TrainSpec(micro_batch=1, global_batch=16, recompute="selective"))
+    sec = Section("Explore", source="model")
+    sec.claim("Most loaded GPU, static default (tp=2 +SP, pp=2, dp=2, ZeRO-1)", fmt_bytes(e.total))
+    sec.note("Pick a preset (its dimensions fill the boxes) or edit a dimension: the bars redraw. "
+             "The dashed line is the memory per GPU set above.")
+    sec.figure(vm.stage_bars(e, title=f"{s.model.name}: tp=2 +SP, pp=2, dp=2, ZeRO-1 (static)", capacity_bytes=s.capacity))
+    return sec.widget(vm.explorer({"preset": model_name}, capacity_bytes=s.capacity))
+
+
+def planner(s: Setup, planner_model: str, nodes: int, topology_sample: str, global_batch: int) -> Section:
+    """The planner's ranked layouts for a cluster of nodes shaped like a topology sample."""
+    from labkit.memory.estimate.planner import cluster_from_topology, explain, plan
+
+    cl = cluster_from_topology(topology_sample, nodes=nodes, gpu_memory_bytes=s.capacity)
+    pm = get_preset(planner_model)
+    gb = max(global_batch, cl.gpus)
+    p = plan(pm, cl, gb)
+    src = f"model; sample: {topology_sample}"
+    sec = Section(f"The planner's answer: {pm.name} on {cl.gpus} GPUs ({nodes} x {topology_sample})", source=src)
+    sec.claim(f"Layouts considered (global batch {gb}, {s.gpu_memory_gib:g} GiB per GPU)", p.considered)
+    sec.claim("Layouts that fit with a 10% margin", p.fitting)
+    if p.best:
+        sec.claim("Fastest layout that fits", p.best.label, name="planner_best_layout")
+        sec.claim("Its step time (model)", round(p.best.step_time_s, 3), "s", name="planner_best_step_s", digits=3)
+    else:
+        sec.note(f"No layout of {pm.name} fits: give it more GPUs or more memory per GPU.")
+    sec.table(["the planner's reasons"], [[line] for line in explain(p, top=3)])
+    return sec.note("Assumptions: " + "; ".join(p.assumptions))

@@ -1,0 +1,123 @@
+"""A Hugging Face ``config.json`` (or a model type's default config) as the analytical model's
+:class:`ModelSpec`: the dimensions only, no weights, no transformers needed for a file.
+
+The field names follow the configs of the families below (as ``transformers`` writes them);
+anything else with the common names (``num_hidden_layers``, ``hidden_size``,
+``num_attention_heads``, ``vocab_size``) is read the Llama way. Mixture-of-experts configs are
+refused: the analytical model has no experts (the tracer handles them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from labkit.core.errors import LabkitError
+from labkit.memory.estimate.spec import ModelSpec
+
+# families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
+               "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def load_hf_config(source: str | Path) -> dict[str, Any]:
+    """A config dict from a ``config.json`` path (or a folder holding one), or the default config
+    of a model type (``llama``, ``gpt2``...) through ``transformers.AutoConfig.for_model``."""
+    p = Path(source)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix == ".json" or p.exists():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise LabkitError(f"--hf-config {source}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise LabkitError(f"--hf-config {source}: cannot read it ({exc})") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise LabkitError(f"--hf-config {source}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        if not isinstance(doc, dict):
+            raise LabkitError(f"--hf-config {source}: expected a JSON object, got {type(doc).__name__}")
+        return doc
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise LabkitError(f"--hf-config {source}: not a file, and a model type needs transformers installed") from None
+    try:
+        return AutoConfig.for_model(str(source)).to_dict()
+    except ValueError:
+        raise LabkitError(f"--hf-config {source}: not a file and not a transformers model type") from None
+
+
+def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: bool = True) -> int | None:
+    for k in (key,) + alts:
+        v = cfg.get(k)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise LabkitError(f"hf config: {k} must be a positive integer, got {v!r}")
+            return v
+    if default is not None or not required:
+        return default
+    raise LabkitError(f"hf config ({cfg.get('model_type', 'unknown type')}): missing {key}")
+
+
+def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: str | None = None,
+                        layers: int | None = None, hidden: int | None = None) -> ModelSpec:
+    """The ModelSpec of a decoder-only LM config; ``layers``/``hidden`` override the file."""
+    if not isinstance(cfg, dict):
+        raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
+    mt = str(cfg.get("model_type") or "")
+    for k in _MOE_KEYS:
+        if cfg.get(k):
+            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}); the analytical model "
+                              "has no experts: use `labkit measure --hf-config` (the tracer) instead")
+    if cfg.get("is_encoder_decoder"):
+        raise LabkitError(f"hf config {mt}: an encoder-decoder model; the analytical model covers decoder-only "
+                          "LMs: use `labkit measure --hf-config` (the tracer) instead")
+    name = name or cfg.get("_name_or_path") or mt or "hf-config"
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    if mt == "gpt2":
+        L = _int(cfg, "n_layer")
+        h = _int(cfg, "n_embd")
+        spec = dict(layers=L, hidden=h, heads=_int(cfg, "n_head"), vocab=_int(cfg, "vocab_size"),
+                    seq=seq or _int(cfg, "n_positions", default=1024), ffn=cfg.get("n_inner") or None,
+                    norm="layernorm", bias=True, learned_pos_emb=True, tied_embeddings=tied)
+    elif mt == "opt":
+        spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"),
+                    heads=_int(cfg, "num_attention_heads"), vocab=_int(cfg, "vocab_size"),
+                    seq=seq or _int(cfg, "max_position_embeddings", default=2048), ffn=_int(cfg, "ffn_dim"),
+                    norm="layernorm", bias=True, learned_pos_emb=True, tied_embeddings=tied)
+    elif mt in ("gpt_neox", "bloom", "falcon", "gptj", "phi"):
+        heads = _int(cfg, "num_attention_heads", "n_head")
+        kv = None
+        if mt == "falcon":
+            kv = (_int(cfg, "num_kv_heads", required=False) if cfg.get("new_decoder_architecture")
+                  else (1 if cfg.get("multi_query", True) else None))
+        spec = dict(layers=_int(cfg, "num_hidden_layers", "n_layer"), hidden=_int(cfg, "hidden_size", "n_embd"),
+                    heads=heads, kv_heads=kv, vocab=_int(cfg, "vocab_size"),
+                    seq=seq or _int(cfg, "max_position_embeddings", "n_positions", default=2048),
+                    ffn=_int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size", required=False),
+                    norm="layernorm", bias=bool(cfg.get("bias", True)), learned_pos_emb=False,
+                    tied_embeddings=bool(cfg.get("tie_word_embeddings", mt == "bloom")))
+    else:
+        heads = _int(cfg, "num_attention_heads")
+        spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"), heads=heads,
+                    kv_heads=_int(cfg, "num_key_value_heads", required=False), vocab=_int(cfg, "vocab_size"),
+                    seq=seq or _int(cfg, "max_position_embeddings", default=2048),
+                    ffn=_int(cfg, "intermediate_size", required=False), head_dim=_int(cfg, "head_dim", required=False),
+                    gated_mlp=mt in _LLAMA_LIKE or str(cfg.get("hidden_act", "")) in ("silu", "swiglu"),
+                    norm="rmsnorm" if mt in _LLAMA_LIKE or "rms_norm_eps" in cfg else "layernorm",
+                    bias=bool(cfg.get("attention_bias", cfg.get("bias", False))), learned_pos_emb=False,
+                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+    if layers is not None:
+        spec["layers"] = layers
+    if hidden is not None:
+        spec["hidden"] = hidden
+        spec.pop("head_dim", None)
+        spec["ffn"] = None
+    if spec.get("kv_heads") == spec["heads"]:
+        spec["kv_heads"] = None
+    return ModelSpec(name=str(name), **spec)

@@ -1,0 +1,439 @@
+"""The corpus of models an engineer is likely to bring, defined once.
+
+Each :class:`Case` is one training configuration: a model family built from its configuration
+(no weights, no network: ``transformers.AutoConfig.for_model`` or ``torchvision.models.<name>(weights=None)``),
+a batch shape, a precision, a recomputation policy, an optimizer and the loop the user writes.
+The same definitions serve
+
+* the ground truth: ``benchmarks/gpu/record_plain.py`` runs each case as a plain, untraced loop
+  on the H200 (:func:`plain_step`, exactly what a user writes) and records its peaks;
+* the predictions: :func:`predict` runs the same case in fake mode through ``measure_step``;
+* the compatibility corpus in CI: :func:`tiny` shrinks a case to 2 layers and a small hidden size.
+
+A third of the recorded cases is held out of any tuning of the fake mode: :attr:`Case.split`
+is a hash of the case name, so the assignment never depends on the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal
+
+import torch
+import torch.nn as nn
+
+from labkit.core.errors import LabkitError
+
+Family = Literal["transformers", "torchvision"]
+Task = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification"]
+# how the recomputation is switched on: labkit's torch.utils.checkpoint wrapper (non-reentrant,
+# the harness's ``recompute=``), or Hugging Face's ``gradient_checkpointing_enable`` (non-reentrant
+# or reentrant), the way HF users turn it on.
+CheckpointImpl = Literal["torch", "hf", "hf-reentrant"]
+Loop = Literal["plain", "keep-output"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One training configuration of the corpus (sizes for the H200 recording; see :func:`tiny`)."""
+
+    name: str
+    family: Family
+    arch: str                                  # transformers model_type, or torchvision function name
+    task: Task
+    overrides: dict[str, Any] = field(default_factory=dict)   # configuration fields (transformers)
+    micro_batch: int = 4
+    seq: int = 1024                            # tokens per sample; the image side for vision
+    precision: str = "fp32"                    # fp32, amp-bf16, bf16 (labkit.core.vocab)
+    recompute: str = "none"                    # none or full (labkit.core.vocab)
+    checkpoint_impl: CheckpointImpl = "torch"
+    optimizer: str = "adamw"
+    optimizer_impl: str = "fused"              # fused or foreach
+    loop: Loop = "plain"
+    lora: bool = False                         # peft LoRA (r=16 on the attention projections) on a bf16 base
+
+    @property
+    def split(self) -> str:
+        """``held-out`` for a third of the cases (by a hash of the name), else ``reference``."""
+        h = int(hashlib.sha256(self.name.encode()).hexdigest()[:8], 16)
+        return "held-out" if h % 3 == 0 else "reference"
+
+    @property
+    def step_precision(self) -> str:
+        """The precision the training step applies: a LoRA case's base is already bf16 from its
+        builder (peft keeps the adapters in float32), so its step only adds autocast, if any."""
+        if self.lora:
+            return "amp-bf16" if self.precision == "amp-bf16" else "fp32"
+        return self.precision
+
+    def describe(self) -> str:
+        bits = [self.arch, f"{self.micro_batch}x{self.seq}", self.precision]
+        if self.recompute != "none":
+            bits.append(f"recompute {self.recompute} ({self.checkpoint_impl})")
+        if self.lora:
+            bits.append("LoRA on a bf16 base")
+        if self.optimizer_impl != "fused":
+            bits.append(f"AdamW {self.optimizer_impl}")
+        if self.loop != "plain":
+            bits.append(f"loop {self.loop}")
+        return ", ".join(bits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shrinking for CI
+
+# configuration fields that count layers or set widths, per naming convention
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers",
+               "decoder_layers")
+_TINY_WIDTH = {
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_dim": 128,
+    "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "d_ff": 128, "n_inner": 128,
+    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128, "word_embed_proj_dim": 64,
+    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "head_dim": 16, "d_kv": 16, "vocab_size": 512, "image_size": 32,
+    "patch_size": 8, "max_position_embeddings": 128, "n_positions": 128, "num_labels": 10,
+    "num_local_experts": 4, "num_experts": 4,
+}
+
+
+FIXED_IMAGE_SIZE = ("vit_b_16", "swin_t")   # torchvision models whose input size is part of the architecture
+
+
+def tiny(case: Case) -> Case:
+    """The CI size of ``case``: 2 layers, hidden 64, 4 heads, vocabulary 512, batch 2 x 32
+    (images 2 x 32 x 32); GQA keeps a kv-head ratio of 2 where the case has GQA."""
+    o: dict[str, Any] = {}
+    for k, v in case.overrides.items():
+        if k in _LAYER_KEYS:
+            o[k] = 2
+        elif k in _TINY_WIDTH:
+            o[k] = _TINY_WIDTH[k]
+        elif k in ("num_key_value_heads", "num_kv_heads"):
+            o[k] = 2 if v < case.overrides.get("num_attention_heads", v) else 4
+        else:
+            o[k] = v
+    if case.family == "transformers":
+        o.setdefault("vocab_size", 512)
+    seq = 32
+    if case.family == "torchvision":
+        seq = 224 if case.arch in FIXED_IMAGE_SIZE else 64
+    return replace(case, name=f"{case.name}@tiny", overrides=o, micro_batch=2, seq=seq)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def require(module: str, extra: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise LabkitError(f"{module} is not importable ({exc}); install it: pip install {extra}") from None
+
+
+def hf_config(case: Case) -> Any:
+    transformers = require("transformers", "'labkit[hf]'")
+    cfg = transformers.AutoConfig.for_model(case.arch, **case.overrides)
+    if case.task == "image-classification" and "num_labels" in case.overrides:
+        cfg.num_labels = case.overrides["num_labels"]
+    return cfg
+
+
+_AUTO_CLASS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
+               "seq2seq-lm": "AutoModelForSeq2SeqLM", "image-classification": "AutoModelForImageClassification"}
+
+
+def build_model(case: Case) -> nn.Module:
+    """The case's model with freshly initialised weights, on the current default device; LoRA cases
+    get a bf16 base and peft adapters; HF gradient checkpointing is switched on where asked."""
+    if case.family == "torchvision":
+        tv = require("torchvision.models", "torchvision")
+        model = getattr(tv, case.arch)(weights=None)
+    else:
+        transformers = require("transformers", "'labkit[hf]'")
+        model = getattr(transformers, _AUTO_CLASS[case.task]).from_config(hf_config(case))
+        if case.recompute != "none" and case.checkpoint_impl != "torch":
+            enable_hf_checkpointing(model, reentrant=case.checkpoint_impl == "hf-reentrant")
+    if case.lora:
+        peft = require("peft", "peft")
+        model = model.to(torch.bfloat16)
+        lcfg = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=lora_targets(model))
+        model = peft.get_peft_model(model, lcfg)
+    return model
+
+
+def enable_hf_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
+    """``activation_checkpointing_enable`` where transformers has it, else ``gradient_checkpointing_enable``."""
+    kwargs = {"use_reentrant": reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):        # newer transformers
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise LabkitError(f"{type(model).__name__} has no gradient_checkpointing_enable")
+
+
+def lora_targets(model: nn.Module) -> list[str]:
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for group in (["q_proj", "k_proj", "v_proj", "o_proj"], ["c_attn", "c_proj"], ["query_key_value"],
+                  ["query", "key", "value"], ["q", "k", "v", "o"]):
+        hit = [g for g in group if g in names]
+        if hit:
+            return hit
+    raise LabkitError(f"{type(model).__name__}: no attention projections for LoRA")
+
+
+def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A CPU batch of random token ids (labels = inputs: the model shifts them itself) or images."""
+    g = torch.Generator().manual_seed(seed)
+    b, s = case.micro_batch, case.seq
+    if case.task == "image-classification":
+        n_labels = case.overrides.get("num_labels", 1000)
+        x = torch.randn(b, 3, s, s, generator=g)
+        y = torch.randint(0, n_labels, (b,), generator=g)
+        return {"pixel_values": x, "labels": y}
+    vocab = int(getattr(hf_config(case), "vocab_size"))
+    ids = torch.randint(0, vocab, (b, s), generator=g)
+    if case.task == "seq2seq-lm":
+        tgt = torch.randint(0, vocab, (b, s), generator=g)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": tgt}
+    if case.task == "masked-lm":
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def vision_loss(output: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of a torchvision classifier's logits (the user's ``F.cross_entropy(model(x), y)``)."""
+    return torch.nn.functional.cross_entropy(output, batch["labels"])
+
+
+def vision_call(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+    return model(batch["pixel_values"])
+
+
+def step_hooks(case: Case) -> dict[str, Callable]:
+    """``loss_fn`` and ``call`` for ``measure_step`` (torchvision models return bare logits)."""
+    if case.family == "torchvision":
+        return {"loss_fn": vision_loss, "call": vision_call}
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# The plain loop (ground truth on a GPU)
+
+
+def prepare_plain(case: Case, device: str = "cuda") -> tuple[nn.Module, torch.optim.Optimizer, dict]:
+    """Model, optimizer and batch on ``device`` as a user sets them up (``model.to(torch.bfloat16)``
+    for bf16; labkit's non-reentrant ``torch.utils.checkpoint`` per layer for recompute via torch)."""
+    with torch.device(device):
+        model = build_model(case)
+    if case.precision == "bf16" and not case.lora:
+        model = model.to(torch.bfloat16)
+    if case.recompute != "none" and case.checkpoint_impl == "torch":
+        from labkit.workloads.harness import apply_checkpointing
+
+        apply_checkpointing(model, case.recompute)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if case.optimizer != "adamw":
+        raise LabkitError(f"case {case.name}: optimizer {case.optimizer!r} is not one the corpus runs (adamw)")
+    opt = torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if case.optimizer_impl == "fused" else {"foreach": True}))
+    batch = {k: v.to(device) for k, v in make_batch(case).items()}
+    return model, opt, batch
+
+
+def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
+               device_type: str = "cuda") -> None:
+    """One step exactly as users write it: ``loss = model(**batch).loss`` (the output is freed
+    before backward), or with ``loop="keep-output"`` the output object alive through backward."""
+    amp = (torch.autocast(device_type, dtype=torch.bfloat16) if case.precision == "amp-bf16"
+           else contextlib.nullcontext())
+    out = None
+    with amp:
+        if case.family == "torchvision":
+            if case.loop == "keep-output":
+                out = model(batch["pixel_values"])
+                loss = torch.nn.functional.cross_entropy(out, batch["labels"])
+            else:
+                loss = torch.nn.functional.cross_entropy(model(batch["pixel_values"]), batch["labels"])
+        elif case.loop == "keep-output":
+            out = model(**batch)
+            loss = out.loss
+        else:
+            loss = model(**batch).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    del out, loss
+
+
+# ---------------------------------------------------------------------------------------------
+# The prediction (fake mode)
+
+
+def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2, **kw: Any) -> Any:
+    """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak."""
+    from labkit.memory.trace.step import measure_step
+
+    opt = "adamw" if case.optimizer_impl == "fused" else "adamw-foreach"
+    recompute = case.recompute if case.checkpoint_impl == "torch" else "none"   # HF's own is in the model
+    return measure_step(lambda: build_model(case), make_batch(case), precision=case.step_precision,
+                        checkpointing=recompute, optimizer=opt, device=device, steps=steps, loop=case.loop,
+                        **step_hooks(case), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases
+
+def _hf(name: str, arch: str, task: Task, o: dict[str, Any], b: int, s: int, precisions: tuple[str, ...],
+        **kw: Any) -> list[Case]:
+    return [Case(f"{name}-{p}", "transformers", arch, task, dict(o), b, s, p, **kw) for p in precisions]
+
+
+ALL3 = ("fp32", "amp-bf16", "bf16")
+AMP_BF16 = ("amp-bf16", "bf16")
+
+GPT2 = {"gpt2": dict(n_layer=12, n_embd=768, n_head=12), "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16),
+        "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20), "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25)}
+LLAMA_GQA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                 num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)
+LLAMA_MHA = dict(LLAMA_GQA, num_key_value_heads=16)
+MISTRAL = dict(hidden_size=2048, intermediate_size=7168, num_hidden_layers=6, num_attention_heads=16,
+               num_key_value_heads=8, vocab_size=32000)
+QWEN2 = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
+             num_key_value_heads=2, vocab_size=151936)
+QWEN3 = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
+             num_key_value_heads=8, head_dim=128, vocab_size=151936)
+GEMMA = dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=6, num_attention_heads=8,
+             num_key_value_heads=1, head_dim=256, vocab_size=256000)
+GEMMA2 = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=6, num_attention_heads=8,
+              num_key_value_heads=4, head_dim=256, vocab_size=256000)
+GEMMA3 = dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=8, num_attention_heads=4,
+              num_key_value_heads=1, head_dim=256, vocab_size=262144)
+PHI3 = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=6, num_attention_heads=32,
+            num_key_value_heads=32, vocab_size=32064)
+NEOX = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=8, num_attention_heads=16, vocab_size=50432)
+OPT = dict(hidden_size=2048, ffn_dim=8192, num_hidden_layers=8, num_attention_heads=32, word_embed_proj_dim=2048,
+           vocab_size=50272)
+BLOOM = dict(hidden_size=1536, n_layer=8, n_head=16, vocab_size=250880)
+FALCON = dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_kv_heads=8,
+              new_decoder_architecture=True, vocab_size=65024)
+MIXTRAL = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=16,
+               num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000)
+QWEN2_MOE = dict(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=704,
+                 shared_expert_intermediate_size=2816, num_experts=16, num_experts_per_tok=4,
+                 num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16, vocab_size=151936)
+BERT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+DEBERTA = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+               vocab_size=128100, relative_attention=True, position_buckets=256, pos_att_type=["p2c", "c2p"],
+               max_relative_positions=-1, position_biased_input=False)
+T5 = dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64, decoder_start_token_id=0, pad_token_id=0)
+BART = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+            decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)
+VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+           image_size=224, patch_size=16, num_labels=1000)
+TORCHVISION = {"resnet50": 128, "vit_b_16": 64, "convnext_tiny": 96, "efficientnet_b0": 128, "swin_t": 96,
+               "mobilenet_v3_large": 256}
+
+
+def _cases() -> list[Case]:
+    c: list[Case] = []
+    c += _hf("gpt2-b8", "gpt2", "causal-lm", GPT2["gpt2"], 8, 1024, ALL3)
+    c += _hf("gpt2-medium-b4", "gpt2", "causal-lm", GPT2["gpt2-medium"], 4, 1024, ALL3)
+    c += _hf("gpt2-large-b4", "gpt2", "causal-lm", GPT2["gpt2-large"], 4, 1024, ("fp32", "amp-bf16"))
+    c += _hf("gpt2-xl-b2", "gpt2", "causal-lm", GPT2["gpt2-xl"], 2, 1024, ("amp-bf16", "bf16"))
+    c += _hf("llama-gqa-b4", "llama", "causal-lm", LLAMA_GQA, 4, 2048, ALL3)
+    c += _hf("llama-mha-b4", "llama", "causal-lm", LLAMA_MHA, 4, 2048, ALL3)
+    c += _hf("llama-gqa-b4-s1024", "llama", "causal-lm", LLAMA_GQA, 4, 1024, ("fp32", "amp-bf16"))
+    # peft LoRA on a bf16 base
+    c.append(Case("llama-gqa-b4-lora-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 4, 2048, "bf16",
+                  lora=True))
+    c.append(Case("llama-gqa-b4-lora-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 4, 2048,
+                  "amp-bf16", lora=True))
+    c.append(Case("mistral-b4-lora-bf16", "transformers", "mistral", "causal-lm", dict(MISTRAL), 4, 2048, "bf16",
+                  lora=True))
+    # Hugging Face gradient checkpointing (non-reentrant and reentrant)
+    for p in ALL3:
+        c.append(Case(f"llama-gqa-b8-hfgc-{p}", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 8, 2048, p,
+                      recompute="full", checkpoint_impl="hf"))
+    for p in ("fp32", "amp-bf16"):
+        c.append(Case(f"llama-gqa-b8-hfgc-reentrant-{p}", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 8,
+                      2048, p, recompute="full", checkpoint_impl="hf-reentrant"))
+        c.append(Case(f"gpt2-medium-b8-hfgc-{p}", "transformers", "gpt2", "causal-lm", dict(GPT2["gpt2-medium"]), 8,
+                      1024, p, recompute="full", checkpoint_impl="hf"))
+    c.append(Case("bert-base-mlm-b64-hfgc-amp-bf16", "transformers", "bert", "masked-lm", dict(BERT), 64, 512,
+                  "amp-bf16", recompute="full", checkpoint_impl="hf"))
+    # torch.utils.checkpoint per layer under autocast
+    c.append(Case("llama-gqa-b8-ckpt-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 8, 2048,
+                  "amp-bf16", recompute="full"))
+    c.append(Case("llama-gqa-b8-ckpt2-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 8, 2048,
+                  "amp-bf16", recompute="every-2"))
+    c.append(Case("gpt2-medium-b8-ckpt-amp-bf16", "transformers", "gpt2", "causal-lm", dict(GPT2["gpt2-medium"]),
+                  8, 1024, "amp-bf16", recompute="full"))
+    # the optimizer implementation and the loop
+    c.append(Case("llama-gqa-b4-foreach-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 4, 2048,
+                  "amp-bf16", optimizer_impl="foreach"))
+    c.append(Case("gpt2-medium-b4-foreach-fp32", "transformers", "gpt2", "causal-lm", dict(GPT2["gpt2-medium"]), 4,
+                  1024, "fp32", optimizer_impl="foreach"))
+    c.append(Case("llama-gqa-b4-keep-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 4, 2048,
+                  "amp-bf16", loop="keep-output"))
+    c.append(Case("gpt2-large-b4-keep-amp-bf16", "transformers", "gpt2", "causal-lm", dict(GPT2["gpt2-large"]), 4,
+                  1024, "amp-bf16", loop="keep-output"))
+    c += _hf("mistral-b4", "mistral", "causal-lm", MISTRAL, 4, 2048, ALL3)
+    c += _hf("qwen2-b4", "qwen2", "causal-lm", QWEN2, 4, 1024, ALL3)
+    c += _hf("qwen3-b4", "qwen3", "causal-lm", QWEN3, 4, 1024, AMP_BF16)
+    c += _hf("gemma-b2", "gemma", "causal-lm", GEMMA, 2, 1024, AMP_BF16)
+    c += _hf("gemma2-b2", "gemma2", "causal-lm", GEMMA2, 2, 1024, ("amp-bf16",))
+    c += _hf("gemma3-b2", "gemma3_text", "causal-lm", GEMMA3, 2, 1024, ("amp-bf16",))
+    c += _hf("phi3-b4", "phi3", "causal-lm", PHI3, 4, 1024, ALL3)
+    c += _hf("gpt-neox-b4", "gpt_neox", "causal-lm", NEOX, 4, 1024, ALL3)
+    c += _hf("opt-b4", "opt", "causal-lm", OPT, 4, 1024, ALL3)
+    c += _hf("bloom-b2", "bloom", "causal-lm", BLOOM, 2, 1024, ("fp32", "amp-bf16"))
+    c += _hf("falcon-b4", "falcon", "causal-lm", FALCON, 4, 1024, ("fp32", "amp-bf16"))
+    c += _hf("mixtral-b4", "mixtral", "causal-lm", MIXTRAL, 4, 1024, AMP_BF16)
+    c += _hf("qwen2-moe-b4", "qwen2_moe", "causal-lm", QWEN2_MOE, 4, 1024, AMP_BF16)
+    c += _hf("bert-base-mlm-b32", "bert", "masked-lm", BERT, 32, 512, ALL3)
+    c += _hf("bert-large-mlm-b16", "bert", "masked-lm", BERT_LARGE, 16, 512, ("amp-bf16",))
+    c += _hf("roberta-base-mlm-b32", "roberta", "masked-lm", dict(BERT, max_position_embeddings=514), 32, 512,
+             ("fp32", "amp-bf16"))
+    c += _hf("deberta-v2-mlm-b16", "deberta-v2", "masked-lm", DEBERTA, 16, 512, ("fp32", "amp-bf16"))
+    c += _hf("t5-base-b16", "t5", "seq2seq-lm", T5, 16, 512, ("fp32", "amp-bf16"))
+    c += _hf("bart-base-b16", "bart", "seq2seq-lm", BART, 16, 512, ALL3)
+    c += _hf("vit-base-b64", "vit", "image-classification", VIT, 64, 224, ALL3)
+    for arch, b in TORCHVISION.items():
+        for p in ("fp32", "amp-bf16"):
+            c.append(Case(f"tv-{arch}-b{b}-{p}", "torchvision", arch, "image-classification", {}, b, 224, p))
+    c.append(Case("tv-resnet50-b128-bf16", "torchvision", "resnet50", "image-classification", {}, 128, 224, "bf16"))
+    c.append(Case("tv-vit_b_16-b64-bf16", "torchvision", "vit_b_16", "image-classification", {}, 64, 224, "bf16"))
+    names = [x.name for x in c]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise AssertionError(f"duplicate corpus case names: {sorted(dup)}")
+    return c
+
+
+CASES: tuple[Case, ...] = tuple(_cases())
+
+
+def get_case(name: str) -> Case:
+    base = name[:-len("@tiny")] if name.endswith("@tiny") else name
+    for c in CASES:
+        if c.name == base:
+            return tiny(c) if base != name else c
+    raise LabkitError(f"unknown corpus case {name!r}; see labkit.workloads.corpus.CASES")
+
+
+def corpus_cases(split: str | None = None) -> list[Case]:
+    """The recorded corpus (H200 sizes), optionally only ``reference`` or ``held-out`` cases."""
+    if split not in (None, "reference", "held-out"):
+        raise LabkitError(f"split {split!r} is not reference or held-out")
+    return [c for c in CASES if split is None or c.split == split]
+
+
+__all__ = ["CASES", "Case", "build_model", "corpus_cases", "get_case", "make_batch", "plain_step", "predict",
+           "prepare_plain", "step_hooks", "tiny"]

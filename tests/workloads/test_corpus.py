@@ -1,0 +1,65 @@
+"""The corpus definitions and the plain-loop recording script (its CPU smoke mode)."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
+from labkit.workloads.corpus import CASES, corpus_cases, get_case, tiny
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_split_is_a_hash_of_the_name_and_holds_out_a_third():
+    held = corpus_cases("held-out")
+    assert 0.25 < len(held) / len(CASES) < 0.42
+    for c in CASES:
+        h = int(hashlib.sha256(c.name.encode()).hexdigest()[:8], 16)
+        assert (c.split == "held-out") == (h % 3 == 0)
+    assert {c.split for c in corpus_cases("reference")} == {"reference"}
+    with pytest.raises(LabkitError, match="split"):
+        corpus_cases("train")
+
+
+def test_corpus_covers_the_families_and_policies():
+    archs = {c.arch for c in CASES}
+    assert {"gpt2", "llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox", "opt", "bloom", "falcon", "mixtral",
+            "qwen2_moe", "bert", "roberta", "deberta-v2", "t5", "bart", "vit", "resnet50", "vit_b_16",
+            "convnext_tiny", "efficientnet_b0", "swin_t", "mobilenet_v3_large"} <= archs
+    assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
+    assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
+    assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
+    assert 60 <= len(CASES) <= 100
+
+
+def test_tiny_shrinks_layers_and_widths():
+    c = get_case("llama-gqa-b4-fp32")
+    t = tiny(c)
+    assert t.overrides["num_hidden_layers"] == 2 and t.overrides["hidden_size"] == 64
+    assert t.overrides["num_key_value_heads"] < t.overrides["num_attention_heads"]    # GQA kept
+    assert get_case("llama-gqa-b4-fp32@tiny") == t and t.split != "" and t.micro_batch == 2
+    assert get_case("llama-mha-b4-fp32@tiny").overrides["num_key_value_heads"] == 4
+    with pytest.raises(LabkitError, match="unknown corpus case"):
+        get_case("llama-9000")
+
+
+def test_plain_recording_script_smoke_runs_on_cpu(tmp_path):
+    """benchmarks/gpu/record_plain.py --smoke: the clue experiment and a case at CI size on the CPU."""
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path), "--smoke",
+                        "--only", "llama-gqa-b4-bf16"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")
+    assert "transformers" in doc["provenance"]
+    (row,) = doc["data"]["cases"]
+    assert row["name"] == "llama-gqa-b4-bf16@tiny" and "error" not in row, row
+    assert row["param_dtypes"] == ["torch.bfloat16"] and row["median_step_s"] > 0
+    assert row["sdpa_backends"] == ["flash"]          # the CPU's SDPA: its flash kernel, seen by the profiler
+    clue = load_measurement(tmp_path / "clue_gpt2_large.json", kind="measure_plain_clue")["data"]
+    assert len(clue["variants"]) == 6 and not any("error" in v for v in clue["variants"].values())
+    assert (tmp_path / "log.txt").read_text().count("clue:") == 6
