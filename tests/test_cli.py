@@ -9,8 +9,9 @@ import pytest
 from labkit.cli import build_parser, main
 
 # every verb and sub-verb the CLI has (the test below checks this list against the parser)
-VERBS = [("env",), ("measure",), ("estimate",), ("topo",), ("place",), ("report",), ("comm",), ("comm", "bench"),
-         ("comm", "buckets"), ("alloc",), ("alloc", "replay"), ("alloc", "compare"), ("alloc", "doctor")]
+VERBS = [("env",), ("measure",), ("estimate",), ("advise",), ("topo",), ("place",), ("report",), ("comm",),
+         ("comm", "bench"), ("comm", "buckets"), ("alloc",), ("alloc", "replay"), ("alloc", "compare"),
+         ("alloc", "doctor"), ("watch",)]
 
 
 def call(capsys, *argv):
@@ -80,6 +81,25 @@ def test_estimate_prints_what_the_model_computes(capsys):
     doc = json.loads(out)
     e = estimate(get_preset("gpt2"), ParallelSpec(dp=2, zero=1), TrainSpec(micro_batch=2, recompute="every-3"))
     assert doc["per_gpu_bytes"] == e.per_gpu_bytes and doc["train"]["recompute"] == "every-3"
+
+
+def test_advise_on_a_sample_node(capsys):
+    rc, out, err = call(capsys, "advise", "--model", "gpt2", "--seq", "1024", "--global-batch", "16", "--trace", "off",
+                        "--sample", "h100_nv18_8gpu_dual_numa", "--gpus", "8", "--gpu-memory", "80GiB", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    lay = doc["layout"]
+    assert doc["gpus"] == 8 and lay["tp"] * lay["pp"] * lay["dp"] == 8 and doc["peak_bytes"] > 0
+
+
+def test_watch_runs_the_command(capfd, tmp_path):
+    import sys
+
+    rc = main(["watch", "--out", str(tmp_path / "w"), "--detail", "stats", "--", sys.executable, "-c",
+               "print('from the child')"])
+    out = capfd.readouterr()
+    assert rc == 0, out.err
+    assert "from the child" in out.out
 
 
 def test_topo_and_place_on_a_sample(capsys):
