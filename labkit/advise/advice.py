@@ -65,8 +65,9 @@ class Advice:
         out = [f"model {self.model} on {self.machine}"]
         if not self.fits:
             out.append(f"NO LAYOUT FITS: {self.why_not[0] if self.why_not else ''}")
-            if self.smallest_fitting_gpus:
-                out.append(f"smallest cluster of these GPUs that fits: {self.smallest_fitting_gpus} GPUs")
+            out.append(f"smallest cluster of these GPUs that fits: {self.smallest_fitting_gpus} GPUs"
+                       if self.smallest_fitting_gpus else
+                       f"no cluster of up to {MAX_GPUS} such GPUs fits (micro-batch 1, ZeRO-3, full recomputation)")
             if self.dominant:
                 out.append(f"what dominates: {self.dominant}")
             return out + [f"note: {n}" for n in self.notes]

@@ -142,12 +142,12 @@ def test_replay_on_a_gzip_bomb_is_refused_and_the_limit_can_be_raised(tmp_path, 
 
 
 def test_gpu_flag_refuses_negatives_and_device_is_a_deprecated_alias(trace_file, capsys):
-    _one_line_error(capsys, ["alloc", "replay", str(trace_file), "--gpu", "-1"], r"--gpu must be a device index >= 0")
-    err = _one_line_error(capsys, ["alloc", "replay", str(trace_file), "--device", "-1"], r"--gpu must be")
+    _one_line_error(capsys, ["alloc", "replay", str(trace_file), "--gpu", "-1"], r"--gpu: must be an integer >= 0")
+    _one_line_error(capsys, ["alloc", "replay", str(trace_file), "--device", "-1"], r"--device: must be an integer >= 0")
     assert main(["alloc", "replay", str(trace_file), "--device", "0", "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["requests"] > 0
-    assert out.err.count("\n") == 1 and "--device N is deprecated here, use --gpu N" in out.err
+    assert out.err.count("\n") == 1 and "--device is deprecated: use --gpu N" in out.err
     assert main(["alloc", "compare", str(trace_file), "--gpu", "0", "--conf", "default"]) == 0
     capsys.readouterr()
     _one_line_error(capsys, ["alloc", "replay", str(trace_file), "--gpu", "3"], r"no trace for device 3")

@@ -106,10 +106,9 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     # the linears save them for backward, except inside fully recomputed layers (there only the
     # segment being recomputed holds copies again).
     ac_all = by.autocast * (pc.layer_matmul * pc.layers + pc.head_matmul)
-    segment = train.recompute.segment          # layers per checkpoint segment (full and every-K), else None
-    full_rc = segment is not None
+    full_rc = train.recompute.segment is not None  # full or every-K: whole layers are recomputed
     ac_held = by.autocast * pc.head_matmul if full_rc else ac_all
-    ac_segment = by.autocast * pc.layer_matmul * min(segment, pc.layers) if full_rc else 0
+    ac_segment = by.autocast * pc.layer_matmul * min(train.recompute.every, pc.layers) if full_rc else 0
     persistent_grads = train.framework == "megatron"
     g0 = ms.grads if (persistent_grads or n_micro > math.ceil(k)) else 0
     held = lg.held if lg else 0

