@@ -8,18 +8,29 @@ tensors and the GPU's different choices are made deliberately:
   ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
   ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
   of lower-precision copies of leaf weights, cleared when the outermost region exits.
-* **Attention**: the CPU runs ``_scaled_dot_product_flash_attention_for_cpu``; the H200 (torch 2.11)
-  ran cuDNN attention for bf16/fp16 and the memory-efficient kernel for float32. All save the output
-  and a float32 logsumexp (not the attention matrix): cuDNN adds two int64 scalars on the device,
-  mem-efficient pads the logsumexp to 32 rows; the backward kernels' float32 workspaces are added as
-  transients (sizes measured per op on the H200).
+* **Attention**: :mod:`labkit.memory.trace.sdpa` picks the kernel as ``select_sdp_backend`` does on
+  the target (cuDNN, flash, mem-efficient or math, by dtype, head_dim, GQA, mask, dropout and torch
+  version). The math path runs decomposed (its scores and probabilities are real tensors); the fused
+  ones run the CPU flash kernel, which saves the output and a float32 logsumexp like the GPU kernels:
+  cuDNN adds two int64 scalars on the device, mem-efficient pads the logsumexp to 32 rows; the backward
+  kernels' float32 workspaces are added as transients (sizes measured per op on the H200).
+* **Checkpointing under autocast**: ``torch.utils.checkpoint`` recomputes under the autocast state it
+  saw in the forward; fake mode binds its own CUDA-autocast emulation to each checkpointed function
+  the same way (a fresh cast cache, cleared when the recomputation exits, as torch's does).
+* **Module conversion**: ``model.to(torch.bfloat16)`` on fake parameters replaces them (keeping tied
+  parameters tied) instead of swapping tensor contents, which fake tensors refuse.
+* **Grouped expert matmul**: ``torch._grouped_mm`` in float32 runs CUDA's per-group fallback (torch
+  >= 2.9); the meta kernel only knows the bf16 fast path, so fake mode makes the output itself.
 * **Reductions**: a bias gradient ``grad.sum(0)`` allocates an inter-block staging buffer whose size
   follows ``Reduce.cuh``'s launch configuration (SM count, threads per SM): reproduced exactly.
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
-* **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide.
+* **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
+  boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
+  0.0, each answer reported; a data-dependent shape (``nonzero``) or an integer read is refused with one
+  line naming the op and the module.
 * **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
@@ -33,6 +44,10 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from labkit.core.errors import LabkitError
+from labkit.memory.trace.fake_runtime import ModuleStack, refusal
+from labkit.memory.trace.sdpa import SdpaTarget, parse_version, run_sdpa, select_backend
 
 MiB = 1 << 20
 
@@ -71,13 +86,22 @@ def _op_name(func: Any) -> str:
 
 @dataclass(frozen=True)
 class CudaTarget:
-    """The GPU whose choices fake mode reproduces (defaults: an H200 with torch 2.11, CUDA 13)."""
+    """The GPU whose choices fake mode reproduces (defaults: an H200, sm90, with torch 2.11, CUDA 13).
+
+    ``torch_version`` selects the version-dependent rules (SDPA: which backends take GQA, cuDNN's
+    place in the priority list and its dropout check; see :mod:`labkit.memory.trace.sdpa`); ``sm``
+    and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
+    emulated kernels allocate.
+    """
 
     name: str = "NVIDIA H200"
     allocator_rounding: int = 512
     cublas_workspace_bytes: int = 32 * MiB   # sm90 default CUBLAS_WORKSPACE_CONFIG :4096:8
     cublas_handles: int = 2                   # forward thread + autograd device thread
-    attention_16bit: str = "cudnn"            # SDPA kernel for fp16/bf16: "cudnn" (seen on the H200, torch 2.11) or "flash"
+    torch_version: str = "2.11"              # the torch whose kernel choices are reproduced
+    sm: tuple[int, int] = (9, 0)              # compute capability
+    cudnn_version: int = 92300                # cuDNN runtime: > 9.15 puts cuDNN attention first; > 9.22 allows head_dim 256
+    cudnn_frontend_d256: bool = True          # the frontend torch was built with supports head_dim 256
     efficient_lse_block: int = 32             # mem-efficient kernel (float32) pads logsumexp to 32 rows
     sm_count: int = 132                       # streaming multiprocessors (reduction launch configuration)
     max_threads_per_sm: int = 2048
@@ -89,6 +113,11 @@ class CudaTarget:
         """No kernel emulation (autocast still follows CUDA's lists): for checking the fake machinery."""
         return cls(name="plain (CPU kernels)", cublas_workspace_bytes=0, emulate_kernels=False,
                    simulate_allocator=False)
+
+    @property
+    def sdpa(self) -> SdpaTarget:
+        return SdpaTarget(sm=self.sm, torch_version=parse_version(self.torch_version), cudnn_version=self.cudnn_version,
+                          cudnn_frontend_d256=self.cudnn_frontend_d256)
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -168,6 +197,11 @@ class CudaEmulator:
         self._tracker: Any = None
         self._roles: Any = None
         self._phase = ""
+        self._pending_sdpa: str | None = None
+        self._sdpa_by_lse: dict[int, str] = {}
+        self.sdpa_choices: dict[str, int] = {}     # "backend (why others were rejected)" -> calls
+        self.assumptions: list[str] = []
+        self.modules = ModuleStack()
 
     # -- autocast ----------------------------------------------------------------------------
     def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
@@ -214,9 +248,10 @@ class CudaEmulator:
         if base in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"):
             self._cublas(tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu":
-            self._sdpa_forward(args, out, tracker)
+            self._sdpa_forward(args, kwargs, out, tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
-            self._sdpa_backward(args, out, tracker)
+            self._sdpa_backward(args, kwargs, out, tracker)
+
         elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":
@@ -232,20 +267,27 @@ class CudaEmulator:
             if in_backward:
                 self._backward_thread_ws = True
 
-    def _kernel_16bit(self, q: torch.Tensor) -> str:
-        """Which CUDA SDPA kernel the target runs: "cudnn" or "flash" for 16-bit, else "efficient"."""
-        if q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) <= 256:
-            return self.target.attention_16bit
-        return "efficient"
+    def _sdpa_kind(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, is_causal: bool) -> str:
+        """The GPU kernel for a CPU flash call that did not come through :class:`CudaFunctionRules`."""
+        return select_backend(q, k, v, mask, 0.0, bool(is_causal), q.size(-3) != k.size(-3),
+                              target=self.target.sdpa).backend
 
-    def _sdpa_forward(self, args: tuple, out: Any, tracker: Any) -> None:
+    def _sdpa_forward(self, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         # CPU: (out, logsumexp (B, H, T) float32). The GPU kernels save the same output and a float32
         # logsumexp: (B, H, T, 1) for cuDNN plus two int64 scalars on the device (philox seed and
         # offset, 512 B blocks); (B, H, T) for flash; (B, H, T padded to 32) for mem-efficient.
-        q = args[0]
+        q, k, v = args[0], args[1], args[2]
+        kind = self._pending_sdpa
+        self._pending_sdpa = None
+        if kind is None:
+            kind = self._sdpa_kind(q, k, v, kwargs.get("attn_mask"), args[4] if len(args) > 4 else False)
+        if kind == "math":      # a direct CPU-kernel call the GPU would run as math: not re-sized
+            return
         B, H, T = q.size(0), q.size(1), q.size(2)
         lse = out[1]
-        kind = self._kernel_16bit(q)
+        sid = tracker.storage_id(lse)
+        if sid is not None:
+            self._sdpa_by_lse[sid] = kind
         if kind == "cudnn":
             tracker.tie(lse, 8)
             tracker.tie(lse, 8)
@@ -255,24 +297,37 @@ class CudaEmulator:
         if kind == "cudnn":
             tracker.transient(8)   # a scalar inside the cuDNN forward (measured: 512 B)
 
-    def _sdpa_backward(self, args: tuple, out: Any, tracker: Any) -> None:
+    def _sdpa_backward(self, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         # Workspaces inside the backward kernels, measured on the H200 (torch 2.11) per op:
         #   cuDNN: float32 dQ accumulator (B, H, T, D) + float32 (B, H, T) + a 512 B scalar;
         #   mem-efficient (float32): (B, H, T, D) float32 + two float32 (B, H, T padded to 32);
-        #   flash (FlashAttention-2 source): dq_accum (B, T->128, H, D->32) + softmax_d (B, H, T->128), float32.
-        q = args[1]
+        #   flash (FlashAttention-2 source): dq_accum (B, T->128, H, D->32) + softmax_d (B, H, T->128), float32;
+        #   with GQA flash also writes dK, dV for every query head before summing over each group.
+        q, k = args[1], args[2]
         B, H, T, D = q.size(0), q.size(1), q.size(2), q.size(3)
-        kind = self._kernel_16bit(q)
+        sid = tracker.storage_id(args[5]) if len(args) > 5 else None
+        kind = self._sdpa_by_lse.get(sid) if sid is not None else None
+        if kind is None:
+            kind = self._sdpa_kind(q, k, args[3], kwargs.get("attn_mask"), args[7] if len(args) > 7 else False)
         if kind == "cudnn":
             tracker.transient_group([B * H * T * D * 4, B * H * T * 4, 8])
         elif kind == "flash":
             t_r = math.ceil(T / 128) * 128
             d_r = math.ceil(D / 32) * 32
-            tracker.transient_group([B * t_r * H * d_r * 4, B * H * t_r * 4])
-        else:
+            sizes = [B * t_r * H * d_r * 4, B * H * t_r * 4]
+            if k.size(1) != H:
+                sk = k.size(2)
+                sizes += [B * sk * H * D * k.element_size()] * 2
+            tracker.transient_group(sizes)
+        elif kind == "efficient":
             blk = self.target.efficient_lse_block
             t_p = math.ceil(T / blk) * blk
             tracker.transient_group([B * H * T * D * 4, B * H * t_p * 4, B * H * t_p * 4])
+
+    def note_sdpa(self, choice: Any) -> None:
+        key = choice.describe()
+        self.sdpa_choices[key] = self.sdpa_choices.get(key, 0) + 1
+        self._pending_sdpa = choice.backend if choice.backend != "math" else None
 
     def _reduction(self, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         x = args[0]
@@ -299,17 +354,62 @@ class CudaEmulator:
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
-                "assumptions": list(getattr(self, "assumptions", []))}
+                "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions)}
+
+    def assume(self, text: str) -> None:
+        if text not in self.assumptions:
+            self.assumptions.append(text)
+
+    # -- ops fake tensors cannot run as the GPU does -------------------------------------------
+    def replace(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
+        """The op's result when fake mode must make it itself, else ``NotImplemented``."""
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return self._scalar_read(args[0])
+        if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
+            a, b = args[0], args[1]
+            self.assume("MoE routing: the grouped expert matmul runs all tokens x top-k rows; its memory does not "
+                        "depend on how tokens are routed (no token distribution assumed)")
+            if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+                return _grouped_mm_fallback_output(func, args, kwargs)
+        return NotImplemented
+
+    def _scalar_read(self, x: torch.Tensor) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        const = getattr(x, "constant", None) if isinstance(x, FakeTensor) else None
+        if const is not None:
+            return NotImplemented
+        where = self.modules.where()
+        if x.dtype == torch.bool:
+            self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
+            return False
+        if x.is_floating_point():
+            self.assume(f"a float .item() ({where}) read as 0.0: the value does not change the memory")
+            return 0.0
+        raise LabkitError(refusal("aten._local_scalar_dense (an integer .item())", where,
+                                  "its value decides what follows"))
+
+
+def _all_ones_padding(batch: Any) -> bool:
+    """Whether every ``*attention_mask`` in the user's (real, CPU) batch is all ones: no padding."""
+    if not isinstance(batch, dict):
+        return False
+    masks = [v for k, v in batch.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
+    return bool(masks) and all(bool((m != 0).all()) for m in masks)
 
 
 @contextlib.contextmanager
-def data_dependent_choices() -> Iterator[list[str]]:
+def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
     """Answer the data-dependent questions libraries ask, which fake tensors cannot answer.
 
-    Hugging Face ``transformers`` checks position ids for packed sequences
-    (``masking_utils.find_packed_sequence_indices``) and, under fake tensors ("tracing"), assumes
-    packing and builds an explicit (batch, seq, seq) mask, which a GPU run with plain batches never
-    does. Fake mode answers "one sequence per row" (the case when the model makes its own position ids).
+    Hugging Face ``transformers`` (``masking_utils``), under fake tensors ("tracing"), neither checks
+    position ids for packed sequences (``find_packed_sequence_indices``: it assumes packing) nor
+    checks whether the padding mask masks anything (``_ignore_causal_mask_sdpa``,
+    ``_ignore_bidirectional_mask_sdpa``): it builds an explicit (batch, 1, seq, seq) mask, which
+    excludes the flash kernel and is kept by the others. A GPU run with the same batch checks the
+    values. Fake mode answers "one sequence per row" for the packing question (the case when the
+    model makes its own position ids) and, when every ``attention_mask`` of the user's batch is all
+    ones (read before the batch is faked), "nothing is masked", as the GPU run would find.
     Yields the list of choices made (for the report).
     """
     import sys
@@ -322,12 +422,12 @@ def data_dependent_choices() -> Iterator[list[str]]:
             import transformers.masking_utils as mu
         except ImportError:
             mu = None
+    from torch._subclasses.fake_tensor import is_fake
+
     if mu is not None and hasattr(mu, "find_packed_sequence_indices"):
         original = mu.find_packed_sequence_indices
 
         def unpacked(position_ids: torch.Tensor) -> Any:
-            from torch._subclasses.fake_tensor import is_fake
-
             if is_fake(position_ids):
                 if "hf-unpacked-sequences" not in made:
                     made.append("hf-unpacked-sequences")
@@ -336,6 +436,21 @@ def data_dependent_choices() -> Iterator[list[str]]:
 
         undo.append((mu, "find_packed_sequence_indices", original))
         mu.find_packed_sequence_indices = unpacked
+    if mu is not None and _all_ones_padding(batch):
+        for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
+            fn = getattr(mu, name, None)
+            if fn is None:
+                continue
+
+            def no_padding(padding_mask: Any, *a: Any, _fn: Callable = fn, **k: Any) -> Any:
+                if padding_mask is not None and is_fake(padding_mask):
+                    if "hf-no-padding (the batch's attention_mask is all ones)" not in made:
+                        made.append("hf-no-padding (the batch's attention_mask is all ones)")
+                    return _fn(None, *a, **k)
+                return _fn(padding_mask, *a, **k)
+
+            undo.append((mu, name, fn))
+            setattr(mu, name, no_padding)
     try:
         yield made
     finally:
@@ -416,6 +531,23 @@ def reduction_global_buffer_bytes(shape: list[int], strides: list[int], reduce_d
     if not block_x_reduce:
         size *= bw * out_vec
     return size
+
+
+def _grouped_mm_fallback_output(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The output of CUDA's per-group ``_grouped_mm`` fallback (non-bf16 inputs, torch >= 2.9): the
+    shape the bf16 kernel would give, in the inputs' dtype (no other device memory: one mm per group)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            dt = torch.bfloat16 if x.is_floating_point() else x.dtype
+            return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=dt, device="meta")
+        return x
+
+    with unset_fake_temporarily():
+        shape = tuple(func(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()}).shape)
+    dtype = kwargs.get("out_dtype") or args[0].dtype
+    return torch.empty(shape, dtype=dtype)
 
 
 def _mode_active(cls: type) -> bool:

@@ -154,12 +154,15 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
 
         from labkit.memory.trace.fake_cuda import data_dependent_choices
 
+        from labkit.memory.trace.fake_runtime import fake_run
+
         emulator = CudaEmulator(target or CudaTarget(), policy)
         fake = FakeTensorMode(allow_non_fake_inputs=False)
-        emulator.assumptions = stack.enter_context(data_dependent_choices())
+        emulator.assumptions = stack.enter_context(data_dependent_choices(batch))
         if isinstance(model, nn.Module):
             model = _fake_copy(model, fake)
         stack.enter_context(fake)
+        stack.enter_context(fake_run(emulator))
         if policy.autocast_dtype is not None:
             autocast = emulator.autocast_factory(policy.autocast_dtype)
         tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log,

@@ -251,9 +251,12 @@ class StorageTracker(TorchDispatchMode):
         if stats:
             torch.cuda.reset_peak_memory_stats()
             cuda_before = torch.cuda.memory_allocated()
+        out: Any = NotImplemented
         if self.emulator is not None:
             args, kwargs = self.emulator.before(func, args, kwargs, self)
-        out = func(*args, **kwargs)
+            out = self.emulator.replace(func, args, kwargs, self)
+        if out is NotImplemented:
+            out = func(*args, **kwargs)
         before = self.current
         self.track(out)
         if self.emulator is not None:

@@ -1,0 +1,229 @@
+"""What fake mode changes around a user's code so that it runs as it would on the GPU.
+
+* :class:`CudaFunctionRules`: a ``TorchFunctionMode`` making the GPU's choices at the Python level
+  (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.sdpa`;
+  ``F.dropout``: ``at::dropout`` takes the fused ``native_dropout`` on CUDA, which saves a boolean
+  mask, where the CPU multiplies by a noise tensor of the input's dtype).
+* :func:`checkpoint_autocast`: ``torch.utils.checkpoint`` (reentrant or not) recomputes under the
+  autocast state of the forward; torch records only its own autocast, so each checkpointed function
+  is bound to the emulated CUDA autocast that was active when it was checkpointed, and to
+  :class:`CudaFunctionRules` (function modes are not active inside autograd's backward, where the
+  recomputation runs: without it the recomputed attention would take the CPU's kernel).
+* :func:`fake_module_conversion`: ``Module._apply`` (``.to(dtype)``, ``.half()``, ``.bfloat16()``) on
+  fake parameters builds new parameters (tied ones once) instead of swapping tensor contents: the
+  fake tensor converter keeps weak references to fake tensors, and ``torch.utils.swap_tensors``
+  refuses tensors with weak references.
+* :class:`ModuleStack`: which module is running (named in refusals and assumptions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+
+class ModuleStack:
+    """The chain of modules whose forward is running (global module hooks, while :meth:`active`)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+    def where(self) -> str:
+        return f"module {self.stack[-1]}" if self.stack else "code outside any module"
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        def pre(mod: nn.Module, args: Any) -> None:
+            self.stack.append(type(mod).__name__)
+
+        def post(mod: nn.Module, args: Any, out: Any) -> None:
+            if self.stack:
+                self.stack.pop()
+
+        h1 = register_module_forward_pre_hook(pre)
+        h2 = register_module_forward_hook(post)   # not on exceptions: a refusal names the failing module
+        try:
+            yield
+        finally:
+            h1.remove()
+            h2.remove()
+
+
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS: dict[str, Any] = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                                  "enable_gqa": False}
+
+
+class CudaFunctionRules(TorchFunctionMode):
+    """Python-level GPU choices for one fake run (see the module docstring)."""
+
+    def __init__(self, emulator: Any) -> None:
+        super().__init__()
+        self.emulator = emulator
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            from labkit.memory.trace.sdpa import run_sdpa, select_backend
+
+            p = dict(_SDPA_DEFAULTS)
+            p.update(zip(_SDPA_PARAMS, args))
+            p.update(kwargs)
+            q, k, v = p["query"], p["key"], p["value"]
+            choice = select_backend(q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
+                                    bool(p["enable_gqa"]), target=self.emulator.target.sdpa)
+            self.emulator.note_sdpa(choice)
+            return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
+                            p["scale"], bool(p["enable_gqa"]))
+        if func is torch.nn.functional.dropout:
+            p = dict(zip(("input", "p", "training", "inplace"), args))
+            p.update(kwargs)
+            x, prob = p["input"], float(p.get("p", 0.5))
+            if p.get("training", True) and not p.get("inplace", False) and 0.0 < prob < 1.0 and x.numel():
+                # CUDA's fused dropout keeps a boolean mask (1 byte per element) for backward; the CPU's
+                # unfused path would keep a noise tensor in the input's dtype (see at::dropout)
+                return torch.ops.aten.native_dropout(x, prob, True)[0]
+        return func(*args, **kwargs)
+
+
+def _mode_active(cls: type) -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return any(isinstance(m, cls) for m in _get_current_function_mode_stack())
+
+
+def _active_autocast() -> Any:
+    from torch.overrides import _get_current_function_mode_stack
+
+    from labkit.memory.trace.fake_cuda import CudaAutocast
+
+    for m in reversed(_get_current_function_mode_stack()):
+        if isinstance(m, CudaAutocast):
+            return m
+    return None
+
+
+@contextlib.contextmanager
+def checkpoint_autocast(emulator: Any) -> Iterator[None]:
+    """Bind every function ``torch.utils.checkpoint`` receives to the emulated autocast active at
+    that moment, so that its recomputation in backward casts as the forward did."""
+    import torch.utils.checkpoint as cp
+
+    def bind(fn: Callable) -> Callable:
+        mode = _active_autocast()
+        region = emulator.autocast_factory(mode.dtype) if mode is not None else None
+        rules = emulator.target.emulate_kernels
+
+        def run(*a: Any, **k: Any) -> Any:
+            # torch function modes are not active inside autograd's backward, where the recomputation
+            # runs: enter the GPU rules (below) and the autocast (above them) again
+            with contextlib.ExitStack() as stack:
+                if rules and not _mode_active(CudaFunctionRules):
+                    stack.enter_context(CudaFunctionRules(emulator))
+                if region is not None:
+                    stack.enter_context(region())
+                return fn(*a, **k)
+
+        return run
+
+    original_gen = cp._checkpoint_without_reentrant_generator
+    original_fn = cp.CheckpointFunction
+
+    def generator(fn: Callable, *a: Any, **k: Any) -> Any:
+        return original_gen(bind(fn), *a, **k)
+
+    class Reentrant:
+        @staticmethod
+        def apply(function: Callable, preserve: bool, *args: Any) -> Any:
+            return original_fn.apply(bind(function), preserve, *args)
+
+    cp._checkpoint_without_reentrant_generator = generator
+    cp.CheckpointFunction = Reentrant
+    try:
+        yield
+    finally:
+        cp._checkpoint_without_reentrant_generator = original_gen
+        cp.CheckpointFunction = original_fn
+
+
+@contextlib.contextmanager
+def fake_module_conversion() -> Iterator[None]:
+    """``Module._apply`` on fake parameters: new ``Parameter`` objects, tied parameters kept tied."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = nn.Module._apply
+
+    def _apply(self: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
+        mods = list(self.modules()) if recurse else [self]
+        if not any(isinstance(p, FakeTensor) for m in mods for p in m._parameters.values() if p is not None):
+            return original(self, fn, recurse)
+        done: dict[int, Any] = {}
+        for m in mods:
+            for key, p in list(m._parameters.items()):
+                if p is None:
+                    continue
+                new = done.get(id(p))
+                if new is None:
+                    with torch.no_grad():
+                        applied = fn(p)
+                    new = p if applied is p else nn.Parameter(applied, requires_grad=p.requires_grad)
+                    if p.grad is not None and new is not p:
+                        new.grad = fn(p.grad)
+                    done[id(p)] = new
+                m._parameters[key] = new
+            for key, b in list(m._buffers.items()):
+                if b is not None:
+                    nb = done.get(id(b))
+                    if nb is None:
+                        nb = done[id(b)] = fn(b)
+                    m._buffers[key] = nb
+        return self
+
+    nn.Module._apply = _apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module._apply = original  # type: ignore[method-assign]
+
+
+def refusal(op: str, where: str, why: str) -> str:
+    return (f"fake-cuda cannot run {op} in {where}: {why}; "
+            "measure it with --device cpu (or cuda), or use the analytical estimator")
+
+
+@contextlib.contextmanager
+def fake_run(emulator: Any) -> Iterator[None]:
+    """Everything above, for the duration of one fake ``measure_step``; what fake tensors still cannot
+    run becomes one :class:`~labkit.core.errors.LabkitError` naming the op and the module."""
+    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                               UnsupportedOperatorException)
+
+    from labkit.core.errors import LabkitError
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(emulator.modules.active())
+        stack.enter_context(fake_module_conversion())
+        stack.enter_context(checkpoint_autocast(emulator))
+        if emulator.target.emulate_kernels:
+            stack.enter_context(CudaFunctionRules(emulator))
+        try:
+            yield
+        except DynamicOutputShapeException as e:
+            where = emulator.modules.where()
+            why = "its output shape depends on tensor values"
+            if "Expert" in where or "Moe" in where or "MoE" in where:
+                why += (" (a per-expert loop over routed tokens; Hugging Face's experts_implementation="
+                        "'grouped_mm' runs every token's top-k rows at once, whose memory does not depend on the routing)")
+            raise LabkitError(refusal(str(e.func), where, why)) from None
+        except DataDependentOutputException as e:
+            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
+                                      "its result depends on tensor values")) from None
+        except UnsupportedOperatorException as e:
+            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
+                                      "the op has no fake-tensor implementation")) from None

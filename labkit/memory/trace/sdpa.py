@@ -1,0 +1,314 @@
+"""Which kernel ``F.scaled_dot_product_attention`` runs on a CUDA GPU, decided as PyTorch decides it.
+
+:func:`select_backend` reproduces ``sdp::select_sdp_backend`` (``aten/src/ATen/native/transformers/
+cuda/sdp_utils.cpp``) for dense inputs: the backends are tried in priority order and the first whose
+checks all pass runs. Sources read (pytorch/pytorch on GitHub, through the lab's code index):
+
+* ``cuda/sdp_utils.cpp`` at commit 001f694a (2026 main): ``priority_order`` and
+  ``check_prefer_cudnn_attention`` (cuDNN first on sm90/sm10x with cuDNN > 9.15), ``can_use_cudnn_attention``,
+  ``can_use_flash_attention``, ``can_use_mem_efficient_attention`` and the checks they list
+  (``check_cudnn_tensor_shapes``: head_dim <= 128, or <= 256 on sm90 with cuDNN > 9.22; a multiple of 8;
+  seq_k != 1; ``check_cudnn_dropout``: a multiple of 1/16; ``check_head_dim_size_flash``: q, k, v head_dim
+  equal and <= 256; ``check_head_dim_size_mem_efficient`` / ``minimum_gemm_alignment``: a multiple of 4
+  (float32) or 8 (16-bit) on sm80+; ``check_flash_causal_non_square_seqlens``; dtype lists: flash and
+  cuDNN fp16/bf16, mem-efficient fp16/bf16/fp32 on sm80+).
+* the same file at commit 21c3369e (torch 2.4 era): priority flash, mem-efficient, math, cuDNN.
+* ``sdp_utils_cpp.h`` at commit 0119c205: ``check_for_attn_mask`` (flash takes no explicit mask),
+  ``check_attn_mask_shape`` (cuDNN: a mask that does not require grad, 2-D or broadcastable 4-D),
+  ``check_batch_size_and_num_heads_dense`` / ``check_grouped_query_attention`` (different K/V head counts
+  only with ``enable_gqa`` on a backend that supports it, and Hq % Hkv == 0), ``check_tensor_shapes``
+  (4-D), ``check_nonzero_sequence_lengths_dense``, ``check_last_dim_stride_equals_1_dense``.
+
+Checked against the H200 recordings (torch 2.11, plain loops, the kernels the profiler saw; reference
+cases only): cuDNN ran for every fp16/bf16 call, including HF's attention dropout 0.1 (so the 1/16
+dropout check of the current source is newer than 2.11) and head_dim 256 (Gemma: so the H200's
+cuDNN is > 9.22 with a frontend supporting d256); a mask that requires grad (T5's learned
+relative-position bias) ran the math path, not mem-efficient.
+
+How the rules change with the torch version (:class:`SdpaTarget` ``torch_version``):
+
+* ``enable_gqa`` exists from torch 2.5; flash supports it from then, cuDNN accepts unequal head
+  counts (GQA/MQA) in 2.9+ (``supports_gqa`` in its dense checks).
+* mem-efficient attention supports GQA only from PR pytorch#191085 (July 2026, "Add memory-efficient
+  GQA"); before it a float32 GQA call with ``enable_gqa=True`` has no fused kernel and runs the math
+  path, which keeps the (B, H, Sq, Sk) probabilities for backward. The first release holding it is
+  taken to be 2.13 (its release branch was cut after the merge); the H200 runs 2.11, so it falls back.
+* before 2.5 (and on 2.4's priority list) cuDNN is tried after math, i.e. never.
+* cuDNN's dropout resolution check (a multiple of 1/16) is taken to start with 2.12 (absent on 2.11,
+  as recorded).
+
+Nested tensors and ROCm are not modelled (fake mode sees dense CUDA-like tensors).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+BACKENDS = ("cudnn", "flash", "efficient", "math")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def parse_version(v: str | tuple[int, int]) -> tuple[int, int]:
+    if isinstance(v, tuple):
+        return v
+    parts = v.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+@dataclass(frozen=True)
+class SdpaTarget:
+    """What SDPA selection depends on besides the call: the GPU, the torch and cuDNN versions."""
+
+    sm: tuple[int, int] = (9, 0)
+    torch_version: tuple[int, int] = (2, 11)
+    # cuDNN runtime and frontend: on the H200 (torch 2.11, cu130) cuDNN attention ran for head_dim 256
+    # (recorded Gemma cases), which the source allows only with cuDNN > 9.22 and frontend >= 1.24
+    cudnn_version: int = 92300
+    cudnn_frontend_d256: bool = True
+
+    @property
+    def priority(self) -> tuple[str, ...]:
+        if self.torch_version >= (2, 5) and self.sm[0] in (9, 10) and self.cudnn_version > 91500:
+            return ("cudnn", "flash", "efficient", "math")
+        return ("flash", "efficient", "math", "cudnn")
+
+
+@dataclass
+class SdpaChoice:
+    backend: str
+    rejected: dict[str, str] = field(default_factory=dict)   # backend -> the first check that failed
+
+    def describe(self) -> str:
+        why = "; ".join(f"{b}: {r}" for b, r in self.rejected.items())
+        return f"{self.backend}" + (f" ({why})" if why else "")
+
+
+def _heads_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool, supports_gqa: bool) -> str:
+    if not (q.size(0) == k.size(0) == v.size(0)):
+        return "batch sizes differ"
+    hq, hk, hv = q.size(-3), k.size(-3), v.size(-3)
+    if enable_gqa and supports_gqa:
+        if hk != hv:
+            return "key and value head counts differ"
+        if hq % hk:
+            return f"{hq} query heads not a multiple of {hk} key/value heads"
+        return ""
+    if not (hq == hk == hv):
+        return (f"{hq} query heads, {hk} key/value heads: unequal heads need enable_gqa and a backend "
+                "supporting it")
+    return ""
+
+
+def _common_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  ignore_singleton: bool) -> str:
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        return "query, key and value must be 4-D"
+    if q.size(-2) == 0 or k.size(-2) == 0:
+        return "zero sequence length"
+    ok = q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    if ignore_singleton:
+        ok = ok or q.size(-1) == 1
+    if mask is not None and mask.stride(-1) != 1:
+        ok = False
+    if not ok:
+        return "last dimension stride is not 1"
+    return ""
+
+
+def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget) -> str:
+    if t.torch_version < (2, 5):
+        return "not tried before math in this torch version"
+    if not (8, 0) <= t.sm <= (12, 1):
+        return "needs sm80-sm121"
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in _HALF):
+        return f"dtype {q.dtype} (cuDNN needs fp16/bf16)"
+    if mask is not None:
+        if mask.requires_grad:
+            return "attn_mask requires grad"
+        if mask.size(-2) not in (q.size(2), 1) or mask.size(-1) not in (k.size(2), 1):
+            return "attn_mask shape"
+        if mask.dim() == 4 and not (mask.size(0) in (1, q.size(0)) and mask.size(1) in (1, q.size(1))):
+            return "attn_mask shape"
+        if mask.dim() not in (2, 4):
+            return "attn_mask must be 2-D or 4-D"
+    if t.torch_version >= (2, 12) and dropout_p * 16.0 != math.floor(dropout_p * 16.0):
+        return "dropout not a multiple of 1/16"
+    if dropout_p > 0.0 and 91100 < t.cudnn_version < 91400:
+        return "dropout unsupported in cuDNN 9.11-9.13"
+    r = _common_dense(q, k, v, mask, True)
+    if r:
+        return r
+    r = _heads_ok(q, k, v, True, t.torch_version >= (2, 9))  # cuDNN does not require equal head counts
+    if r:
+        return r
+    if q.size(0) > 65535 or q.size(1) > 65535:
+        return "batch or heads > 65535"
+    d_qk, d_v = q.size(3), v.size(3)
+    sm90x = (t.sm[0] == 9 and t.sm[1] == 0) or t.sm[0] == 10
+    limit = 128
+    if sm90x and t.cudnn_version > 92200 and t.cudnn_frontend_d256:
+        limit = 256
+    elif sm90x and t.cudnn_version >= 91100 and d_qk == 192 and d_v == 128:
+        limit = 192
+    if d_qk > limit or d_v > limit:
+        return f"head_dim {max(d_qk, d_v)} > {limit}"
+    if d_qk % 8 or d_v % 8:
+        return "head_dim not a multiple of 8"
+    if k.size(2) == 1:
+        return "key/value sequence length 1"
+    if dropout_p != 0.0 and q.size(2) == 1:
+        return "query length 1 with dropout"
+    if grad and limit == 256 and not ((d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256))):
+        return "backward unsupported for these head dims"
+    return ""
+
+
+def _flash(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget) -> str:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "query, key and value must be 4-D"
+    if mask is not None:
+        return "explicit attn_mask (flash takes is_causal only)"
+    if not (q.size(-1) == k.size(-1) == v.size(-1) and q.size(-1) <= 256):
+        return "head_dims differ or exceed 256"
+    if not (8, 0) <= t.sm <= (12, 1):
+        return "needs sm80-sm121"
+    if grad and ((8, 6) <= t.sm <= (8, 9) or (12, 0) <= t.sm <= (12, 1)):
+        d = q.size(-1)
+        if not (d <= 192 or (dropout_p == 0.0 and d > 224)):
+            return "training with this head_dim unsupported on this GPU"
+    if is_causal and q.size(-2) != k.size(-2):
+        return "is_causal with seq_q != seq_k"
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in _HALF):
+        return f"dtype {q.dtype} (flash needs fp16/bf16)"
+    r = _heads_ok(q, k, v, enable_gqa, t.torch_version >= (2, 5))
+    if r:
+        return r
+    return _common_dense(q, k, v, None, True)
+
+
+def _efficient(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget) -> str:
+    if not (5, 0) <= t.sm <= (12, 1):
+        return "needs sm50-sm121"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "query, key and value must be 4-D"
+    half = q.dtype in _HALF
+    align = 4 if t.sm[0] >= 8 else 1
+    if t.sm[0] >= 8 or half:
+        align = max(align, 128 // (16 if half else 32))
+    dq, dv = q.size(-1), v.size(-1)
+    if not (dq == k.size(-1) and dq % align == 0 and dq > 0 and dv % align == 0 and dv > 0):
+        return f"head_dim not a multiple of {align}"
+    if t.sm[0] >= 8:
+        for x in (q, k, v):
+            if x.numel() and (x.storage_offset() * x.element_size()) % (align * x.element_size()):
+                return "storage offset not aligned"
+    if mask is not None and mask.requires_grad:
+        return "attn_mask requires grad"
+    r = _common_dense(q, k, v, mask, False)
+    if r:
+        return r
+    r = _heads_ok(q, k, v, enable_gqa, t.torch_version >= (2, 13))
+    if r:
+        return r
+    allowed = (torch.float16, torch.float32, torch.bfloat16) if t.sm[0] >= 8 else (torch.float16, torch.float32)
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in allowed):
+        return f"dtype {q.dtype}"
+    return ""
+
+
+_CHECKS = {"cudnn": _cudnn, "flash": _flash, "efficient": _efficient}
+
+
+def select_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False, *,
+                   grad: bool | None = None, target: SdpaTarget | None = None) -> SdpaChoice:
+    """The backend ``select_sdp_backend`` picks for this call on ``target`` (default: H200, torch 2.11).
+
+    ``grad``: whether autograd records the call (default: grad mode on and an input requires grad).
+    """
+    t = target or SdpaTarget()
+    if grad is None:
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    rejected: dict[str, str] = {}
+    for name in t.priority:
+        if name == "math":
+            return SdpaChoice("math", rejected)
+        why = _CHECKS[name](query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, grad, t)
+        if not why:
+            return SdpaChoice(name, rejected)
+        rejected[name] = why
+    return SdpaChoice("math", rejected)
+
+
+def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``convert_boolean_attn_mask``: a boolean mask becomes an additive one in the query's dtype."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask.logical_not(), float("-inf"))
+    return mask
+
+
+def _efficient_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``preprocess_mask`` (attention.cpp): the mem-efficient kernel needs the mask's last dim padded to
+    a multiple of 16; padding materialises the expanded (B, H, Sq, Sk padded) bias, which the kernel saves."""
+    full = mask.expand(q.size(0), q.size(1), q.size(2), k.size(2))
+    sk = k.size(2)
+    if sk % 16:
+        padded = torch.empty(q.size(0), q.size(1), q.size(2), -(-sk // 16) * 16, dtype=mask.dtype)
+        return padded[..., :sk]
+    return full
+
+
+def _math_with_fused_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                             dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """The math path op by op, as ``_scaled_dot_product_attention_math`` composes it (16-bit inputs
+    upcast to float32; q and k each scaled by sqrt(scale); K/V heads repeated for GQA; the causal mask
+    as an additive (Sq, Sk) tensor; softmax; dropout; the product with V), with the dropout that CUDA
+    runs: ``at::dropout`` takes the fused ``native_dropout`` there (a boolean mask kept), where the CPU
+    keeps a noise tensor of the scores' dtype. Used only when dropout is on."""
+    out_dtype = q.dtype
+    if q.dtype in _HALF:
+        q, k, v = q.float(), k.float(), v.float()
+    s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    f = math.sqrt(abs(s))
+    q = q * (f if s >= 0 else -f)
+    if is_causal:
+        tri = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+        mask = _additive_mask(tri, q.dtype)
+    if enable_gqa and q.size(-3) != k.size(-3):
+        rep = q.size(-3) // k.size(-3)
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+    attn = torch.matmul(q, k.transpose(-2, -1) * f)
+    if mask is not None:
+        attn = attn + mask
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    attn = torch.ops.aten.native_dropout(attn, dropout_p, True)[0]
+    return torch.matmul(attn, v).to(out_dtype)
+
+
+def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+             dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """Run the call on CPU (fake) tensors so that it allocates what ``choice`` allocates on the GPU.
+
+    ``math`` runs torch's composite math implementation op by op (the GPU runs the same decomposition:
+    scores, softmax and, with dropout, its mask are real tensors kept for backward). The fused backends
+    run the CPU flash kernel, which saves the output and a float32 logsumexp like the GPU kernels (the
+    emulator then gives its logsumexp the GPU kernel's size); their dropout is regenerated in backward
+    from a seed, so no dropout mask exists: the CPU kernel runs without it.
+    """
+    mask = _additive_mask(attn_mask, q.dtype) if attn_mask is not None else None
+    if choice.backend == "math" and dropout_p > 0.0:
+        return _math_with_fused_dropout(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
+    if choice.backend == "math":
+        kw: dict[str, Any] = {"scale": scale}
+        if enable_gqa:
+            kw["enable_gqa"] = True
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, None, **kw)[0]
+    if mask is not None and choice.backend == "efficient":
+        mask = _efficient_mask(mask, q, k)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)[0]

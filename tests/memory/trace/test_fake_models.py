@@ -1,0 +1,156 @@
+"""Models engineers bring, in fake mode: each predicts (with its assumptions stated) or is refused by
+one line naming the op and the module. Tiny configurations: seconds each."""
+
+import pytest
+import torch
+import transformers
+
+from labkit.core.errors import LabkitError
+from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.step import measure_step
+from labkit.workloads.hf import hf_lm_batch
+
+V = 256
+
+
+def llama_cfg(**kw):
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   use_cache=False, **kw)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def llama_checkpointed(reentrant):
+    def build():
+        m = transformers.LlamaForCausalLM(llama_cfg())
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        return m
+    return build
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_hf_gradient_checkpointing_under_amp_bf16_recomputes_in_bf16(reentrant):
+    batch = hf_lm_batch(V, 2, 64)
+    rep = measure_step(llama_checkpointed(reentrant), batch, precision="amp-bf16", op_log=True)
+    full = measure_step(lambda: transformers.LlamaForCausalLM(llama_cfg()), batch, precision="amp-bf16")
+    assert rep.peak_bytes < full.peak_bytes
+    back = [r for r in rep.op_log if r.phase == "backward"]
+    # the recomputed forward ran under the emulated CUDA autocast: its projections cast the weights
+    # to bf16 again (a fresh cache) and no float32 activation matmul appears in backward
+    assert any("_to_copy" in r.name and "float32[128, 64] -> bfloat16" in r.shapes for r in back)
+    assert not [r for r in back if r.name.startswith("aten.mm") and "-> float32[128" in r.shapes]
+
+
+def test_pure_bf16_factory_cast_keeps_tied_weights():
+    def build():
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=V, use_cache=False)
+        cfg._attn_implementation = "sdpa"
+        return transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
+
+    rep = measure_step(build, hf_lm_batch(V, 2, 32))
+    n_tensors = sum(1 for _ in build().parameters()) + 1
+    assert rep.num_params * 2 <= rep.by_category["parameters"] <= rep.num_params * 2 + n_tensors * 512
+    # GPT-2's default attention dropout 0.1: cuDNN on torch 2.11 (recorded); flash once cuDNN checks 1/16
+    assert list(rep.emulation["sdpa"]) == ["cudnn"]
+    later = measure_step(build, hf_lm_batch(V, 2, 32), target=CudaTarget(torch_version="2.12"))
+    assert list(later.emulation["sdpa"]) == ["flash (cudnn: dropout not a multiple of 1/16)"]
+
+
+def test_lora_on_a_bf16_base():
+    import peft
+
+    def build():
+        base = transformers.LlamaForCausalLM(llama_cfg()).to(torch.bfloat16)
+        return peft.get_peft_model(base, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+
+    rep = measure_step(build, hf_lm_batch(V, 2, 32))
+    trainable = sum(p.numel() for p in build().parameters() if p.requires_grad)
+    assert 0 < rep.by_category["optimizer_state"] <= 2 * trainable * 4 + 64 * 512   # AdamW on the adapters only
+
+
+def test_vit_input_and_init_checks_are_answered_and_reported():
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                 image_size=32, patch_size=8, num_labels=10)
+    cfg._attn_implementation = "sdpa"
+    batch = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.zeros(2, dtype=torch.long)}
+    rep = measure_step(lambda: transformers.ViTForImageClassification(cfg), batch)
+    assert rep.peak_bytes > 0
+    assert any("boolean .item()" in a and "False" in a for a in rep.emulation["assumptions"])
+
+
+def test_mixtral_grouped_expert_matmul_in_float32_and_amp():
+    cfg = transformers.MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    batch = hf_lm_batch(V, 2, 32)
+    fp32 = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch)
+    amp = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, precision="amp-bf16")
+    bf16 = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, precision="bf16")
+    assert fp32.peak_bytes > bf16.peak_bytes > 0 and amp.peak_bytes > 0
+    assert any(a.startswith("MoE routing") for a in amp.emulation["assumptions"])
+
+
+def test_mixtral_eager_experts_are_refused_with_the_alternative():
+    cfg = transformers.MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    cfg._experts_implementation = "eager"
+    with pytest.raises(LabkitError) as e:
+        measure_step(lambda: transformers.MixtralForCausalLM(cfg), hf_lm_batch(V, 2, 16))
+    assert "aten.nonzero" in str(e.value) and "MixtralExperts" in str(e.value) and "grouped_mm" in str(e.value)
+
+
+class IntRead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        n = int((x > 0).sum().item())
+        return self.lin(x[:, :8]).sum() * n
+
+
+class Nonzero(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x[x.sum(-1) > 0]).sum()
+
+
+@pytest.mark.parametrize("cls,op", [(IntRead, "aten._local_scalar_dense"), (Nonzero, "aten.nonzero")])
+def test_data_dependent_ops_are_refused_by_name(cls, op):
+    with pytest.raises(LabkitError) as e:
+        measure_step(cls, torch.randn(4, 8), loss_fn=lambda out, b: out)
+    msg = str(e.value)
+    assert op in msg and f"module {cls.__name__}" in msg and "--device cpu" in msg
+    assert "\n" not in msg
+
+
+def test_hf_padding_mask_is_skipped_only_when_the_batch_has_no_padding():
+    cfg = transformers.BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    ids = torch.randint(0, V, (2, 32))
+
+    def run(am):
+        return measure_step(lambda: transformers.BertForMaskedLM(cfg), {"input_ids": ids, "attention_mask": am,
+                                                                         "labels": ids.clone()})
+
+    ones = torch.ones_like(ids)
+    padded = ones.clone()
+    padded[1, 20:] = 0
+    skip, keep = run(ones), run(padded)
+    # no padding: HF's padding_mask.all() check skips the mask on the GPU (plain mem-efficient, no mask)
+    assert list(skip.emulation["sdpa"]) == ["efficient (cudnn: dtype torch.float32 (cuDNN needs fp16/bf16); "
+                                            "flash: dtype torch.float32 (flash needs fp16/bf16))"]
+    assert any("hf-no-padding" in a for a in skip.emulation["assumptions"])
+    # padding: the GPU run builds the (B, 1, S, S) mask too, which flash refuses and each layer keeps
+    (key,) = keep.emulation["sdpa"]
+    assert key.startswith("efficient") and "explicit attn_mask" in key
+    assert not any("hf-no-padding" in a for a in keep.emulation["assumptions"])
+    assert keep.peak_bytes > skip.peak_bytes

@@ -1,0 +1,161 @@
+"""SDPA backend selection as PyTorch's ``select_sdp_backend`` decides it, and what each choice keeps.
+
+Expected choices follow pytorch/pytorch ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``
+(commit 001f694a: ``priority_order``/``check_prefer_cudnn_attention``, ``can_use_cudnn_attention`` with
+``check_cudnn_tensor_shapes``/``check_cudnn_dropout``/``check_attn_mask_shape``,
+``can_use_flash_attention`` with ``check_for_attn_mask``/``check_head_dim_size_flash``/
+``check_flash_causal_non_square_seqlens``/``check_dtypes_flash_attention``,
+``can_use_mem_efficient_attention`` with ``check_head_dim_size_mem_efficient``/``minimum_gemm_alignment``;
+commit 21c3369e for the torch 2.4 priority list) and ``sdp_utils_cpp.h`` (commit 0119c205:
+``check_batch_size_and_num_heads_dense``, ``check_grouped_query_attention``,
+``check_last_dim_stride_equals_1_dense``, ``check_tensor_shapes``).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.sdpa import SdpaTarget, select_backend
+from labkit.memory.trace.step import measure_step
+
+H200 = SdpaTarget()                                   # sm90, torch 2.11, cuDNN 9.23 (frontend with d256)
+CUDNN_916 = SdpaTarget(cudnn_version=91600, cudnn_frontend_d256=False)
+T212 = SdpaTarget(torch_version=(2, 12))
+
+
+def qkv(dtype=torch.bfloat16, B=2, H=8, Hkv=None, S=128, Sk=None, D=64, grad=True):
+    Hkv = Hkv or H
+    Sk = Sk or S
+    q = torch.empty(B, H, S, D, dtype=dtype, device="meta", requires_grad=grad)
+    k = torch.empty(B, Hkv, Sk, D, dtype=dtype, device="meta", requires_grad=grad)
+    v = torch.empty(B, Hkv, Sk, D, dtype=dtype, device="meta", requires_grad=grad)
+    return q, k, v
+
+
+def mask(S=128, Sk=None, grad=False, dtype=torch.bool):
+    return torch.empty(2, 1, S, Sk or S, dtype=dtype, device="meta", requires_grad=grad)
+
+
+TABLE = [
+    # (description, inputs, call kwargs, target, expected backend)
+    ("bf16 causal: cuDNN first on sm90", dict(), dict(is_causal=True), H200, "cudnn"),
+    ("fp16 causal", dict(dtype=torch.float16), dict(is_causal=True), H200, "cudnn"),
+    ("fp32: only mem-efficient takes float32", dict(dtype=torch.float32), dict(is_causal=True), H200, "efficient"),
+    ("fp32 GQA on 2.11: mem-efficient needs equal heads -> math", dict(dtype=torch.float32, Hkv=2),
+     dict(is_causal=True, enable_gqa=True), H200, "math"),
+    ("fp32 GQA once mem-efficient supports GQA", dict(dtype=torch.float32, Hkv=2),
+     dict(is_causal=True, enable_gqa=True), SdpaTarget(torch_version=(2, 13)), "efficient"),
+    ("bf16 GQA", dict(Hkv=2), dict(is_causal=True, enable_gqa=True), H200, "cudnn"),
+    ("heads not a multiple of kv heads", dict(H=6, Hkv=4), dict(enable_gqa=True), H200, "math"),
+    ("bf16 head_dim 256 with cuDNN 9.16: cuDNN stops at 128 -> flash", dict(D=256), dict(is_causal=True),
+     CUDNN_916, "flash"),
+    ("bf16 head_dim 256 with cuDNN > 9.22 and frontend d256 (Gemma on the H200)", dict(D=256),
+     dict(is_causal=True), H200, "cudnn"),
+    ("bf16 head_dim 192 with cuDNN 9.16: flash", dict(D=192), dict(), CUDNN_916, "flash"),
+    ("bf16 head_dim 100: cuDNN wants a multiple of 8", dict(D=100), dict(), H200, "flash"),
+    ("bf16 head_dim 512: above flash's 256", dict(D=512), dict(), H200, "efficient"),
+    ("fp32 head_dim 66: mem-efficient wants a multiple of 4", dict(dtype=torch.float32, D=66), dict(), H200, "math"),
+    ("bf16 boolean padding mask: cuDNN takes a 4-D mask", dict(), dict(attn_mask=mask()), H200, "cudnn"),
+    ("mask requiring grad (T5's learned bias): math, as recorded", dict(),
+     dict(attn_mask=mask(grad=True, dtype=torch.bfloat16)), H200, "math"),
+    ("fp32 with a mask", dict(dtype=torch.float32), dict(attn_mask=mask()), H200, "efficient"),
+    ("dropout 0.1 on 2.11: cuDNN (as recorded for GPT-2, BERT)", dict(), dict(dropout_p=0.1), H200, "cudnn"),
+    ("dropout 0.1 on 2.12: cuDNN resolution is 1/16 -> flash", dict(), dict(dropout_p=0.1), T212, "flash"),
+    ("dropout 0.125 on 2.12", dict(), dict(dropout_p=0.125), T212, "cudnn"),
+    ("causal, seq_q != seq_k on torch 2.4: flash refuses, mem-efficient takes it", dict(S=64, Sk=128),
+     dict(is_causal=True), SdpaTarget(torch_version=(2, 4)), "efficient"),
+    ("torch 2.4 priority: flash first", dict(), dict(is_causal=True), SdpaTarget(torch_version=(2, 4)), "flash"),
+    ("sm80 (A100): cuDNN is not preferred", dict(), dict(is_causal=True), SdpaTarget(sm=(8, 0)), "flash"),
+    ("unequal heads without enable_gqa on torch 2.5", dict(Hkv=2), dict(), SdpaTarget(torch_version=(2, 5)), "math"),
+]
+
+
+@pytest.mark.parametrize("desc,inputs,kw,target,expected", TABLE, ids=[t[0] for t in TABLE])
+def test_backend_choice_table(desc, inputs, kw, target, expected):
+    q, k, v = qkv(**inputs)
+    choice = select_backend(q, k, v, kw.get("attn_mask"), kw.get("dropout_p", 0.0), kw.get("is_causal", False),
+                            kw.get("enable_gqa", False), target=target)
+    assert choice.backend == expected, choice.describe()
+    assert list(choice.rejected) == list(target.priority[:target.priority.index(expected)])
+
+
+def test_layout_and_rank_checks():
+    q, k, v = qkv()
+    t = q.transpose(-1, -2).transpose(-1, -2)          # same shape, strides unchanged
+    assert select_backend(t, k, v, target=H200).backend == "cudnn"
+    bad = torch.empty(2, 8, 64, 128, dtype=torch.bfloat16, device="meta").transpose(-1, -2)   # last stride != 1
+    assert select_backend(bad, k, v, target=H200).backend == "math"
+    q3 = torch.empty(8, 128, 64, dtype=torch.bfloat16, device="meta")
+    assert select_backend(q3, q3, q3, target=H200).backend == "math"
+
+
+class Attn(torch.nn.Module):
+    """Projections and one SDPA call: the policy under test decides the kernel."""
+
+    def __init__(self, H=4, Hkv=4, D=32, mask_len=None, dropout=0.0):
+        super().__init__()
+        self.H, self.Hkv, self.D, self.mask_len, self.dropout = H, Hkv, D, mask_len, dropout
+        self.q = torch.nn.Linear(H * D, H * D, bias=False)
+        self.kv = torch.nn.Linear(H * D, 2 * Hkv * D, bias=False)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q = self.q(x).view(B, S, self.H, self.D).transpose(1, 2)
+        k, v = self.kv(x).view(B, S, 2, self.Hkv, self.D).permute(2, 0, 3, 1, 4)
+        m = None
+        if self.mask_len is not None:
+            m = torch.ones(B, 1, S, S, dtype=torch.bool)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=m is None, enable_gqa=self.H != self.Hkv,
+                                           dropout_p=self.dropout)
+        return o.transpose(1, 2).reshape(B, S, -1)
+
+
+def _fwd_end(factory, x, precision="fp32", target=None):
+    rep = measure_step(factory, x, loss_fn=lambda out, b: out.float().pow(2).mean(), precision=precision,
+                       target=target)
+    fwd = next(p for p in rep.by_phase if p.phase == "forward")
+    return fwd.end_bytes - fwd.start_bytes, rep
+
+
+def test_fp32_gqa_math_path_keeps_the_scores():
+    B, S, H, D = 2, 256, 4, 32
+    x = torch.randn(B, S, H * D)
+    gqa, rep = _fwd_end(lambda: Attn(H=H, Hkv=2, D=D), x)
+    mha, rep_mha = _fwd_end(lambda: Attn(H=H, Hkv=H, D=D), x)
+    assert any(key.startswith("math") for key in rep.emulation["sdpa"])
+    assert all(key.startswith("efficient") for key in rep_mha.emulation["sdpa"])
+    # math keeps the float32 probabilities (B, H, S, S) for backward; mem-efficient keeps only a logsumexp.
+    # The same GQA call once mem-efficient supports GQA (torch 2.13): same projections, no scores.
+    gqa13, rep13 = _fwd_end(lambda: Attn(H=H, Hkv=2, D=D), x, target=CudaTarget(torch_version="2.13"))
+    assert all(key.startswith("efficient") for key in rep13.emulation["sdpa"])
+    assert gqa - gqa13 >= B * H * S * S * 4
+    assert gqa13 < mha                     # and GQA's smaller K/V projection shows
+
+
+def test_math_path_dropout_keeps_a_boolean_mask():
+    """The math path's dropout is at::dropout, fused on CUDA: the dropped probabilities (float32) and a
+    boolean mask are kept, where the CPU's unfused dropout would keep a float32 noise tensor."""
+    B, S, H, D = 2, 256, 4, 32
+    x = torch.randn(B, S, H * D)
+    with_dropout, rep = _fwd_end(lambda: Attn(H=H, Hkv=2, D=D, dropout=0.1), x)
+    without, _ = _fwd_end(lambda: Attn(H=H, Hkv=2, D=D), x)
+    assert all(key.startswith("math") for key in rep.emulation["sdpa"])
+    assert with_dropout - without == B * H * S * S * (4 + 1)
+
+
+def test_mem_efficient_keeps_the_padded_mask():
+    B, S, H, D = 2, 200, 4, 32                     # 200 is not a multiple of 16: preprocess_mask pads to 208
+    x = torch.randn(B, S, H * D)
+    masked, rep = _fwd_end(lambda: Attn(H=H, D=D, mask_len=S), x)
+    causal, _ = _fwd_end(lambda: Attn(H=H, D=D), x)
+    assert all(key.startswith("efficient") for key in rep.emulation["sdpa"])
+    padded = B * H * S * 208 * 4                   # expanded additive bias, float32, saved for backward
+    assert masked - causal >= padded
+    assert masked - causal < padded + B * S * S * 4 + 4096   # plus at most the (B, 1, S, S) additive mask
+
+
+def test_sdpa_choice_is_reported():
+    _, rep = _fwd_end(lambda: Attn(H=4, Hkv=2, D=32), torch.randn(2, 64, 128), precision="amp-bf16")
+    (key,) = rep.emulation["sdpa"]
+    assert key == "cudnn"
