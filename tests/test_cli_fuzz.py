@@ -3,7 +3,8 @@ never shows a traceback; it exits 0, or 2 with exactly one line on stderr.
 
 Calls are in-process (``labkit.cli.main``). Verbs that would start work which is not argument
 handling stop at that point through a stand-in: ``comm`` where it would spawn ranks, ``report``
-where it would create its run folder and run notebooks. Examples are derandomized (the same
+where it would create its run folder and run notebooks; ``watch`` only reads run folders (--show),
+``advise`` sizes a sample node without tracing. Examples are derandomized (the same
 every run) so that CI is repeatable; raise ``max_examples`` locally to explore further.
 """
 
@@ -70,7 +71,8 @@ def value(choices, extra=WORDS):
     return st.one_of(pick, pick, pick, extra)
 
 
-def argv_of(flags: dict[str, st.SearchStrategy | None], *, prefix: tuple[str, ...] = (), max_flags: int = 6):
+def argv_of(flags: dict[str, st.SearchStrategy | None], *, prefix: tuple[str, ...] = (), max_flags: int = 6,
+            strays: bool = True):
     """Lists of ``flag [value]`` drawn from ``flags`` (None: a switch), plus now and then a stray token."""
     names = sorted(flags)
 
@@ -80,7 +82,8 @@ def argv_of(flags: dict[str, st.SearchStrategy | None], *, prefix: tuple[str, ..
 
     pair = st.sampled_from(names).flatmap(one)
     stray = st.one_of(JUNK, st.sampled_from(["--no-such-flag", "--json=1", "-h2"])).map(lambda t: [t])
-    return st.lists(st.one_of(pair, pair, pair, pair, pair, pair, stray), max_size=max_flags).map(
+    parts = st.one_of(pair, pair, pair, pair, pair, pair, stray) if strays else pair
+    return st.lists(parts, max_size=max_flags).map(
         lambda parts: list(prefix) + [t for p in parts for t in p])
 
 
@@ -130,6 +133,21 @@ def test_estimate_plan(argv):
     check(argv)
 
 
+ADVISE = {"--model": value(["gpt2", "llama3-8b", "nope"]), "--seq": INTS, "--global-batch": INTS, "--micro-batch": INTS,
+          "--precision": value(["bf16-mixed", "amp-bf16", "fp32", "bfloat16"]), "--optimizer": value(["adamw", "sgd"]),
+          "--recompute": value(["none", "full", "every-2", "every-0"]), "--trace": value(["off"], JUNK),
+          "--gpus": st.sampled_from(["1", "2", "4", "8", "0", "x", "3"]), "--gpu-memory": SIZES,
+          "--nodes": st.sampled_from(["1", "2", "0", "x"]), "--margin": FLOATS, "--layers": INTS, "--hidden": INTS,
+          "--json": None}
+
+
+@settings(FUZZ, max_examples=25)
+@given(argv_of(ADVISE, prefix=("advise", "--model", "gpt2", "--seq", "1024", "--global-batch", "16", "--trace", "off",
+                               "--sample", "h100_nv18_8gpu_dual_numa", "--gpu-memory", "80GiB"), max_flags=4))
+def test_advise(argv):
+    check(argv)
+
+
 # ------------------------------------------------------------------ comm (stopped before any rank starts)
 
 @pytest.fixture
@@ -147,7 +165,8 @@ COMM_BENCH = {"--backend": value(["gloo", "nccl"]), "--world": INTS, "--op": val
               "--factor": INTS, "--warmup": INTS, "--repeats": INTS, "--link-class": WORDS, "--json": None}
 COMM_BUCKETS = {"--backend": value(["gloo", "nccl"]), "--world": INTS,
                 "--sizes": st.one_of(st.sampled_from(["1,25,100", "inf", "0", "1,,2", "1e9", "nan", "-1", "25"]), WORDS),
-                "--workload": value(["tiny", "gpt2-124m", "nope"]), "--micro-batch": INTS, "--batch-size": INTS,
+                "--model": value(["tiny", "gpt2-124m", "nope"]), "--workload": value(["tiny", "nope"]),
+                "--micro-batch": INTS, "--batch-size": INTS,
                 "--steps": INTS, "--warmup": INTS, "--gradient-as-bucket-view": value(["off", "on", "both"]),
                 "--precision": value(["fp32", "amp-bf16", "amp-fp16", "bf16", "float99"]),
                 "--amp": value(["bfloat16", "float16", "float99", "amp-bf16"]), "--json": None}
@@ -216,6 +235,18 @@ PLACE = {"--sample": st.sampled_from(SAMPLES), "--tp": st.sampled_from(["1", "2"
 @FUZZ
 @given(argv_of(PLACE, prefix=("place", "--sample", SAMPLES[1]), max_flags=4))
 def test_place(argv):
+    check(argv)
+
+
+@FUZZ
+@given(argv=argv_of({"--show": st.one_of(st.sampled_from(["/nonexistent", "/etc/passwd", ""]), WORDS),
+                     "--detail": value(["trace", "stacks", "stats"]), "--max-entries": INTS, "--json": None,
+                     "--no-sim": None, "--reduce": None}, prefix=("watch",), max_flags=4, strays=False))
+def test_watch_arguments(tmp_path, argv):
+    # No stray tokens: watch runs them as the command (a command that does not exist still ends in a
+    # traceback, issue 12). Without --show it would run the command after --: give it a run folder.
+    if "--show" not in argv:
+        argv = argv + ["--show", str(tmp_path / "no_such_run")]
     check(argv)
 
 

@@ -152,8 +152,8 @@ def _parse(*argv):
 def test_comm_buckets_old_flags(capsys):
     from labkit.core.cliargs import flush_notes
 
-    ns = _parse("comm", "buckets", "--batch-size", "3", "--amp", "bfloat16")
-    assert (ns.micro_batch, ns.precision) == (3, "amp-bf16")
+    ns = _parse("comm", "buckets", "--batch-size", "3", "--amp", "bfloat16", "--workload", "gpt2-124m")
+    assert (ns.micro_batch, ns.precision, ns.model) == (3, "amp-bf16", "gpt2-124m")
     assert _parse("comm", "buckets", "--amp", "float16").precision == "amp-fp16"
     new = _parse("comm", "buckets", "--micro-batch", "3", "--precision", "amp-bf16")
     assert (new.micro_batch, new.precision) == (3, "amp-bf16")

@@ -62,7 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     k.add_argument("--world", type=positive_int, default=2, help="local processes to spawn (ignored under torchrun)")
     k.add_argument("--sizes", default="1,25,100", help="bucket sizes in MiB, comma separated (default 1,25,100)")
-    k.add_argument("--workload", default="tiny", help="reference workload (labkit.workloads; default tiny)")
+    k.add_argument("--model", default="tiny", metavar="WORKLOAD",
+                   help="a named reference workload (labkit.workloads; default tiny)")
+    k.add_argument("--workload", dest="model", action=Deprecated, new="--model")
     k.add_argument("--micro-batch", type=positive_int, default=None, help="per-rank micro-batch (default: the workload's)")
     k.add_argument("--batch-size", dest="micro_batch", type=positive_int, action=Deprecated, new="--micro-batch")
     k.add_argument("--steps", type=positive_int, default=5, help="timed steps per point (default 5)")
@@ -173,12 +175,12 @@ def run_buckets(args: argparse.Namespace) -> int:
     big = [s for s in sizes if s > MAX_BUCKET_MB]
     if big:
         raise LabkitError(f"--sizes: bucket size {big[0]:g} MiB is above {MAX_BUCKET_MB} MiB (1 TiB)")
-    get_workload(args.workload)
+    get_workload(args.model)
     gav = {"off": (False,), "on": (True,), "both": (False, True)}[args.gradient_as_bucket_view]
     if not under_torchrun():
         _check_world(args.world)
         check_backend(args.backend, args.world)
-    kwargs = dict(workload=args.workload, batch_size=args.micro_batch, sizes_mb=sizes, gradient_as_bucket_view=gav,
+    kwargs = dict(workload=args.model, batch_size=args.micro_batch, sizes_mb=sizes, gradient_as_bucket_view=gav,
                   warmup=args.warmup, steps=args.steps, amp=BUCKET_PRECISIONS[args.precision])
     res = run_ranks(_buckets_rank, kwargs, backend=args.backend, world=args.world)
     shutdown()

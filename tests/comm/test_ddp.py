@@ -73,5 +73,5 @@ def test_cli_buckets_json(capsys):
 def test_cli_buckets_errors(capsys):
     assert main(["comm", "buckets", "--sizes", "1,x"]) == 2
     assert "cannot read 'x'" in capsys.readouterr().err
-    assert main(["comm", "buckets", "--workload", "gpt5"]) == 2
+    assert main(["comm", "buckets", "--model", "gpt5"]) == 2
     assert "unknown workload" in capsys.readouterr().err

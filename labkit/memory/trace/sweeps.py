@@ -21,7 +21,7 @@ class SweepPoint:
 
     label: str
     precision: str
-    recompute: str                  # the policy's spelling: none, selective, full, every-K
+    recompute: str                  # the policy as the sweep spelled it: none, selective, full, every-K
     peak_bytes: int
     model_state_bytes: int          # parameters + optimizer state live at the peak
     beyond_states_bytes: int        # peak minus model states: activations, gradients, temporaries, workspaces
@@ -82,7 +82,8 @@ def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *,
     kw = kw or {}
     out = []
     for precision, ck in policies:
-        ck = str(Recompute.parse(ck))
+        Recompute.parse(ck)                          # validates; the caller's spelling is kept
+        ck = ck if isinstance(ck, str) else str(ck)
         rep = measure_step(factory, batch, precision=precision, recompute=ck, device=device, steps=2, **kw)
         cats = rep.by_category
         states = cats.get("parameters", 0) + cats.get("optimizer_state", 0)

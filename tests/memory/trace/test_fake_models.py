@@ -156,4 +156,6 @@ def test_hf_padding_mask_is_skipped_only_when_the_batch_has_no_padding():
     (key,) = keep.emulation["sdpa"]
     assert key.startswith("efficient") and "explicit attn_mask" in key
     assert not any("hf-no-padding" in a for a in keep.emulation["assumptions"])
-    assert keep.peak_bytes > skip.peak_bytes
+    # the mask is held from forward to backward (the step's peak may be the optimizer's: foreach AdamW's
+    # temporaries, the default implementation, outgrow it on a model this small)
+    assert keep.phase_peaks["backward"] > skip.phase_peaks["backward"]

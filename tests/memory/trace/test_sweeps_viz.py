@@ -70,3 +70,15 @@ def test_segment_fit_recovers_the_model():
     assert fit.k_star == pytest.approx((L * boundary / layer) ** 0.5, rel=1e-3)
     with pytest.raises(LabkitError, match=">= 3"):
         fit_segments(pts[:2], L)
+
+
+def test_sweep_points_keep_the_policy_spelling_given():
+    from labkit.memory.trace.sweeps import run_sweep
+    from labkit.workloads import GPT, gpt_batch, gpt_call, gpt_loss
+    from labkit.workloads.gpt import GPTConfig
+
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, seq_len=16, vocab_size=64)
+    pts = run_sweep(lambda: GPT(cfg), gpt_batch(cfg, 1), [("fp32", "every-1"), ("fp32", "full")], device="cpu",
+                    kw={"loss_fn": gpt_loss, "call": gpt_call})
+    assert [p.recompute for p in pts] == ["every-1", "full"]       # every-1 is full: the same peak
+    assert pts[0].peak_bytes == pts[1].peak_bytes
