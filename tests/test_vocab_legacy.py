@@ -104,7 +104,8 @@ def test_steppolicy_and_measure_step_checkpointing():
     with pytest.warns(DeprecationWarning, match="checkpointing"):
         rep = measure_step(lambda: torch.nn.Linear(8, 8), batch, loss_fn=lambda out, b: out.square().mean(),
                            call=lambda m, b: m(b), checkpointing="none", device="cpu", steps=1)
-    assert rep.policy == {"precision": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "recompute": "none"}
+    assert rep.policy == {"precision": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "recompute": "none",
+                          "loop": "plain"}
 
 
 def test_recorded_cases_keep_what_they_ran():
