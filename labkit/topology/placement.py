@@ -15,7 +15,7 @@ Objective (lexicographic, smaller is better), every time in integer picoseconds 
 Ties go to the lexicographically smallest GPU order, so the naive order 0, 1, 2, ... is kept when
 it is as good as any. Up to 8 GPUs the search is exhaustive (vectorised over all ordered choices of
 GPUs); beyond that it is a swap-based local search (stated in ``method``).
-Collective times come from :mod:`labkit.topology.estimate` (alpha-beta over nominal bandwidth: a
+Collective times come from :mod:`labkit.topology.group_links` (alpha-beta over nominal bandwidth: a
 model, not a measurement).
 """
 
@@ -27,7 +27,7 @@ from itertools import permutations
 
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, MiB
-from labkit.topology.estimate import PairLink, collective_time, p2p_time, weakest_link
+from labkit.topology.group_links import PairLink, collective_time, p2p_time, weakest_link
 from labkit.topology.links import NVLINK
 from labkit.topology.model import Topology
 
@@ -99,7 +99,7 @@ class Placement:
     verdict: str
     suggestions: list[str]
     method: str
-    source: str = "model: alpha-beta ring over nominal link bandwidth (labkit.topology.estimate)"
+    source: str = "model: alpha-beta ring over nominal link bandwidth (labkit.topology.group_links)"
 
 
 def _ps(t: float) -> int:
