@@ -10,8 +10,8 @@ same step without any all-reduce: the compute-only floor the sweep is compared w
 
 from __future__ import annotations
 
+import gc
 import math
-
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -189,6 +189,9 @@ def measure_config(ctx, workload: str, batch_size: int | None, bucket_cap_mb: fl
     times = _max_over_ranks(ctx, times)
     mem = _max_over_ranks(ctx, [float(peak or 0), float(resv or 0)])
     del ddp, opt, model
+    # DDP sits in a reference cycle: collect it now, so its reducer (which holds the process group)
+    # never outlives the group (see labkit.comm.launch._teardown)
+    gc.collect()
     ms = [t * 1e3 for t in times]
     return BucketRow(bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gav, num_buckets=nb,
                      step_ms_median=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms),

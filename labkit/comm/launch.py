@@ -14,7 +14,6 @@ The backend is ``gloo`` (CPU tensors) or ``nccl`` (one GPU per local rank).
 from __future__ import annotations
 
 import os
-import sys
 import pickle
 import socket
 import tempfile
@@ -124,9 +123,41 @@ def _spawned(local_rank: int, fn: Callable, backend: str, world: int, port: int,
         out = fn(ctx, *args)
         if local_rank == 0:
             Path(result_path).write_bytes(pickle.dumps(out))
+        _quiesce()
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _teardown()
+
+
+def _quiesce() -> None:
+    """Bring this rank to rest with the process group still up: free what ``fn`` left behind (DDP
+    reducers sit in reference cycles that only the garbage collector frees) while the interpreter is
+    fully alive, then wait at a barrier until every rank is past its last collective."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _teardown() -> None:
+    """Destroy the process group and free what held it, before the interpreter starts to exit.
+
+    Why: a DDP model outlives ``del`` (it sits in a reference cycle) and its reducer holds the process
+    group; left to the interpreter's final garbage collection, the group's Gloo worker threads are
+    torn down while Python finalizes, and a worker that then takes the GIL to release a tensor is
+    ended by Python (``pthread_exit``) and the C++ runtime aborts the rank: "terminate called without
+    an active exception", SIGABRT. So what held the group is collected before it is destroyed
+    (:func:`_quiesce`), the group goes down here, and no rank exits with Gloo threads alive
+    (``tests/comm/test_launch_teardown.py``)."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: int = 2,
@@ -165,12 +196,6 @@ def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: 
                 # the free port was taken by another process between our probe and rank 0's bind: retry
                 if attempt == 2 or "address already in use" not in str(exc).lower():
                     raise
-            except mp.ProcessExitedException as exc:
-                # a rank killed by a native abort (seen once in CI: gloo, 2 CPU processes, cause not
-                # established): start the group once more, loudly; a second abort is raised
-                if attempt >= 1 or exc.signal_name != "SIGABRT":
-                    raise
-                print(f"labkit comm: {exc}; starting the process group again", file=sys.stderr, flush=True)
         if not os.path.exists(result):
             raise RuntimeError("rank 0 finished without a result")
         return pickle.loads(Path(result).read_bytes())
@@ -183,4 +208,5 @@ def shutdown() -> None:
     except ImportError:
         return
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        _quiesce()
+        _teardown()

@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import labkit
+from labkit.core.envvars import REDACTED, shown_environment  # noqa: F401  (REDACTED: for callers)
 
-# Environment variables that shape GPU memory and communication behaviour.
-_ENV_PREFIXES = ("CUDA_", "NCCL_", "PYTORCH_", "TORCH_", "NVIDIA_", "OMP_", "LABKIT_", "MASTER_", "WORLD_SIZE", "LOCAL_RANK", "RANK", "NVSHMEM_")
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|(^|_)KEY($|_)", re.I)
-_SECRET_VALUE = re.compile(r"^(ghp_|gho_|github_pat_|hf_|sk-|xox[abp]-|AKIA)[A-Za-z0-9_\-]{8,}|^[A-Za-z0-9+/=_\-]{40,}$")
-REDACTED = "<redacted>"
 
 
 @dataclass
@@ -68,15 +64,8 @@ class MachineInfo:
 
 
 def redact_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The GPU-relevant environment variables, with secret-looking values replaced."""
-    environ = dict(os.environ if environ is None else environ)
-    out: dict[str, str] = {}
-    for name in sorted(environ):
-        if not name.startswith(_ENV_PREFIXES):
-            continue
-        value = environ[name]
-        out[name] = REDACTED if (_SECRET_NAME.search(name) or _SECRET_VALUE.search(value)) else value
-    return out
+    """The variables that matter for GPUs and training, credentials redacted (:mod:`labkit.core.envvars`)."""
+    return shown_environment(dict(os.environ if environ is None else environ))
 
 
 def _git_commit() -> str | None:

@@ -34,12 +34,15 @@ def to_jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
 
 
-def read_bytes(path: str | Path, what: str = "file") -> bytes:
-    """Read a user's file; a missing path or a folder is a LabkitError naming the path."""
+def read_bytes(path: str | Path, what: str = "file", *, limit: int | None = None) -> bytes:
+    """Read a user's file; a missing path, a folder or (with ``limit``) a file larger than ``limit``
+    bytes is a LabkitError naming the path."""
     from labkit.core.errors import LabkitError
 
     p = Path(path)
     try:
+        if limit is not None and p.is_file() and p.stat().st_size > limit:
+            raise LabkitError(f"{p}: {p.stat().st_size} bytes, more than a {what} can be ({limit} bytes)")
         return p.read_bytes()
     except FileNotFoundError:
         raise LabkitError(f"{p}: no such {what}") from None

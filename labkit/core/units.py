@@ -35,6 +35,9 @@ def fmt_bytes(n: float, *, binary: bool = True, digits: int = 2) -> str:
     return f"{sign}{int(a)} B"
 
 
+MAX_BYTES = 2**63 - 1  # a signed 64-bit byte count, what torch and NumPy sizes hold
+
+
 def parse_bytes(text: str | int, *, what: str = "size") -> int:
     """Parse '512', '4KiB', '1.5 GB', '25M' (M/G alone mean binary units) into bytes."""
     if isinstance(text, int):
@@ -42,7 +45,7 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise LabkitError(f"{what}: cannot read {text!r} as a size (examples: 4096, 64KiB, 1.5GB, 2GiB)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not math.isfinite(value):
-        raise LabkitError(f"{what}: {text!r} is not a finite size")
-    return int(round(value))
+    v = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not v <= MAX_BYTES:  # also inf: '1e400' reads as inf
+        raise LabkitError(f"{what}: {text!r} is more than the largest size labkit takes, {MAX_BYTES} bytes (8 EiB)")
+    return int(round(v))

@@ -29,6 +29,6 @@ def run(args: argparse.Namespace) -> int:
     for n in m.notes:
         print(f"note: {n}")
     if m.env:
-        print("\nenvironment (secret-looking values redacted):")
+        print("\nenvironment (the variables that matter for GPUs and training; credentials redacted):")
         print(render(["variable", "value"], sorted(m.env.items())))
     return 0

@@ -37,7 +37,7 @@ Measurement (needs a CUDA GPU; parts skip with a reason otherwise; torch importe
     ``compare_p2p(table, topo)`` put measured bandwidth beside the nominal figure of the same link.
 """
 
-from labkit.topology.estimate import (CollectiveEstimate, PairLink, collective_time, link, link_kind, link_label,
+from labkit.topology.group_links import (CollectiveEstimate, PairLink, collective_time, link, link_kind, link_label,
                                       nominal_bandwidth, p2p_time, ring_bottleneck, weakest_link)
 from labkit.topology.links import KINDS, LEGEND, Generation, Link, generation_for, parse_label
 from labkit.topology.load import (SampleInfo, list_samples, load_file, load_live, load_p2p_table, load_sample,
@@ -47,7 +47,7 @@ from labkit.topology.ncclxml import parse_nccl_xml
 from labkit.topology.p2ptable import P2PTable, parse_p2p_test
 from labkit.topology.placement import Placement, Sizes, evaluate, nvlink_clique, place
 from labkit.topology.recorded import recorded_links, recorded_p2p, recorded_topology, recorded_topology_text
-from labkit.topology.compare import LinkComparison, compare_links, compare_p2p
+from labkit.topology.measured_vs_nominal import LinkComparison, compare_links, compare_p2p
 from labkit.topology.smi import parse_smi_text
 
 __all__ = [

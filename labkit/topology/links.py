@@ -51,7 +51,7 @@ LEGEND = {
     SYS: "across the inter-socket link (QPI/UPI) between NUMA nodes",
 }
 
-_NV = re.compile(r"^NV(\d+)$")
+_NV = re.compile(r"^NV([0-9]{1,6})$")
 
 # Per-link, per-direction NVLink bandwidth (bytes/s) by NVLink generation; see module docstring.
 NVLINK_PER_LINK_BPS = {1: 20e9, 2: 25e9, 3: 25e9, "GA102": 112.5e9 / 2 / 4, 4: 25e9, 5: 50e9}
@@ -128,6 +128,9 @@ class Link:
     distance: int       # 0 (X) .. 6 (SYS): order of closeness
 
 
+MAX_NVLINKS = 64  # B200 has 18 NVLink 5 links; a bond label beyond 64 is not a real server
+
+
 def parse_label(label: str) -> tuple[str, int]:
     """``"NV12"`` -> ``("NVLINK", 12)``; ``"PIX"`` -> ``("PIX", 0)``. Legacy ``SOC`` -> ``SYS``.
 
@@ -138,6 +141,9 @@ def parse_label(label: str) -> tuple[str, int]:
         n = int(m.group(1))
         if n < 1:
             raise LabkitError(f"link label {label!r}: an NVLink bond needs at least one link")
+        if n > MAX_NVLINKS:
+            raise LabkitError(f"link label {label!r}: {n} NVLinks between two GPUs, more than any GPU has "
+                              f"(at most {MAX_NVLINKS} read)")
         return NVLINK, n
     if lab == "SOC":
         return SYS, 0

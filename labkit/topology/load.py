@@ -13,6 +13,7 @@ from labkit.topology.ncclxml import parse_nccl_xml
 from labkit.topology.p2ptable import P2PTable, looks_like_p2p_test, parse_p2p_test
 from labkit.topology.smi import parse_smi_text
 
+MAX_FILE_BYTES = 8 << 20  # 8 MiB: a 512-GPU nvidia-smi matrix is about 2 MiB
 SMI, NCCL_XML, P2P_TEST = "nvidia-smi topo -m", "NCCL topology XML", "p2pBandwidthLatencyTest output"
 
 
@@ -25,7 +26,7 @@ class SampleInfo:
 
 
 def _read(path: Path) -> str:
-    data = read_bytes(path, "topology file")
+    data = read_bytes(path, "topology file", limit=MAX_FILE_BYTES)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

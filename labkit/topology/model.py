@@ -8,6 +8,9 @@ from labkit.core.errors import LabkitError
 from labkit.topology.links import FALLBACK, Generation, Link, generation_for, make_link
 
 
+MAX_GPUS = 512  # GPUs in one topology; beyond, a matrix of link labels is not one server's
+
+
 @dataclass
 class GPU:
     index: int
@@ -45,6 +48,8 @@ class Topology:
         n = len(self.gpus)
         if n == 0:
             raise LabkitError(f"{self.source}: no GPUs in the topology")
+        if n > MAX_GPUS:
+            raise LabkitError(f"{self.source}: {n} GPUs, more than labkit reads in one topology ({MAX_GPUS})")
         if len(self.matrix) != n or any(len(r) != n for r in self.matrix):
             raise LabkitError(f"{self.source}: link matrix is not {n} x {n}")
         self._links = [[make_link(lab, self.generation) for lab in row] for row in self.matrix]

@@ -14,16 +14,19 @@ import re
 import xml.etree.ElementTree as ET
 
 from labkit.core.errors import LabkitError
-from labkit.topology.model import GPU, NIC, Topology, build
+from labkit.topology.model import GPU, MAX_GPUS, NIC, Topology, build
 
 # Compute capability -> a name the bandwidth table knows.
 _SM_MODEL = {60: "P100", 70: "V100", 80: "A100", 86: "RTX A6000", 89: "RTX 6000 Ada", 90: "H100", 100: "B200"}
 
 
+MAX_MASK_HEX_DIGITS = 4096   # 16,384 CPUs: the longest affinity mask read
+
+
 def mask_to_cpulist(mask: str) -> str | None:
-    """NCCL/sysfs affinity mask "00000000,00ffffff" -> "0-23"."""
+    """NCCL/sysfs affinity mask "00000000,00ffffff" -> "0-23" (None when it is not a mask or too long)."""
     digits = mask.replace(",", "").strip()
-    if not digits or not re.fullmatch(r"[0-9a-fA-F]+", digits):
+    if not digits or len(digits) > MAX_MASK_HEX_DIGITS or not re.fullmatch(r"[0-9a-fA-F]+", digits):
         return None
     v = int(digits, 16)
     cpus = [i for i in range(v.bit_length()) if v >> i & 1]
@@ -58,36 +61,53 @@ def parse_nccl_xml(text: str, name: str = "<xml>", *, source: str | None = None,
     gpus_raw: list[dict] = []      # dev, busid, numa, affinity, path (list of pci bus ids), sm, nvlinks
     nics_raw: list[dict] = []
 
-    def walk(el, numa, affinity, path):
-        for child in el:
-            if child.tag == "pci":
-                walk(child, numa, affinity, path + [child.get("busid", "?")])
-            elif child.tag == "gpu":
-                if child.get("dev") is None:
-                    raise LabkitError(f"{name}: a <gpu> element has no dev attribute")
-                links = {}
-                for nv in child.findall("nvlink"):
-                    try:
-                        links[nv.get("target", "").lower()] = links.get(nv.get("target", "").lower(), 0) + int(nv.get("count", "1"))
-                    except ValueError:
-                        raise LabkitError(f"{name}: GPU {child.get('dev')} nvlink count {nv.get('count')!r} is not a number") from None
-                gpus_raw.append(dict(dev=int(child.get("dev")), busid=(path[-1] if path else "").lower(), numa=numa,
-                                     affinity=affinity, path=path, sm=child.get("sm"), links=links))
-            elif child.tag == "nic":
-                for net in child.findall("net"):
-                    nics_raw.append(dict(name=net.get("name", "net"), numa=numa, path=path))
-                walk(child, numa, affinity, path)
-            else:
-                walk(child, numa, affinity, path)
+    def number(el, attr: str, what: str, default: str | None = None) -> int:
+        v = el.get(attr, default)
+        if v is None:
+            raise LabkitError(f"{name}: {what} has no {attr} attribute")
+        v = v.strip()
+        if not (v.isascii() and v.isdigit() and len(v) <= 9):
+            raise LabkitError(f"{name}: {what} {attr}={v[:40]!r} is not a non-negative integer")
+        return int(v)
+
+    def gpu(el, numa, affinity, path) -> None:
+        dev = number(el, "dev", "a <gpu> element")
+        links: dict[str, int] = {}
+        for nv in el.findall("nvlink"):
+            target = nv.get("target", "").lower()
+            count = number(nv, "count", f"GPU {dev}'s <nvlink target={target[:40]!r}>", default="1")
+            links[target] = links.get(target, 0) + count
+        gpus_raw.append(dict(dev=dev, busid=(path[-1] if path else "").lower(), numa=numa, affinity=affinity,
+                             path=path, sm=el.get("sm"), links=links))
+
+    def walk(top, numa, affinity) -> None:
+        # depth-first without recursion: a file may nest <pci> elements deeper than Python's stack
+        todo = [(child, []) for child in reversed(list(top))]
+        while todo:
+            el, path = todo.pop()
+            if el.tag == "gpu":
+                gpu(el, numa, affinity, path)
+                continue
+            if el.tag == "nic":
+                nics_raw.extend(dict(name=net.get("name", "net"), numa=numa, path=path) for net in el.findall("net"))
+            sub = path + [el.get("busid", "?")] if el.tag == "pci" else path
+            todo.extend((child, sub) for child in reversed(list(el)))
 
     for cpu in root.iter("cpu"):
         numa = cpu.get("numaid")
-        walk(cpu, int(numa) if numa and numa.isdigit() else None, mask_to_cpulist(cpu.get("affinity", "")), [])
+        walk(cpu, int(numa) if numa and numa.isascii() and numa.isdigit() and len(numa) <= 9 else None,
+             mask_to_cpulist(cpu.get("affinity", "")))
     if not gpus_raw:
         raise LabkitError(f"{name}: no <gpu> elements under <cpu>: not an NCCL topology with GPUs")
+    if len(gpus_raw) > MAX_GPUS:
+        raise LabkitError(f"{name}: {len(gpus_raw)} <gpu> elements, more than labkit reads in one topology ({MAX_GPUS})")
     gpus_raw.sort(key=lambda g: g["dev"])
-    if [g["dev"] for g in gpus_raw] != list(range(len(gpus_raw))):
-        raise LabkitError(f"{name}: GPU dev numbers are {[g['dev'] for g in gpus_raw]}, expected 0..{len(gpus_raw) - 1}")
+    devs = [g["dev"] for g in gpus_raw]
+    if devs != list(range(len(gpus_raw))):
+        twice = sorted({d for d in devs if devs.count(d) > 1})
+        raise LabkitError(f"{name}: GPU dev number {twice[0]} appears twice" if twice else
+                          f"{name}: GPU dev numbers are {devs[:16]}{' ...' if len(devs) > 16 else ''}, "
+                          f"expected 0..{len(gpus_raw) - 1}")
 
     def pcie_label(a: dict, b: dict) -> str:
         if a["numa"] != b["numa"]:

@@ -8,10 +8,12 @@ The diagonal is a copy inside one GPU (as the tool reports it).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from labkit.core.errors import LabkitError
+from labkit.topology.model import MAX_GPUS
 
 
 @dataclass
@@ -40,7 +42,12 @@ _SECTIONS = [
     (re.compile(r"^P2P=Disabled Latency"), ("lat", "p2p_off", 1e-6)),
     (re.compile(r"^P2P=Enabled Latency"), ("lat", "p2p_on", 1e-6)),
 ]
-_DEVICE = re.compile(r"^Device:\s*(\d+),\s*(.*?),\s*pciBusID")
+_DEVICE = re.compile(r"^Device:\s*([0-9]{1,9}),\s*(.*?),\s*pciBusID")
+
+
+def _is_int(tok: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes '²', which ``int`` refuses)."""
+    return tok.isascii() and tok.isdigit()
 
 
 def looks_like_p2p_test(text: str) -> bool:
@@ -52,13 +59,19 @@ def parse_p2p_test(text: str, name: str = "<text>", *, source: str | None = None
     lines = text.splitlines()
     origin = next((ln.lstrip("#").strip() for ln in lines if ln.startswith("#") and "source:" in ln), None)
     names: dict[int, str] = {}
-    for ln in lines:
+    seen_at: dict[int, int] = {}
+    for no, ln in enumerate(lines, 1):
         m = _DEVICE.match(ln.strip())
         if m:
-            names[int(m.group(1))] = m.group(2).strip()
+            dev = int(m.group(1))
+            if dev in names:
+                raise LabkitError(f"{name} line {no}: device {dev} is listed twice (first on line {seen_at[dev]})")
+            names[dev], seen_at[dev] = m.group(2).strip(), no
     if not names:
         raise LabkitError(f"{name}: no 'Device: N, <name>, pciBusID' lines: not p2pBandwidthLatencyTest output")
     n = len(names)
+    if n > MAX_GPUS:
+        raise LabkitError(f"{name}: {n} devices, more than labkit reads in one table ({MAX_GPUS})")
     if sorted(names) != list(range(n)):
         raise LabkitError(f"{name}: device numbers {sorted(names)} are not 0..{n - 1}")
     t = P2PTable(source=source or f"file: {name}", gpus=[names[i] for i in range(n)], origin=origin)
@@ -76,17 +89,21 @@ def parse_p2p_test(text: str, name: str = "<text>", *, source: str | None = None
         toks = s.split()
         if toks[0] in ("D\\D", "GPU", "CPU"):
             sub = "cpu" if toks[0] == "CPU" else "gpu"
-            if [int(x) for x in toks[1:] if x.isdigit()] != list(range(n)):
+            if [int(x) for x in toks[1:] if _is_int(x)] != list(range(n)):
                 raise LabkitError(f"{name} line {no}: column header {s!r} does not list devices 0..{n - 1}")
             rows = []
             continue
-        if not toks[0].isdigit():
+        if not _is_int(toks[0]):
             current = None
             continue
         try:
             vals = [float(x) for x in toks[1:]]
         except ValueError:
-            raise LabkitError(f"{name} line {no}: {s!r} holds a value that is not a number") from None
+            raise LabkitError(f"{name} line {no}: {s[:80]!r} holds a value that is not a number") from None
+        bad = next((x for x, v in zip(toks[1:], vals) if not (math.isfinite(v) and v >= 0)), None)
+        if bad is not None:
+            raise LabkitError(f"{name} line {no}: row {toks[0]} holds {bad!r}: a bandwidth or latency is a finite "
+                              f"number >= 0")
         if int(toks[0]) != len(rows) or len(vals) != n:
             raise LabkitError(f"{name} line {no}: row {toks[0]} has {len(vals)} values, expected row {len(rows)} with {n}")
         kind, key, scale = current

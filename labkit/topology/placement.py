@@ -14,8 +14,14 @@ Objective (lexicographic, smaller is better), every time in integer picoseconds 
 
 Ties go to the lexicographically smallest GPU order, so the naive order 0, 1, 2, ... is kept when
 it is as good as any. Up to 8 GPUs the search is exhaustive (vectorised over all ordered choices of
-GPUs); beyond that it is a swap-based local search (stated in ``method``).
-Collective times come from :mod:`labkit.topology.estimate` (alpha-beta over nominal bandwidth: a
+GPUs). From 9 to ``MAX_GPUS`` GPUs it is structured: the GPUs' locality order (complete-linkage
+clustering on link score, so NVLink domains, PCIe switches, NUMA nodes and sockets are contiguous
+runs), the ranks laid along it in two nestings, then a bounded polish by swaps (stated in ``method``;
+not proven optimal). Larger matrices are refused.
+
+Fewer ranks than GPUs is allowed (a job may leave GPUs to another): the best subset is chosen and
+the idle GPUs are named in ``unused_gpus`` and in the first suggestion, never silently.
+Collective times come from :mod:`labkit.topology.group_links` (alpha-beta over nominal bandwidth: a
 model, not a measurement).
 """
 
@@ -27,11 +33,13 @@ from itertools import permutations
 
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, MiB
-from labkit.topology.estimate import PairLink, collective_time, p2p_time, weakest_link
+from labkit.topology.group_links import PairLink, alpha_for, collective_time, score_ranks, weakest_link
 from labkit.topology.links import NVLINK
 from labkit.topology.model import Topology
 
 EXHAUSTIVE_MAX_GPUS = 8
+MAX_GPUS = 72               # beyond: refused (one NVLink domain of an NVL72 rack is the largest matrix in use)
+POLISH_EVALUATIONS = 300   # mappings the structured search evaluates while polishing
 DEFAULT_TP_BYTES = 64 * MiB   # one layer's activation all-reduce: seq 4096 x hidden 8192 x 2 B
 DEFAULT_PP_BYTES = 64 * MiB   # one micro-batch's activation between stages
 DEFAULT_DP_BYTES = 1 * GiB    # a gradient all-reduce (0.5 B params in bf16)
@@ -99,11 +107,18 @@ class Placement:
     verdict: str
     suggestions: list[str]
     method: str
-    source: str = "model: alpha-beta ring over nominal link bandwidth (labkit.topology.estimate)"
+    unused_gpus: list[int] = field(default_factory=list)   # GPUs no rank runs on (tp x pp x dp < GPUs)
+    source: str = "model: alpha-beta ring over nominal link bandwidth (labkit.topology.group_links)"
 
 
 def _ps(t: float) -> int:
     return int(round(t * 1e12))
+
+
+@lru_cache(maxsize=256)
+def _rank_groups(tp: int, pp: int, dp: int):
+    tpg, ppg, dpg = rank_groups(tp, pp, dp)
+    return tuple(map(tuple, tpg)), tuple(map(tuple, ppg)), tuple(map(tuple, dpg))
 
 
 def rank_groups(tp: int, pp: int, dp: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -132,8 +147,21 @@ class _Tables:
         self.topo, self.sizes = topo, sizes
         self._group: dict[tuple[str, tuple[int, ...]], tuple[int, int, int]] = {}
         n = topo.n
-        self.pp_ps = [[_ps(p2p_time(topo, a, b, sizes.pp_bytes)) for b in range(n)] for a in range(n)]
-        self.dist = [[topo.link(a, b).distance for b in range(n)] for a in range(n)]
+        L = topo._links
+        self.pp_ps = [[0 if a == b else _ps(alpha_for(L[a][b]) + sizes.pp_bytes / L[a][b].bandwidth_Bps)
+                       for b in range(n)] for a in range(n)]   # p2p_time, without its per-call checks
+        self.dist = [[L[a][b].distance for b in range(n)] for a in range(n)]
+        self.levels, self.rank = score_ranks(topo)
+
+    def _weakest_distance(self, gpus: tuple[int, ...]) -> int:
+        """The distance of the group's weakest pair (as :func:`weakest_link` picks it)."""
+        if len(gpus) < 2:
+            return 0
+        import numpy as np
+
+        sub = self.rank[np.ix_(gpus, gpus)].copy()
+        np.fill_diagonal(sub, len(self.levels))
+        return -self.levels[int(sub.min())][1]
 
     def group(self, kind: str, gpus) -> tuple[int, int, int]:
         """(time ps, weakest-pair distance, spans NUMA nodes 0/1) of a TP or DP group."""
@@ -142,16 +170,15 @@ class _Tables:
         if v is None:
             nbytes = self.sizes.tp_bytes if kind == "tp" else self.sizes.dp_bytes
             est = collective_time(self.topo, key[1], "all_reduce", nbytes)
-            w = weakest_link(self.topo, key[1])
             numas = {self.topo.gpus[g].numa for g in key[1]}
-            v = (_ps(est.time_s), w.link.distance if w else 0, int(len(numas) > 1 and None not in numas))
+            v = (_ps(est.time_s), self._weakest_distance(key[1]), int(len(numas) > 1 and None not in numas))
             self._group[key] = v
         return v
 
 
 def _cost(gpu_of_rank, tp: int, pp: int, dp: int, T: _Tables):
     """The objective tuple of one mapping, and its (TP, PP, DP) groups as GPU lists."""
-    tpr, ppr, dpr = rank_groups(tp, pp, dp)
+    tpr, ppr, dpr = _rank_groups(tp, pp, dp)
     G = lambda ranks: [gpu_of_rank[r] for r in ranks]  # noqa: E731
     tpg, ppg, dpg = [G(x) for x in tpr], [G(x) for x in ppr], [G(x) for x in dpr]
     tpv = [T.group("tp", g) for g in tpg] if tp > 1 else [(0, 0, 0)]
@@ -250,34 +277,83 @@ def _search_exhaustive(topo: Topology, tp: int, pp: int, dp: int, T: _Tables) ->
     return [int(x) for x in P[int(idx[0])]]
 
 
-def _search_local(topo: Topology, tp: int, pp: int, dp: int, sizes: Sizes, T: _Tables) -> list[int]:
+def locality_order(topo: Topology, gpus: list[int] | None = None) -> list[int]:
+    """The GPUs in an order that keeps close GPUs next to each other: complete-linkage clustering on
+    the link score (bandwidth, then closeness, then the same NUMA node), so an NVLink domain, then a PCIe switch, a NUMA node,
+    a socket, each form one contiguous run; of two merged clusters the tighter one comes first."""
+    L, numa = topo._links, [g.numa for g in topo.gpus]
+    score = lambda a, b: (L[a][b].bandwidth_Bps, -L[a][b].distance, numa[a] == numa[b])  # noqa: E731
+    clusters = [([g], (float("inf"), 0, True)) for g in (range(topo.n) if gpus is None else gpus)]
+    # linkage[i][j]: the worst pair between clusters i and j (complete linkage)
+    link = {(i, j): score(clusters[i][0][0], clusters[j][0][0])
+            for i in range(len(clusters)) for j in range(i + 1, len(clusters))}
+    alive = set(range(len(clusters)))
+    while len(alive) > 1:
+        (i, j), lk = max(link.items(), key=lambda kv: (kv[1], -kv[0][0], -kv[0][1]))
+        (gi, ti), (gj, tj) = clusters[i], clusters[j]
+        members = gi + gj if (ti, -gi[0]) >= (tj, -gj[0]) else gj + gi
+        clusters.append((members, lk))
+        k = len(clusters) - 1
+        alive -= {i, j}
+        for m in alive:
+            a, b = (min(m, i), max(m, i)), (min(m, j), max(m, j))
+            link[(m, k)] = min(link[a], link[b])
+        link = {key: v for key, v in link.items() if i not in key and j not in key}
+        alive.add(k)
+    return clusters[alive.pop()][0]
+
+
+def _nestings(order: list[int], tp: int, pp: int, dp: int) -> list[list[int]]:
+    """Rank-to-GPU mappings that lay the ranks along ``order``: tp fastest, then dp (Megatron's own
+    rank order: a stage's DP replicas close), or tp fastest, then pp (pipeline neighbours close)."""
     world = tp * pp * dp
-    cur = list(range(world))
-    cur_cost = evaluate(topo, cur, tp, pp, dp, sizes, T).cost
+    s = order[:world]
+    megatron = list(s)
+    pp_next = [s[t + tp * (st + pp * d)] for st in range(pp) for d in range(dp) for t in range(tp)]
+    return [megatron, pp_next]
+
+
+def _search_structured(topo: Topology, tp: int, pp: int, dp: int, T: _Tables) -> list[int]:
+    """Beyond ``EXHAUSTIVE_MAX_GPUS``: the best of the structured candidates (ranks laid along the
+    locality order, two nestings, and the naive order), then improving swaps between ranks and moves
+    onto unused GPUs, at most ``POLISH_EVALUATIONS`` evaluated mappings."""
+    world = tp * pp * dp
+    cands = _nestings(locality_order(topo), tp, pp, dp) + [list(range(world))]
+    cur, cur_cost = None, None
+    for c in cands:
+        k = _cost(c, tp, pp, dp, T)[0]
+        if cur_cost is None or k < cur_cost:
+            cur, cur_cost = c, k
+    budget = POLISH_EVALUATIONS
     improved = True
-    while improved:
+    while improved and budget > 0:
         improved = False
-        moves = [("swap", i, j) for i in range(world) for j in range(i + 1, world)]
-        moves += [("use", i, u) for i in range(world) for u in range(topo.n) if u not in cur]
-        for kind, i, j in moves:
+        unused = [g for g in range(topo.n) if g not in set(cur)]
+        moves = [(i, j, None) for i in range(world) for j in range(i + 1, world)]
+        moves += [(i, None, u) for i in range(world) for u in unused]
+        for i, j, u in moves:
+            if budget <= 0:
+                break
             cand = list(cur)
-            if kind == "swap":
+            if u is None:
                 cand[i], cand[j] = cand[j], cand[i]
-            elif j in cand:
+            elif u in cand:
                 continue
             else:
-                cand[i] = j
-            c = evaluate(topo, cand, tp, pp, dp, sizes, T).cost
-            if c < cur_cost:
-                cur, cur_cost, improved = cand, c, True
+                cand[i] = u
+            budget -= 1
+            k = _cost(cand, tp, pp, dp, T)[0]
+            if k < cur_cost:
+                cur, cur_cost, improved = cand, k, True
     return cur
 
 
 def nvlink_clique(topo: Topology, gpus: list[int] | None = None) -> list[int]:
-    """The largest set of GPUs whose every pair is NVLink (exhaustive up to 16 GPUs)."""
+    """The largest set of GPUs whose every pair is NVLink (exhaustive over subsets up to 16 GPUs,
+    Bron-Kerbosch with pivoting beyond; both exact)."""
     g = list(range(topo.n)) if gpus is None else list(gpus)
     if len(g) > 16:
-        raise LabkitError("nvlink_clique: more than 16 GPUs")
+        return _max_clique(g, lambda a, b: topo.link(a, b).kind == NVLINK and topo.link(b, a).kind == NVLINK)
     best: list[int] = g[:1]
     for mask in range(1, 1 << len(g)):
         members = [g[i] for i in range(len(g)) if mask >> i & 1]
@@ -285,6 +361,30 @@ def nvlink_clique(topo: Topology, gpus: list[int] | None = None) -> list[int]:
             continue
         if all(topo.link(a, b).kind == NVLINK for x, a in enumerate(members) for b in members[x + 1:]):
             best = members
+    return best
+
+
+def _max_clique(nodes: list[int], edge) -> list[int]:
+    """The largest clique (ties: the smallest sorted list), Bron-Kerbosch with pivoting."""
+    nb = {v: {w for w in nodes if w != v and edge(v, w)} for v in nodes}
+    best: list[int] = sorted(nodes)[:1]
+
+    def grow(r: list[int], p: set[int], x: set[int]) -> None:
+        nonlocal best
+        if not p and not x:
+            c = sorted(r)
+            if (len(c), [-v for v in c]) > (len(best), [-v for v in best]):
+                best = c
+            return
+        if len(r) + len(p) < len(best):
+            return
+        pivot = max(p | x, key=lambda v: len(nb[v] & p))
+        for v in sorted(p - nb[pivot]):
+            grow(r + [v], p & nb[v], x & nb[v])
+            p = p - {v}
+            x = x | {v}
+
+    grow([], set(nodes), set())
     return best
 
 
@@ -308,6 +408,9 @@ def _ratio(a: float, b: float) -> float:
 def place(topo: Topology, tp: int, pp: int = 1, dp: int = 1, *, sizes: Sizes | None = None) -> Placement:
     """Choose the rank-to-GPU mapping for tp x pp x dp ranks (see the module docstring)."""
     world = _check(topo, tp, pp, dp)
+    if topo.n > MAX_GPUS:
+        raise LabkitError(f"{topo.source}: {topo.n} GPUs; placement searches up to {MAX_GPUS} GPUs in one matrix "
+                          f"(place each node's or NVLink domain's GPUs separately)")
     sizes = sizes or Sizes()
     for name in ("tp_bytes", "pp_bytes", "dp_bytes"):
         v = getattr(sizes, name)
@@ -318,8 +421,10 @@ def place(topo: Topology, tp: int, pp: int = 1, dp: int = 1, *, sizes: Sizes | N
         best = _search_exhaustive(topo, tp, pp, dp, T)
         method = f"exhaustive over all {len(_perms(topo.n, world))} ordered choices of {world} of {topo.n} GPUs"
     else:
-        best = _search_local(topo, tp, pp, dp, sizes, T)
-        method = f"local search by swaps from the naive order ({topo.n} GPUs > {EXHAUSTIVE_MAX_GPUS}): not proven optimal"
+        best = _search_structured(topo, tp, pp, dp, T)
+        method = (f"structured search ({topo.n} GPUs > {EXHAUSTIVE_MAX_GPUS}): ranks laid along the GPUs' locality "
+                  f"order (NVLink domain, PCIe switch, NUMA node, socket), then at most {POLISH_EVALUATIONS} improving "
+                  f"swaps; not proven optimal")
     placed = evaluate(topo, best, tp, pp, dp, sizes, T)
     naive = evaluate(topo, list(range(world)), tp, pp, dp, sizes, T)
 
@@ -373,6 +478,10 @@ def place(topo: Topology, tp: int, pp: int = 1, dp: int = 1, *, sizes: Sizes | N
         if all(abs(x - 1) < 1e-9 for x in speed):
             summary += (" - equal nominal times: the placed order only keeps groups on closer paths "
                         "(fewer bridges / host bridges / socket crossings), which the nominal figures do not price")
+    unused = sorted(set(range(topo.n)) - set(placed.gpu_of_rank))
+    if unused:
+        suggestions.insert(0, f"tp x pp x dp = {world} ranks use {world} of the {topo.n} GPUs; GPU(s) "
+                              f"{','.join(map(str, unused))} stay idle. Raise dp (or tp/pp) to use them all.")
     comp = Comparison(naive=naive, placed=placed, tp_allreduce_speedup=speed[0], dp_allreduce_speedup=speed[1],
                       pp_send_speedup=speed[2], summary=summary)
     return Placement(tp=tp, pp=pp, dp=dp, topology=topo.source, sizes=sizes, tp_groups=placed.tp_groups,
@@ -380,7 +489,8 @@ def place(topo: Topology, tp: int, pp: int = 1, dp: int = 1, *, sizes: Sizes | N
                      cuda_visible_devices=",".join(map(str, placed.gpu_of_rank)),
                      weakest_tp_link=placed.weakest_tp_link,
                      affinity=[_affinity(topo, r, g) for r, g in enumerate(placed.gpu_of_rank)],
-                     comparison=comp, good=good, verdict=verdict, suggestions=suggestions, method=method)
+                     comparison=comp, good=good, verdict=verdict, suggestions=suggestions, method=method,
+                     unused_gpus=unused)
 
 
 def brute_force(topo: Topology, tp: int, pp: int = 1, dp: int = 1, sizes: Sizes | None = None) -> Layout:

@@ -7,26 +7,12 @@ from typing import Any
 
 from labkit.core import paths
 from labkit.core.provenance import load_measurement
-from labkit.topology.measure import CopyResult, LinkMeasurements, Point, Skipped
+from labkit.topology.measure.results import LinkMeasurements, links_from_json
 from labkit.topology.p2ptable import P2PTable
 
 
 def measurements_dir() -> Path:
     return paths.MEASUREMENTS_DIR / "topology"
-
-
-def copy_result_from_json(d: dict[str, Any]) -> CopyResult:
-    d = dict(d)
-    pts = [Point(**p) for p in d.pop("points")]
-    return CopyResult(points=pts, **d)
-
-
-def links_from_json(d: dict[str, Any]) -> LinkMeasurements:
-    return LinkMeasurements(
-        gpus=d["gpus"], device_copy=[copy_result_from_json(x) for x in d.get("device_copy", [])],
-        host=[copy_result_from_json(x) for x in d.get("host", [])], numa=[copy_result_from_json(x) for x in d.get("numa", [])],
-        p2p=P2PTable(**d["p2p"]) if d.get("p2p") else None, skipped=[Skipped(**s) for s in d.get("skipped", [])],
-        method=d.get("method", ""))
 
 
 def recorded_links(folder: str | Path | None = None) -> tuple[LinkMeasurements, dict[str, Any]] | None:

@@ -17,12 +17,12 @@ import re
 
 from labkit.core.errors import LabkitError
 from labkit.topology.links import parse_label
-from labkit.topology.model import GPU, NIC, Topology, build
+from labkit.topology.model import GPU, MAX_GPUS, NIC, Topology, build
 
-_GPU = re.compile(r"^GPU(\d+)$")
+_GPU = re.compile(r"^GPU([0-9]+)$")
 _EXTRA_COLUMNS = (("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID"))
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
-_CPULIST = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
+_CPULIST = re.compile(r"^([0-9]+(-[0-9]+)?)(,[0-9]+(-[0-9]+)?)*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -54,8 +54,13 @@ def _split_header(tokens: list[str], where: str) -> tuple[list[str], list[str]]:
     return devices, extras
 
 
+def _is_int(v: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes '²', which ``int`` refuses)."""
+    return v.isascii() and v.isdigit()
+
+
 def _int_or_none(v: str | None) -> int | None:
-    return int(v) if v is not None and v.isdigit() else None
+    return int(v) if v is not None and _is_int(v) else None
 
 
 def parse_smi_text(text: str, name: str = "<text>", *, source: str | None = None,
@@ -89,6 +94,9 @@ def parse_smi_text(text: str, name: str = "<text>", *, source: str | None = None
         raise LabkitError(f"{name} line {header_at}: GPU columns must come before NIC columns")
     if len(set(devices)) != len(devices):
         raise LabkitError(f"{name} line {header_at}: a column name appears twice")
+    if len(gpu_cols) > MAX_GPUS:
+        raise LabkitError(f"{name} line {header_at}: {len(gpu_cols)} GPU columns, more than labkit reads in one "
+                          f"topology ({MAX_GPUS})")
     nic_cols = devices[len(gpu_cols):]
     ndev = len(devices)
 
@@ -190,7 +198,7 @@ def parse_smi_text(text: str, name: str = "<text>", *, source: str | None = None
                 raise LabkitError(f"{name} line {rows[gpu_cols[k]][0]}: GPU{k} CPU Affinity {cpu!r} is not a CPU list like 0-31,64-95")
             cpu = None
         numa_s = vals.get("NUMA Affinity")
-        if numa_s is not None and not (numa_s.isdigit() or numa_s.upper() == "N/A" or re.match(r"^\d+(-\d+)?(,\d+(-\d+)?)*$", numa_s)):
+        if numa_s is not None and not (_is_int(numa_s) or numa_s.upper() == "N/A" or re.match(r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$", numa_s)):
             raise LabkitError(f"{name} line {rows[gpu_cols[k]][0]}: GPU{k} NUMA Affinity {numa_s!r} is not a node number")
         gpus.append(GPU(index=k, numa=_int_or_none(numa_s), cpu_affinity=cpu,
                         gpu_numa_id=_int_or_none(vals.get("GPU NUMA ID"))))

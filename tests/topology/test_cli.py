@@ -78,3 +78,22 @@ def test_place_human_and_errors(capsys):
     assert rc == 2 and "16 ranks" in err
     rc, _, err = run(capsys, "place", "--tp", "2", "--tp-bytes", "lots", "--sample", A100)
     assert rc == 2 and "--tp-bytes" in err
+
+
+def test_place_refuses_overflowing_sizes_and_oversized_matrices_in_one_line(capsys, tmp_path):
+    for bad in ("1e400", "1e30GiB", "inf"):
+        rc, _, err = run(capsys, "place", "--tp", "2", "--tp-bytes", bad, "--sample", A100)
+        assert rc == 2 and err.count("\n") == 1 and "--tp-bytes" in err
+        assert ("largest size" in err) if bad != "inf" else ("cannot read 'inf'" in err)
+    n = 73
+    head = "        " + "  ".join(f"GPU{i}" for i in range(n)) + "  CPU Affinity  NUMA Affinity"
+    rows = [f"GPU{i}  " + "  ".join("X" if i == j else "NV18" for j in range(n)) + "  0-7  0" for i in range(n)]
+    f = tmp_path / "big.txt"
+    f.write_text(head + "\n" + "\n".join(rows) + "\n")
+    rc, _, err = run(capsys, "place", "--tp", "8", "--file", str(f))
+    assert rc == 2 and err.count("\n") == 1 and "73 GPUs" in err and "up to 72" in err
+
+
+def test_place_names_idle_gpus(capsys):
+    rc, out, _ = run(capsys, "place", "--tp", "2", "--sample", A100)
+    assert rc == 0 and "2 of the 8 GPUs" in out and "stay idle" in out

@@ -6,7 +6,7 @@ from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
 from labkit.topology import (collective_time, generation_for, link_kind, link_label, load_sample, nominal_bandwidth,
                              parse_label, parse_smi_text, ring_bottleneck, weakest_link)
-from labkit.topology.estimate import ALPHA_NVLINK_S, ALPHA_PCIE_S
+from labkit.topology.group_links import ALPHA_NVLINK_S, ALPHA_PCIE_S
 from labkit.topology.links import pcie_bps
 
 

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from labkit.core.provenance import load_measurement
-from labkit.topology.measure import CopyResult, Point, _expand, cuda_unavailable_reason, measure_links
-from labkit.topology.recorded import copy_result_from_json, links_from_json
+from labkit.topology.measure import CopyResult, Point, cuda_unavailable_reason, measure_links
+from labkit.topology.measure.numa import expand_cpulist, numa_nodes_with_cpus
+from labkit.topology.measure.results import copy_result_from_json, links_from_json
 from labkit.core.serialize import to_jsonable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +27,17 @@ def test_without_gpu_every_part_is_skipped_with_a_reason():
 
 
 def test_cpulist_expansion():
-    assert _expand("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
-    assert _expand("") == []
+    assert expand_cpulist("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert expand_cpulist("") == []
+
+
+def test_numa_nodes_from_a_sysfs_tree(tmp_path):
+    for name, cpus in (("node0", "0-1\n"), ("node1", "\n"), ("node2", "2,x\n"), ("node3", "3\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cpulist").write_text(cpus)
+    (tmp_path / "node9").mkdir()  # no cpulist file
+    # node1 has no CPUs (memory only) and node2's list is unreadable: both left out
+    assert numa_nodes_with_cpus(tmp_path) == {0: [0, 1], 3: [3]}
 
 
 def test_copy_result_round_trip():
@@ -50,14 +60,14 @@ def test_record_script_dry_run(tmp_path):
 
 
 def test_numa_part_needs_two_nodes_and_reports_a_failing_child(monkeypatch):
-    from labkit.topology import measure
+    from labkit.topology.measure import numa_child
 
-    monkeypatch.setattr(measure, "numa_nodes_with_cpus", lambda: {0: [0]})
-    res, why = measure.measure_numa([0], 1024)
+    monkeypatch.setattr(numa_child, "numa_nodes_with_cpus", lambda: {0: [0]})
+    res, why = numa_child.measure_numa([0], 1024)
     assert res == [] and "1 NUMA node" in why
     # Two nodes: one child per node; without a GPU the child fails and the reason is reported, not raised.
-    monkeypatch.setattr(measure, "numa_nodes_with_cpus", lambda: {0: [0], 1: [1]})
-    monkeypatch.setattr(measure.shutil, "which", lambda name: None)  # CPU-affinity binding, no numactl
-    res, why = measure.measure_numa([0], 1024, repeats=1)
+    monkeypatch.setattr(numa_child, "numa_nodes_with_cpus", lambda: {0: [0], 1: [1]})
+    monkeypatch.setattr(numa_child.shutil, "which", lambda name: None)  # CPU-affinity binding, no numactl
+    res, why = numa_child.measure_numa([0], 1024, repeats=1)
     if cuda_unavailable_reason():
         assert res == [] and why.startswith("child bound to NUMA node 0 failed")

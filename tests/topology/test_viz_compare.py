@@ -3,7 +3,7 @@
 import pytest
 
 from labkit.topology import compare_p2p, generation_for, list_samples, load_p2p_table, load_sample, place
-from labkit.topology.compare import compare_links
+from labkit.topology.measured_vs_nominal import compare_links
 from labkit.topology.links import pcie_bps
 from labkit.topology.measure import CopyResult, LinkMeasurements, Point
 from labkit.viz import topology as vt

@@ -110,6 +110,9 @@ def cluster_from_topology(topo, *, nodes: int = 1, gpu_memory_bytes: int | None 
                    source=f"topology: {getattr(topo, 'source', None) or 'given'}; inter-node {inter.name}")
 
 
+PLAN_MAX_GPUS = 1 << 20   # 1,048,576 GPUs: beyond any cluster built; larger counts are refused
+
+
 def _pow2_upto(n: int) -> list[int]:
     out, k = [], 1
     while k <= n:
@@ -121,7 +124,16 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, by trial division up to sqrt(n)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 # ------------------------------------------------------------------ time model
@@ -268,24 +280,28 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
             examples[cls] = c
 
     n = cluster.gpus
+    if n > PLAN_MAX_GPUS:
+        raise LabkitError(f"cluster {cluster.name}: {n} GPUs is more than the planner searches (up to {PLAN_MAX_GPUS})")
+    per_layout = len(micro_batches) * len(recompute)
     for tp in [d for d in _divisors(n) if d <= cluster.gpus_per_node]:
         for pp in _divisors(n // tp):
             dp = n // (tp * pp)
-            for zero in zero_stages:
-                if zero and dp == 1:
-                    continue  # nothing to shard over
+            zeros = [z for z in zero_stages if not (z and dp == 1)]  # ZeRO needs dp > 1 to shard over
+            # A whole (tp, pp) refused by its shape is counted without building each candidate.
+            shape = (f"heads {model.heads} not divisible by tp {tp}", "heads not divisible by tp") if model.heads % tp \
+                else (f"layers {model.layers} not divisible by pp {pp}", "layers not divisible by pp") if model.layers % pp \
+                else None
+            if shape and zeros and per_layout:
+                considered += len(zeros) * per_layout
+                rejected[shape[1]] = rejected.get(shape[1], 0) + len(zeros) * per_layout - 1
+                reject(Candidate(tp, pp, dp, zeros[0], micro_batches[0], recompute[0], tp > 1, 0, False, shape[0]),
+                       shape[1])
+                continue
+            for zero in zeros:
                 for mb in micro_batches:
                     for rec in recompute:
                         considered += 1
                         c = Candidate(tp, pp, dp, zero, mb, rec, tp > 1, 0, False, "")
-                        if model.heads % tp:
-                            c.reason = f"heads {model.heads} not divisible by tp {tp}"
-                            reject(c, "heads not divisible by tp")
-                            continue
-                        if model.layers % pp:
-                            c.reason = f"layers {model.layers} not divisible by pp {pp}"
-                            reject(c, "layers not divisible by pp")
-                            continue
                         if global_batch % (mb * dp):
                             c.reason = f"global batch {global_batch} not divisible by micro-batch {mb} x dp {dp}"
                             reject(c, "batch not divisible by micro-batch x dp")

@@ -97,3 +97,39 @@ def test_70b_on_64_gpus_considers_the_whole_space():
     """The search covers the layouts (its speed target, < 1 s, is benchmarks/bench_estimate.py's)."""
     p = plan(get_preset("llama2-70b"), h100_cluster(64), 512)
     assert p.considered > 500 and p.fitting > 0
+
+
+def _divisors_by_scan(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def test_search_is_bounded_and_absurd_cluster_sizes_are_refused():
+    from labkit.memory.estimate import planner
+
+    for n in (1, 2, 12, 64, 97, 360, 1024, 5040):
+        assert planner._divisors(n) == _divisors_by_scan(n)
+    m = get_preset("llama2-70b")
+    with pytest.raises(LabkitError, match=r"1000000000 GPUs is more than the planner searches \(up to 1048576\)"):
+        plan(m, h100_cluster(gpus=1_000_000_000), 512)
+    # the largest accepted size still plans: shapes refused by heads/layers are counted, not built
+    p = plan(m, h100_cluster(gpus=planner.PLAN_MAX_GPUS), planner.PLAN_MAX_GPUS)
+    assert p.best is not None and p.considered == p.fitting + sum(p.rejected.values())
+    assert p.rejected.get("layers not divisible by pp", 0) > 0
+
+
+def test_shape_rejections_counted_in_bulk_match_one_by_one():
+    """tp=3 does not divide 64 heads, pp=3 does not divide 80 layers: every (ZeRO, micro-batch, recompute)
+    of such a shape is one rejection, as when each was built."""
+    m = get_preset("llama2-70b")
+    p = plan(m, h100_cluster(gpus=48, gpus_per_node=8), 48)
+    per_layout = 4 * 3  # micro-batches x recompute policies (defaults)
+    shapes = [(tp, pp) for tp in (1, 2, 3, 4, 6, 8) for pp in _divisors_by_scan(48 // tp)]
+    def zeros(tp, pp):
+        return 1 if 48 // (tp * pp) == 1 else 4
+    bad_heads = sum(zeros(tp, pp) * per_layout for tp, pp in shapes if 64 % tp)
+    bad_layers = sum(zeros(tp, pp) * per_layout for tp, pp in shapes if 80 % pp and not 64 % tp)
+    assert p.rejected["heads not divisible by tp"] == bad_heads
+    assert p.rejected["layers not divisible by pp"] == bad_layers
+    assert p.considered == sum(zeros(tp, pp) * per_layout for tp, pp in shapes)
+    ex = p.examples["layers not divisible by pp"]
+    assert 80 % ex.pp and ex.reason == f"layers 80 not divisible by pp {ex.pp}"

@@ -96,24 +96,107 @@ def weakest_link(topo: Topology, gpus: Sequence[int]) -> PairLink | None:
     return best
 
 
+HAM_EXACT_MAX = 10          # groups up to this size: the exact bitmask search (2^n states)
+HAM_SEARCH_STEPS = 2_000   # larger groups: a depth-first search with this many steps per threshold
+
+
 def _has_ham_cycle(n: int, ok: list[list[bool]]) -> bool:
-    """Is there a Hamiltonian cycle through all n nodes using only edges with ok[i][j]? (bitmask DP)"""
+    """Is there a Hamiltonian cycle through all n nodes using only edges with ok[i][j]?
+
+    Up to ``HAM_EXACT_MAX`` nodes an exact bitmask DP. Beyond, the necessary conditions (every node
+    has two usable edges, the graph is connected), then a depth-first search that extends the path
+    through the node with the fewest onward edges first (Warnsdorff's rule) for at most
+    ``HAM_SEARCH_STEPS`` steps; a search that runs out answers False, so a ring it reports is real
+    while a better one may exist (on server topologies, whose good links form cliques, it does not
+    run out)."""
     if n <= 2:
         return n < 2 or ok[0][1]
+    adj = [[w for w in range(n) if ok[v][w]] for v in range(n)]
+    if any(len(a) < 2 for a in adj) or not _connected(adj):
+        return False
+    if n > HAM_EXACT_MAX:
+        return _ham_cycle_search(n, ok, adj)
+    adjm = [sum(1 << w for w in a) for a in adj]   # neighbours as bit masks
     full = (1 << n) - 1
-    reach = [0] * (1 << n)   # reach[mask] = bitset of end nodes of paths from node 0 covering mask
+    reach = [0] * (1 << n)   # reach[mask] = bit set of end nodes of paths from node 0 covering mask
     reach[1] = 1
-    for mask in range(1, 1 << n):
-        if not mask & 1 or not reach[mask]:
-            continue
+    for mask in range(1, 1 << n, 2):
         ends = reach[mask]
-        for v in range(n):
-            if ends >> v & 1:
-                for w in range(n):
-                    if not mask >> w & 1 and ok[v][w]:
-                        reach[mask | 1 << w] |= 1 << w
+        if not ends:
+            continue
+        onward = 0
+        while ends:
+            low = ends & -ends
+            onward |= adjm[low.bit_length() - 1]
+            ends ^= low
+        onward &= ~mask
+        while onward:
+            low = onward & -onward
+            reach[mask | low] |= low
+            onward ^= low
     ends = reach[full]
     return any(ends >> v & 1 and ok[v][0] for v in range(1, n))
+
+
+def _connected(adj: list[list[int]]) -> bool:
+    seen, todo = {0}, [0]
+    while todo:
+        for w in adj[todo.pop()]:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return len(seen) == len(adj)
+
+
+def _ham_cycle_search(n: int, ok: list[list[bool]], adj: list[list[int]]) -> bool:
+    on_path = [False] * n
+    on_path[0] = True
+    path = [0]
+    steps = 0
+
+    def onward(v: int) -> int:
+        return sum(not on_path[x] for x in adj[v])
+
+    # iterative DFS: a stack of candidate lists, each sorted by fewest onward edges
+    stack = [sorted(adj[0], key=onward)]
+    while stack:
+        steps += 1
+        if steps > HAM_SEARCH_STEPS:
+            return False
+        cands = stack[-1]
+        if len(path) == n:
+            if ok[path[-1]][0]:
+                return True
+            stack.pop()
+            on_path[path.pop()] = False
+            continue
+        while cands and on_path[cands[0]]:
+            cands.pop(0)
+        if not cands:
+            stack.pop()
+            if len(path) > 1:
+                on_path[path.pop()] = False
+            continue
+        w = cands.pop(0)
+        on_path[w] = True
+        path.append(w)
+        stack.append(sorted((x for x in adj[w] if not on_path[x]), key=onward))
+    return False
+
+
+def score_ranks(topo: Topology):
+    """(distinct link scores worst first, N x N int matrix of each pair's index into them), cached on
+    the topology: group questions become integer comparisons."""
+    cached = topo.__dict__.get("_score_ranks")
+    if cached is None:
+        import numpy as np
+
+        L = topo._links
+        levels = sorted({_score(lk) for row in L for lk in row})
+        index = {v: k for k, v in enumerate(levels)}
+        cached = (levels, np.array([[index[_score(lk)] for lk in row] for row in L], dtype=np.int64))
+        topo.__dict__["_score_ranks"] = cached
+    return cached
 
 
 def ring_bottleneck(topo: Topology, gpus: Sequence[int]) -> PairLink | None:
@@ -144,11 +227,18 @@ def ring_bottleneck(topo: Topology, gpus: Sequence[int]) -> PairLink | None:
         result = PairLink(g[i], g[j], links[i][j])
         cache[key] = result
         return result
-    cands = sorted({_score(links[i][j]) for i in range(n) for j in range(n) if i != j}, reverse=True)
-    for thr in cands:
-        ok = [[i != j and _score(links[i][j]) >= thr for j in range(n)] for i in range(n)]
-        if _has_ham_cycle(n, ok):
-            i, j = next((i, j) for i in range(n) for j in range(i + 1, n) if _score(links[i][j]) == thr)
+    import numpy as np
+
+    levels, rank = score_ranks(topo)
+    sub = rank[np.ix_(g, g)].copy()       # bigger is better; the diagonal is no link
+    np.fill_diagonal(sub, -1)
+    # A ring uses two links of every GPU: no ring is better than the worst GPU's second-best link.
+    bound = int(np.sort(sub, axis=1)[:, -2].min())
+    for thr in sorted({int(v) for v in np.unique(sub) if 0 <= v <= bound}, reverse=True):
+        ok = sub >= thr
+        # Dirac: every GPU linked to half the group or more at this threshold -> a ring exists
+        if int(ok.sum(axis=1).min()) * 2 >= n or _has_ham_cycle(n, ok.tolist()):
+            i, j = next((i, j) for i in range(n) for j in range(i + 1, n) if sub[i, j] == thr)
             result = PairLink(g[i], g[j], links[i][j])
             break
     cache[key] = result

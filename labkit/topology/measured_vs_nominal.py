@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.topology.links import Generation
-from labkit.topology.measure import LinkMeasurements
+from labkit.topology.measure.results import LinkMeasurements
 from labkit.topology.model import Topology
 from labkit.topology.p2ptable import P2PTable
 
