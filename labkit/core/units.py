@@ -46,6 +46,8 @@ def parse_bytes(text: str | int, *, what: str = "size") -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise LabkitError(f"{what}: cannot read {text!r} as a size (examples: 4096, 64KiB, 1.5GB, 2GiB)")
     v = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not v <= MAX_BYTES:  # also inf: '1e400' reads as inf
+    if not math.isfinite(v):  # '1e400' reads as inf
+        raise LabkitError(f"{what}: {text!r} is not a finite size")
+    if v > MAX_BYTES:
         raise LabkitError(f"{what}: {text!r} is more than the largest size labkit takes, {MAX_BYTES} bytes (8 EiB)")
     return int(round(v))
