@@ -634,10 +634,11 @@ def compat_cases() -> list[Case]:
         precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
                       [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
         for p in precisions:
-            out.append(replace(t, name=f"{c.family[:2]}-{c.arch}-{p}@tiny", precision=p))
+            out.append(replace(t, name=f"{'hf' if c.family == 'transformers' else 'tv'}-{c.arch}-{p}@tiny",
+                               precision=p))
     for arch, (task, o) in COMPAT_EXTRA.items():
         for p in ("amp-bf16",):
-            out.append(Case(f"tr-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,
+            out.append(Case(f"hf-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,
                             32 if task != "image-classification" else o["image_size"], p))
     for c in CASES:
         if c not in plain:
@@ -645,7 +646,7 @@ def compat_cases() -> list[Case]:
     for p in COMPAT_PRECISIONS:       # HF gradient checkpointing, both kinds, under every precision
         for impl in ("hf", "hf-reentrant"):
             out.append(replace(tiny(get_case("llama-gqa-b8-hfgc-fp32")), precision=p, checkpoint_impl=impl,
-                               name=f"tr-llama-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"))
+                               name=f"llama-gqa-b8-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"))
     unique: dict[str, Case] = {}      # at CI size some cases coincide (GPT-2's sizes, say): keep the first
     for c in out:
         unique.setdefault(repr(replace(c, name="")), c)
