@@ -317,131 +317,6 @@ def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2, **kw: Any)
 
 
 # ---------------------------------------------------------------------------------------------
-# The user's own model (labkit measure --hf-config / --factory)
-
-_META_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
-              "auto_map", "quantization_config", "_attn_implementation_autoset")
-_TASK_MAPPINGS = (("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
-                  ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
-                  ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
-                  ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"))
-_ARCH_SUFFIX = (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"), ("ForMaskedLM", "masked-lm"),
-                ("ForConditionalGeneration", "seq2seq-lm"), ("ForImageClassification", "image-classification"))
-
-
-def config_source(spec: str, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-                  vocab: int | None = None, image_size: int | None = None) -> tuple[str, dict[str, Any], str]:
-    """``(model_type, configuration overrides, task)`` for a local ``config.json`` (or its folder)
-    or a transformers model type, with the size flags applied under the config's own field names."""
-    import json
-    from pathlib import Path
-
-    from labkit.core.serialize import read_bytes
-    from labkit.workloads.hf import require_transformers
-
-    transformers = require_transformers()
-    path = Path(spec)
-    archs: list[str] = []
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" or path.exists():
-        try:
-            doc = json.loads(read_bytes(path, "Hugging Face config").decode())
-        except ValueError as exc:
-            raise LabkitError(f"{path}: not a JSON configuration ({exc})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
-            raise LabkitError(f"{path}: a Hugging Face config.json names its model_type; this one does not")
-        arch = doc["model_type"]
-        archs = list(doc.get("architectures") or [])
-        overrides = {k: v for k, v in doc.items() if k not in _META_KEYS}
-    else:
-        arch, overrides = spec, {}
-    mapping = transformers.CONFIG_MAPPING
-    if arch not in mapping:
-        import difflib
-
-        near = difflib.get_close_matches(arch, list(mapping.keys()), n=3)
-        raise LabkitError(f"--hf-config {spec!r}: not a file and not a transformers model type"
-                          + (f" (did you mean {', '.join(near)}?)" if near else ""))
-    cls = mapping[arch]
-    amap = getattr(cls, "attribute_map", {}) or {}
-    for canon, value in (("num_hidden_layers", layers), ("hidden_size", hidden), ("num_attention_heads", heads),
-                         ("vocab_size", vocab), ("image_size", image_size)):
-        if value is not None:
-            overrides[amap.get(canon, canon)] = value
-            if canon == "num_hidden_layers" and arch in ("t5", "mt5", "umt5", "bart", "mbart"):
-                for k in ("num_decoder_layers", "encoder_layers", "decoder_layers"):
-                    overrides[k] = value
-    if heads is not None:   # fewer heads than the default kv heads: keep the kv grouping valid
-        kv_key = next((k for k in ("num_key_value_heads", "num_kv_heads") if hasattr(cls(), k)), None)
-        kv = overrides.get(kv_key, getattr(cls(), kv_key, None)) if kv_key else None
-        if isinstance(kv, int) and (kv > heads or heads % kv):
-            overrides[kv_key] = heads
-    return arch, overrides, _task_of(arch, archs)
-
-
-def _task_of(arch: str, archs: list[str]) -> str:
-    for name in archs:
-        for suffix, task in _ARCH_SUFFIX:
-            if name.endswith(suffix):
-                return task
-    import importlib
-
-    auto = importlib.import_module("transformers.models.auto.modeling_auto")
-    for task, mapping in _TASK_MAPPINGS:
-        if arch in getattr(auto, mapping, {}):
-            return task
-    raise LabkitError(f"model type {arch!r} has no causal-LM, masked-LM, seq2seq or image-classification head "
-                      "in transformers: give --factory with your own model")
-
-
-def load_factory(spec: str) -> Callable[[], nn.Module]:
-    """``module:function`` -> the function (importable from the current directory)."""
-    import importlib
-    import os
-    import sys
-
-    mod_name, sep, fn_name = spec.partition(":")
-    if not sep or not mod_name or not fn_name:
-        raise LabkitError(f"--factory {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.models:build")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise LabkitError(f"--factory {spec!r}: cannot import {mod_name} ({exc})") from None
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise LabkitError(f"--factory {spec!r}: {mod_name} has no function {fn_name}")
-    return fn
-
-
-def make_shaped_batch(task: str, *, micro_batch: int, seq: int, vocab: int | None = None,
-                      factory: Callable[[], nn.Module] | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A CPU batch for a model given by a factory: token ids (vocabulary from ``vocab``, else the
-    model's ``config.vocab_size`` or first embedding, read from a copy built on the meta device)
-    or images with labels."""
-    g = torch.Generator().manual_seed(seed)
-    if task == "image-classification":
-        return {"pixel_values": torch.randn(micro_batch, 3, seq, seq, generator=g),
-                "labels": torch.randint(0, 2, (micro_batch,), generator=g)}
-    if vocab is None and factory is not None:
-        with torch.device("meta"):
-            m = factory()
-        vocab = getattr(getattr(m, "config", None), "vocab_size", None)
-        if vocab is None:
-            emb = next((x for x in m.modules() if isinstance(x, nn.Embedding)), None)
-            vocab = emb.num_embeddings if emb is not None else None
-    if vocab is None:
-        raise LabkitError("the model's vocabulary size is unknown (no config.vocab_size, no nn.Embedding): give --vocab")
-    ids = torch.randint(0, vocab, (micro_batch, seq), generator=g)
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    if task in ("masked-lm", "seq2seq-lm"):
-        batch["attention_mask"] = torch.ones_like(ids)
-    return batch
-
-
-# ---------------------------------------------------------------------------------------------
 # The cases
 
 def _hf(name: str, arch: str, task: Task, o: dict[str, Any], b: int, s: int, precisions: tuple[str, ...],
@@ -634,10 +509,11 @@ def compat_cases() -> list[Case]:
         precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
                       [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
         for p in precisions:
-            out.append(replace(t, name=f"{c.family[:2]}-{c.arch}-{p}@tiny", precision=p))
+            out.append(replace(t, name=f"{'hf' if c.family == 'transformers' else 'tv'}-{c.arch}-{p}@tiny",
+                               precision=p))
     for arch, (task, o) in COMPAT_EXTRA.items():
         for p in ("amp-bf16",):
-            out.append(Case(f"tr-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,
+            out.append(Case(f"hf-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,
                             32 if task != "image-classification" else o["image_size"], p))
     for c in CASES:
         if c not in plain:
@@ -645,7 +521,7 @@ def compat_cases() -> list[Case]:
     for p in COMPAT_PRECISIONS:       # HF gradient checkpointing, both kinds, under every precision
         for impl in ("hf", "hf-reentrant"):
             out.append(replace(tiny(get_case("llama-gqa-b8-hfgc-fp32")), precision=p, checkpoint_impl=impl,
-                               name=f"tr-llama-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"))
+                               name=f"llama-gqa-b8-hfgc{'-reentrant' if impl == 'hf-reentrant' else ''}-{p}@tiny"))
     unique: dict[str, Case] = {}      # at CI size some cases coincide (GPT-2's sizes, say): keep the first
     for c in out:
         unique.setdefault(repr(replace(c, name="")), c)
@@ -667,5 +543,5 @@ def corpus_cases(split: str | None = None) -> list[Case]:
     return [c for c in CASES if split is None or c.split == split]
 
 
-__all__ = ["CASES", "COMPAT_EXTRA", "Case", "build_model", "compat_cases", "config_source", "corpus_cases", "get_case", "load_factory", "make_batch",
-           "make_shaped_batch", "plain_step", "predict", "prepare_plain", "recompute_kwarg", "step_hooks", "tiny"]
+__all__ = ["CASES", "COMPAT_EXTRA", "Case", "build_model", "compat_cases", "corpus_cases", "get_case", "layer_count",
+           "make_batch", "plain_step", "predict", "prepare_plain", "recompute_kwarg", "step_hooks", "tiny"]

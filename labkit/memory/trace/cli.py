@@ -169,7 +169,8 @@ def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
-    from labkit.workloads.corpus import Case, config_source, predict
+    from labkit.workloads.corpus import Case, predict
+    from labkit.workloads.user_model import config_source
 
     arch, overrides, task = config_source(args.hf_config, layers=args.layers, hidden=args.hidden, heads=args.heads,
                                           vocab=args.vocab, image_size=args.image_size)
@@ -192,7 +193,8 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
     from labkit.memory.trace.step import measure_step
-    from labkit.workloads.corpus import load_factory, make_shaped_batch, vision_call, vision_loss
+    from labkit.workloads.corpus import vision_call, vision_loss
+    from labkit.workloads.user_model import load_factory, make_shaped_batch
 
     factory = load_factory(args.factory)
     task = args.task or ("image-classification" if args.image_size else "causal-lm")
