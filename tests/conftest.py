@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
+from labkit.workloads.vision import prepare_torchvision
+
 REPO = Path(__file__).resolve().parents[1]
+
+# Tests import transformers directly too: let torchvision's import (which transformers triggers) go
+# through beside a CPU build of torch, as labkit does before it imports either (labkit.workloads.vision).
+prepare_torchvision()
 
 
 @pytest.fixture

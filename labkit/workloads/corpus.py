@@ -295,25 +295,16 @@ def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: 
 # The prediction (fake mode)
 
 
-def recompute_kwarg(value: str) -> dict[str, str]:
-    """``measure_step``'s recomputation keyword: ``recompute=`` where it has it, else ``checkpointing=``."""
-    import inspect
-
-    from labkit.memory.trace.step import measure_step
-
-    name = "recompute" if "recompute" in inspect.signature(measure_step).parameters else "checkpointing"
-    return {name: value}
-
-
 def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2, **kw: Any) -> Any:
     """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak."""
     from labkit.memory.trace.step import measure_step
 
-    opt = "adamw" if case.optimizer_impl == "fused" else "adamw-foreach"
+    from labkit.core.vocab import OptimizerSpec
+
     recompute = case.recompute if case.checkpoint_impl == "torch" else "none"   # HF's own is in the model
     return measure_step(lambda: build_model(case), make_batch(case), precision=case.step_precision,
-                        optimizer=opt, device=device, steps=steps, loop=case.loop,
-                        **recompute_kwarg(recompute), **step_hooks(case), **kw)
+                        optimizer=OptimizerSpec(case.optimizer, case.optimizer_impl), device=device, steps=steps,
+                        loop=case.loop, recompute=recompute, **step_hooks(case), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,4 +535,4 @@ def corpus_cases(split: str | None = None) -> list[Case]:
 
 
 __all__ = ["CASES", "COMPAT_EXTRA", "Case", "build_model", "compat_cases", "corpus_cases", "get_case", "layer_count",
-           "make_batch", "plain_step", "predict", "prepare_plain", "recompute_kwarg", "step_hooks", "tiny"]
+           "make_batch", "plain_step", "predict", "prepare_plain", "step_hooks", "tiny"]

@@ -58,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default="torch",
                    help="Hugging Face models: labkit's torch.utils.checkpoint per layer (torch, the default) or "
                         "the model's gradient_checkpointing_enable (hf: non-reentrant; hf-reentrant)")
-    s.add_argument("--optimizer", default="adamw", help="adamw (fused), adamw-foreach or sgd (default adamw)")
+    s.add_argument("--optimizer", default="adamw", help="adamw (default), adam or sgd; the old adamw-foreach is "
+                   "adamw with --optimizer-impl foreach")
+    s.add_argument("--optimizer-impl", choices=("foreach", "fused", "for-loop"), default=None,
+                   help="PyTorch's implementation: foreach (PyTorch's default on CUDA, the default), fused, for-loop")
     s.add_argument("--loop", choices=("plain", "keep-output"), default="plain",
                    help="plain: loss = model(**batch).loss (the output freed before backward, the default); "
                         "keep-output: the output object alive through backward")
@@ -147,11 +150,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    from labkit.workloads.corpus import recompute_kwarg
+def _optimizer(args: argparse.Namespace):
+    from labkit.core.vocab import OptimizerSpec
 
-    return {"optimizer": args.optimizer, "precision": args.precision, "device": args.device, "steps": args.steps,
-            "loop": args.loop, **recompute_kwarg(args.recompute)}
+    return OptimizerSpec.parse(args.optimizer, args.optimizer_impl)
+
+
+def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"optimizer": _optimizer(args), "precision": args.precision, "device": args.device, "steps": args.steps,
+            "loop": args.loop, "recompute": args.recompute}
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
@@ -180,12 +187,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                 micro_batch=args.micro_batch or 4, seq=seq or (overrides.get("image_size", 224)
                                                                if task == "image-classification" else 512),
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
-                optimizer="adamw", optimizer_impl="foreach" if args.optimizer == "adamw-foreach" else "fused",
-                loop=args.loop, lora=args.lora)
-    if args.optimizer == "sgd":
-        from labkit.core.errors import LabkitError
-
-        raise LabkitError("--optimizer sgd: Hugging Face models are measured with AdamW (fused or foreach)")
+                optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
     rep = predict(case, device=args.device, steps=args.steps)
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
         ", LoRA on a bf16 base" if args.lora else "")
