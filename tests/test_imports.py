@@ -46,6 +46,9 @@ SAME_MEANING = {
     "comm": "the comm chapter (labkit.viz.comm: its figures)",
     "allocator": "the allocator chapter (labkit.viz.allocator: its figures)",
     "env": "the env chapter (labkit.viz.env: its figures)",
+    "advise": "the advise chapter (labkit.viz.advise: its figures; labkit.lessons.advise: notebook 06's sections)",
+    # lessons/<notebook>.py: the sections of that notebook, named after its chapter or topic
+    "server": "notebook 00's subject, this server (labkit.env.server; labkit.lessons.server: its sections)",
 }
 
 # (importer, imported) pairs that break rule 2 today.

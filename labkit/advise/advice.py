@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.advise.machine import Machine, resolve
+from labkit.advise.cluster import Machine, resolve
 from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
 from labkit.advise.settings import ALLOC_CANDIDATES, AllocChoice, BucketChoice, choose_alloc_conf, choose_buckets
 from labkit.advise.steptime import achievable_flops
@@ -187,7 +187,7 @@ def _naive_and_placement(machine: Machine, lay) -> dict[str, Any]:
 
 def _trace(model: ModelSource, job: Job, lay) -> Any:
     """The fake-mode trace of one unsharded step of the user's model (what `labkit measure` runs)."""
-    from labkit.advise.trace import trace_step
+    from labkit.advise.fake_step import trace_step
 
     return trace_step(model, job, micro_batch=lay.micro_batch if lay else (job.micro_batch or 1),
                       recompute=lay.recompute if lay else (job.recompute or "none"), alloc_confs=ALLOC_CANDIDATES)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from labkit.allocator import capture as cap
+import labkit.allocator.capture as cap
 from labkit.core.errors import LabkitError
 
 DEFAULT_MAX_ENTRIES = 200_000

@@ -10,6 +10,9 @@ the estimator's function is ``labkit.memory.estimate.estimate`` (``labkit.memory
 subpackage, so the function is not re-exported here under the same name).
 """
 
+# Modules other chapters may import directly (tests/test_imports.py): the tracer's measure_step.
+PUBLIC_MODULES = ("trace.step",)
+
 # Lazily imported public names (name -> module), so that importing labkit.memory does not import
 # torch. One __getattr__ serves the whole package: add lazy names to this dict, don't define another.
 _LAZY_NAMES = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from labkit.memory.estimate.totals import CATEGORIES  # the model's memory categories (labkit.core.vocab)
+from labkit.memory.estimate import CATEGORIES  # the model's memory categories (labkit.core.vocab)
 
 GIB = float(1 << 30)
 COLORS = {

@@ -12,6 +12,10 @@ from labkit.workloads.harness import (
 from labkit.workloads.hf import HF_GPT2_SIZES, HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
 from labkit.workloads.reference import REFERENCE_WORKLOADS, Workload, get_workload
 
+# Modules other chapters may import directly (tests/test_imports.py): the model corpus, a user's own
+# model (--hf-config / --factory), and the torchvision import shim.
+PUBLIC_MODULES = ("corpus", "user_model", "vision")
+
 __all__ = [
     "GPT", "GPTConfig", "HFGPT2Spec", "HF_GPT2_SIZES", "LOOPS", "REFERENCE_WORKLOADS", "STEP_OPTIMIZERS",
     "StepPolicy", "TrainStep", "Workload", "apply_checkpointing", "apply_recompute", "call_model", "cast_floating",

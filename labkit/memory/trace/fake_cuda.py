@@ -188,6 +188,8 @@ class _AutocastState:
 class CudaEmulator:
     """Hooks for :class:`~labkit.memory.trace.storage.StorageTracker` that add the GPU's own allocations."""
 
+    autocast_class = CudaAutocast  # the mode checkpointing's recomputation looks for (fake_runtime)
+
     def __init__(self, target: CudaTarget, policy: Any) -> None:
         self.target = target
         self.policy = policy

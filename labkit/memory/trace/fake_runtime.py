@@ -98,13 +98,12 @@ def _mode_active(cls: type) -> bool:
     return any(isinstance(m, cls) for m in _get_current_function_mode_stack())
 
 
-def _active_autocast() -> Any:
+def _active_autocast(cls: type) -> Any:
+    """The innermost active mode of ``cls`` (the emulator's autocast class), or None."""
     from torch.overrides import _get_current_function_mode_stack
 
-    from labkit.memory.trace.fake_cuda import CudaAutocast
-
     for m in reversed(_get_current_function_mode_stack()):
-        if isinstance(m, CudaAutocast):
+        if isinstance(m, cls):
             return m
     return None
 
@@ -116,7 +115,7 @@ def checkpoint_autocast(emulator: Any) -> Iterator[None]:
     import torch.utils.checkpoint as cp
 
     def bind(fn: Callable) -> Callable:
-        mode = _active_autocast()
+        mode = _active_autocast(emulator.autocast_class)
         region = emulator.autocast_factory(mode.dtype) if mode is not None else None
         rules = emulator.target.emulate_kernels
 
