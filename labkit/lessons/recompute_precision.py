@@ -444,3 +444,38 @@ def profiler_timeline(machine: Machine, steps: int = 2) -> Section:
     sec.figure(vm.profiler_timeline(tl.times_us, tl.by_category, title=f"torch.profiler memory timeline, {steps} steps",
                                     source="measured here"))
     return sec
+
+
+# The cheapest cases of each kind, for the smoke profile (CI); the full profile runs them all.
+SMOKE_SUPPORT = 8
+SMOKE_VALIDATION = 4
+
+
+def supported_models(*, smoke: bool = False) -> Section:
+    """The compatibility corpus in fake mode here: what is predicted, what is refused and why."""
+    from labkit.memory.trace import corpus_check
+    from labkit.workloads.corpus import compat_cases
+
+    cases = compat_cases()
+    picked = cases[:SMOKE_SUPPORT] if smoke else cases
+    sec = corpus_check.support_section(corpus_check.support(list(_progress(picked, "corpus cases"))))
+    if smoke:
+        sec.note(f"Smoke profile: the first {len(picked)} of {len(cases)} corpus cases; the full profile runs "
+                 "all of them (README: 'Your model in fake mode' has the whole table).")
+    return sec
+
+
+def plain_loop_validation(*, smoke: bool = False) -> Section:
+    """Fake mode against the H200's plain, untraced training loops, reference and held-out apart."""
+    from labkit.memory.trace import corpus_check
+    from labkit.workloads.corpus import layer_count
+
+    records = corpus_check.load_plain()
+    if smoke:  # the cheapest recorded cases, of both splits
+        cheap = sorted((r for r in records if r.case.family == "transformers"), key=lambda r: layer_count(r.case))
+        records = [r for s in ("reference", "held-out") for r in [c for c in cheap if c.split == s][:SMOKE_VALIDATION // 2]]
+    sec = corpus_check.validation_section(corpus_check.validate(list(_progress(records, "recorded steps"))))
+    if smoke:
+        sec.note(f"Smoke profile: {len(records)} of the recorded cases; the full profile predicts every one "
+                 "(benchmarks/bench_tracer.py --validate prints the same table).")
+    return sec

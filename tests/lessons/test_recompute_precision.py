@@ -85,3 +85,15 @@ def test_estimator_own_loop_overhead_and_profiler(cpu):
     assert lesson.tracer_overhead().claims[0].value > 0
     prof = lesson.profiler_timeline(cpu)
     assert prof.claims[0].value > 0 and prof.figures
+
+
+def test_supported_models_and_plain_loop_validation_in_smoke():
+    from labkit.lessons import recompute_precision as lesson
+
+    sup = lesson.supported_models(smoke=True)
+    assert sup.value("fake_corpus_predicted") <= lesson.SMOKE_SUPPORT and sup.rows
+    assert any("Smoke profile" in n for n in sup.notes)
+    val = lesson.plain_loop_validation(smoke=True)
+    assert len(val.rows) == lesson.SMOKE_VALIDATION
+    assert 0 <= val.value("fake_plain_reference_within") <= lesson.SMOKE_VALIDATION // 2
+    assert 0 <= val.value("fake_plain_held_out_within") <= lesson.SMOKE_VALIDATION // 2
