@@ -97,3 +97,5 @@ def test_supported_models_and_plain_loop_validation_in_smoke():
     assert len(val.rows) == lesson.SMOKE_VALIDATION
     assert 0 <= val.value("fake_plain_reference_within") <= lesson.SMOKE_VALIDATION // 2
     assert 0 <= val.value("fake_plain_held_out_within") <= lesson.SMOKE_VALIDATION // 2
+    sup.record()  # what the report records: each named claim states a source the report accepts
+    val.record()

@@ -71,7 +71,7 @@ def support_section(results: list[Support] | None = None) -> Any:
 
     results = results if results is not None else support()
     by_name = {c.name: c for c in compat_cases()}
-    sec = Section("What fake mode can predict: the model corpus", source="computed here (fake mode, CI sizes)")
+    sec = Section("What fake mode can predict: the model corpus", source="model: fake mode computed here (CI sizes)")
     n_ok = sum(r.status == "predicted" for r in results)
     sec.claim("Corpus cases fake mode predicts (the others are refused with the op and module named)",
               n_ok, f"of {len(results)}", name="fake_corpus_predicted", direction="higher")
@@ -271,11 +271,11 @@ def validation_section(vals: list[Validation] | None = None) -> Any:
     for split in ("reference", "held-out"):
         d = s[split]
         sec.claim(f"{split} cases within {PEAK_TOLERANCE_PCT:g}% (peak) and {RESERVED_TOLERANCE_PCT:g}% (reserved)",
-                  d["within_targets"], f"of {d['cases']}", source=f"fake mode computed here vs {label}",
+                  d["within_targets"], f"of {d['cases']}", source=f"model: fake mode computed here vs {label}",
                   name=f"fake_plain_{split.replace('-', '_')}_within", direction="higher")
         if d["median_abs_peak_error_pct"] is not None:
             sec.claim(f"{split}: median |peak error|", round(d["median_abs_peak_error_pct"], 2), "%",
-                      source=f"fake mode computed here vs {label}")
+                      source=f"model: fake mode computed here vs {label}")
     sec.table(VALIDATION_HEADERS, validation_rows(vals),
               caption="Recorded: torch.cuda.max_memory_allocated / max_memory_reserved of steps 2-4 of a plain "
                       "loop without labkit (benchmarks/gpu/record_plain.py). Held-out cases (a hash of the name) "
