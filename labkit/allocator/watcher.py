@@ -282,7 +282,7 @@ class Watch:
 
         assert self.writer is not None and self.folder is not None
         try:
-            d = cap.diagnose_capture(self.folder, check_with_simulator=self.check_with_simulator)
+            d = cap.diagnose_capture(self.folder, check_with_simulator=self.check_with_simulator, while_writing=True)
         except Exception as exc:  # noqa: BLE001 - a verdict that fails must not hide the user's OOM
             self._problem(f"the doctor: {type(exc).__name__}: {exc}")
             return
