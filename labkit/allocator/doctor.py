@@ -554,8 +554,8 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
     if not d.findings:
         d.notes.append("no out-of-memory cause found in these inputs")
     elif snapshot is None and any(f.kind == "fragmentation" for f in d.findings):
-        d.notes.append("to check a fix with the simulator, record a snapshot (torch.cuda.memory._record_memory_history("
-                       "max_entries=200000, context=None) ... _dump_snapshot()) and pass it too")
+        d.notes.append("to check a fix with the simulator, record a snapshot and pass it too: run the job under "
+                       "`labkit watch -- ...` (or `with labkit.allocator.watch(): ...`), which captures it at the OOM")
     return d
 
 
