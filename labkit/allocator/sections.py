@@ -20,7 +20,7 @@ HOW_TO = ("On your own server: wrap the training loop, `with labkit.allocator.wa
           "a loop without an optimizer calls `w.step()`), or run the script unedited: `labkit watch -- python "
           "train.py ARGS`, also as `labkit watch -- torchrun --nproc-per-node 8 train.py ARGS`. Each rank writes "
           "labkit-watch/<run>/rank<R>/ (snapshot.pickle.gz, stats.jsonl, stats_at_oom.json, oom_message.txt, "
-          "verdict.txt/.json); `labkit watch --show FOLDER` lists them, `labkit alloc doctor --snapshot ...` "
+          "verdict.txt/.json); `labkit watch --show FOLDER` lists them, `labkit alloc doctor --capture FOLDER` "
           "re-reads one. detail='stats' is the cheapest setting (no history, so no simulator check), "
           "detail='stacks' adds Python stacks for torch.cuda.memory._memory_viz.")
 

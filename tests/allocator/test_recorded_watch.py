@@ -82,3 +82,15 @@ def test_watch_overhead_is_under_three_percent_with_the_defaults():
     assert o["modes"]["trace"]["change_pct"] < 3.0
     for mode in ("trace", "stats", "stacks"):
         assert mode in o["modes"]
+
+
+def test_alloc_doctor_reads_a_capture_folder(tmp_path, capsys):
+    from labkit.cli import main
+
+    d = packed("fragmentation")
+    folder = capture.unpack(d["capture"], tmp_path / "rank0", MEAS / "watch__fragmentation.pickle.gz")
+    assert main(["alloc", "doctor", "--capture", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "[fragmentation]" in out and "the fix is confirmed by the simulator" in out
+    assert main(["alloc", "doctor", "--capture", str(tmp_path / "nothing")]) == 2
+    assert "no such capture folder" in capsys.readouterr().err
