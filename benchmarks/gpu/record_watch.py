@@ -11,12 +11,15 @@ Writes at most 7 files into DIR (each well under 16 MiB), all with provenance:
   varlen trace: default OOMs from 9.2 GiB down, expandable fits down to 8.7 GiB). The same loop is then run,
   unwatched, under ``expandable_segments:True`` at the same cap: the ground truth for the verdict.
 * ``watch__too_large.json`` (+ ``.pickle.gz``): the same model with a batch that cannot fit under the cap.
-* ``watch__leak.json``: losses kept with their graph (experiments.leak_loop), steps marked with ``w.step()``.
+* ``watch__leak.json`` (+ ``.pickle.gz`` with ``--snapshots ...,leak``): losses kept with their graph (experiments.leak_loop), steps marked with
+  ``w.step()``.
 * ``watch__torchrun.json``: ``labkit watch -- torchrun --standalone --nproc-per-node 2 THIS --child rank``, two
   ranks on one GPU, the script unedited (no labkit.watch in it): rank 1 trains a few steps and finishes, rank 0
   then runs into the fragmentation OOM.
-* ``watch__overhead.json``: GPT-2 small (124M, seq 1024, batch 8, bf16 autocast, fused AdamW), median step time
-  and peak memory without watch and with each detail setting (each in a fresh process, the baseline twice).
+* ``watch__overhead.json``: GPT-2 small (124M, seq 1024, batch 8, bf16 autocast, fused AdamW): step time without
+  watch and with each detail setting, in blocks interleaved in one process (two processes), the paired change
+  against the baseline block of the same round; peak memory; a full ring buffer's host memory and the cost of
+  dumping it at an OOM.
 
 Each case runs in a fresh process (PYTORCH_ALLOC_CONF is read once; a memory fraction stays set). Without CUDA
 (``--smoke``) the same orchestration runs at tiny sizes on the CPU: watch is a no-op there and the CUDA-only
@@ -47,6 +50,8 @@ GiB = 1024**3
 MiB = 1024**2
 FRAG_CAPS_GIB = (9.1, 8.9)  # tried in order until the default allocator runs out (see the docstring)
 MODES = ("none", "trace", "stats", "stacks")
+RANK_DESIGN = ("rank 1 trains 2 steps, meets rank 0 at a barrier and exits 0 (no OOM by design); rank 0 then runs "
+               "into the fragmentation OOM, uncaught, and torchrun reports the failure (exit 1)")
 MAX_FILE = 15 * MiB
 
 
@@ -173,16 +178,20 @@ def child_rank(args) -> int:
 
 
 def child_overhead(args) -> int:
+    """GPT-2 small steps in blocks, the modes interleaved in one process (rotated each round, so drift and order
+    fall on every mode alike); then a full ring buffer's host memory and what dumping it at an OOM costs."""
+    import pickle as _pickle
+
     import torch
 
-    from labkit.allocator import watch
+    from labkit.allocator import Watch
     from labkit.workloads import GPT, GPTConfig
 
     dev = _dev()
     cfg = (GPTConfig(n_layer=2, n_head=2, n_embd=64, seq_len=64, vocab_size=512) if args.smoke else
            GPTConfig(n_layer=12, n_head=12, n_embd=768, seq_len=1024, vocab_size=50304))
     batch = 2 if args.smoke else 8
-    warm, timed = (1, 3) if args.smoke else (5, 40)
+    rounds, block, warm = (1, 1, 1) if args.smoke else (6, 10, 5)
     torch.manual_seed(0)
     model = GPT(cfg).to(dev)
     fused = {"fused": True} if dev.type == "cuda" else {}
@@ -190,12 +199,11 @@ def child_overhead(args) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), device=dev, generator=gen)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    rss0 = _rss()
-    times = []
-    folder = None
+    work = Path(args.work) / f"overhead_{args.rep}"
 
-    def loop():
-        for i in range(warm + timed):
+    def steps(n):
+        times = []
+        for _ in range(n):
             t = time.perf_counter()
             with torch.autocast(dev.type, dtype=torch.bfloat16):
                 _, loss = model(idx, idx)
@@ -203,23 +211,45 @@ def child_overhead(args) -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
             sync()
-            if i >= warm:
-                times.append(time.perf_counter() - t)
+            times.append(time.perf_counter() - t)
+        return times
 
+    steps(warm)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(0)
-    if args.mode == "none":
-        loop()
-    else:
-        with watch(Path(args.work) / f"overhead_{args.mode}_{args.rep}", detail=args.mode, quiet=True) as w:
-            folder = w.folder
-            loop()
-    size = sum(p.stat().st_size for p in folder.iterdir()) if folder else 0
-    _result(Path(args.work), f"overhead_{args.mode}_{args.rep}", {
-        "mode": args.mode, "rep": args.rep, "cuda": dev.type == "cuda", "steps_timed": timed, "batch": batch,
-        "seq": cfg.seq_len, "step_s": times, "median_step_s": statistics.median(times), "rss_growth_bytes":
-        _rss() - rss0, "capture_folder_bytes": size, **_peaks()})
-    log(f"overhead {args.mode} #{args.rep}: median step {1000 * statistics.median(times):.2f} ms")
+    blocks = []
+    for rnd in range(rounds):
+        order = MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]
+        for mode in order:
+            w = Watch(work, detail=mode, quiet=True).start() if mode != "none" else None
+            ts = steps(block)
+            if w is not None:
+                w.stop()
+            blocks.append({"mode": mode, "round": rnd, "step_s": ts, "median_s": statistics.median(ts)})
+    peaks = _peaks()
+    # a full ring buffer: host memory, entries per step, and the snapshot that an OOM would dump
+    ring = {}
+    if dev.type == "cuda":
+        rss0 = _rss()
+        w = Watch(work, quiet=True).start()
+        n = 8 if args.smoke else 40
+        steps(n)
+        rss1 = _rss()
+        t = time.perf_counter()
+        snap = torch.cuda.memory._snapshot()
+        raw = _pickle.dumps(snap, protocol=4)
+        gz = gzip.compress(raw, compresslevel=6)
+        dump_s = time.perf_counter() - t
+        events = sum(len(tr) for tr in snap.get("device_traces", []))
+        w.stop()
+        ring = {"steps": n, "trace_entries": events, "entries_per_step": events / n, "max_entries": w.max_entries,
+                "rss_growth_bytes": rss1 - rss0, "snapshot_pickle_bytes": len(raw), "snapshot_gz_bytes": len(gz),
+                "snapshot_and_gzip_s": dump_s}
+    _result(Path(args.work), f"overhead_{args.rep}", {
+        "rep": args.rep, "cuda": dev.type == "cuda", "batch": batch, "seq": cfg.seq_len, "block_steps": block,
+        "rounds": rounds, "blocks": blocks, "ring": ring, **peaks})
+    med = {m: statistics.median([t for b in blocks if b["mode"] == m for t in b["step_s"]]) for m in MODES}
+    log(f"overhead #{args.rep}: " + ", ".join(f"{m} {1000 * v:.2f} ms" for m, v in med.items()))
     return 0
 
 
@@ -301,7 +331,13 @@ def _pack_case(args, out: Path, work: Path, case: str, res: dict | None, with_sn
 
 
 def part_cases(args, out: Path, work: Path, deadline: float) -> None:
-    # fragmentation: the first cap under which the default allocator runs out; then the truth under expandable
+    if "fragmentation" in args.cases.split(","):
+        part_fragmentation(args, out, work, deadline)
+    part_others(args, out, work, deadline)
+
+
+def part_fragmentation(args, out: Path, work: Path, deadline: float) -> None:
+    # the first cap under which the default allocator runs out; then the truth under expandable segments
     frag = None
     for cap in FRAG_CAPS_GIB:
         if time.time() > deadline - 30:
@@ -312,7 +348,7 @@ def part_cases(args, out: Path, work: Path, deadline: float) -> None:
         if not frag or frag.get("oom") or not frag.get("cuda"):
             break
         shutil.rmtree(work / "capture_fragmentation", ignore_errors=True)
-    d = _pack_case(args, out, work, "fragmentation", frag, True)
+    d = _pack_case(args, out, work, "fragmentation", frag, "fragmentation" in args.snapshots.split(","))
     if frag and frag.get("oom") and time.time() < deadline - 25:
         _run(_child(args, "--child", "case", "--case", "fragmentation", "--plain", "--cap-gib",
                     str(frag["cap_bytes"] / GiB)), _env("expandable_segments:True"), deadline - time.time())
@@ -320,7 +356,13 @@ def part_cases(args, out: Path, work: Path, deadline: float) -> None:
     _write(out, "watch__fragmentation.json", "allocator.watch_capture", d)
     log(f"fragmentation: verdict {d.get('verdict')} (simulator {d.get('verified')}); under expandable segments "
         f"for real: {'OOM' if (d.get('expandable_truth') or {}).get('oom') else 'no OOM'}")
-    for case, cap, snap in (("too_large", FRAG_CAPS_GIB[0], True), ("leak", 6.0, False)):
+
+
+def part_others(args, out: Path, work: Path, deadline: float) -> None:
+    for case, cap in (("too_large", FRAG_CAPS_GIB[0]), ("leak", 6.0)):
+        snap = case in args.snapshots.split(",")
+        if case not in args.cases.split(","):
+            continue
         if time.time() > deadline - 20:
             log(f"{case}: skipped, out of time budget")
             continue
@@ -347,7 +389,7 @@ def part_torchrun(args, out: Path, work: Path, deadline: float) -> None:
     ranks = [pack(f) for r in runs for f in rank_folders(r)]
     for r in ranks:
         r["steps"] = r["steps"][-3:]  # the series is in the case files; keep the end here
-    data = {"command": cmd[2:], "returncode": rc, "wall_s": time.perf_counter() - t0,
+    data = {"command": cmd[2:], "design": RANK_DESIGN, "returncode": rc, "wall_s": time.perf_counter() - t0,
             "watch_lines": [ln for ln in text.splitlines() if ln.startswith(("labkit watch", "  rank"))],
             "run_folders": [p.name for p in runs], "ranks": ranks,
             "pids": [r["manifest"].get("pid") for r in ranks],
@@ -357,43 +399,55 @@ def part_torchrun(args, out: Path, work: Path, deadline: float) -> None:
         f"{[((r.get('verdict') or {}).get('findings') or [{}])[0].get('kind') for r in ranks]}")
 
 
-def part_overhead(args, out: Path, work: Path, deadline: float) -> None:
-    plan = [(m, 0) for m in MODES] + [(m, 1) for m in MODES]
-    if args.smoke:
-        plan = [("none", 0), ("trace", 0)]
-    runs = []
-    for mode, rep in plan:
-        if time.time() > deadline - 15:
-            log(f"overhead {mode} #{rep}: skipped, out of time budget")
-            continue
-        _run(_child(args, "--child", "overhead", "--mode", mode, "--rep", str(rep)), _env(""), deadline - time.time())
-        r = _load_result(work, f"overhead_{mode}_{rep}")
-        if r:
-            runs.append(r)
-    summary = {}
+def _overhead_summary(runs: list[dict]) -> dict:
+    """Per mode: the median step, and the paired change against the baseline block of the same round."""
+    out = {}
     for mode in MODES:
-        rs = [r for r in runs if r["mode"] == mode]
-        if not rs:
+        steps = [t for r in runs for b in r["blocks"] if b["mode"] == mode for t in b["step_s"]]
+        if not steps:
             continue
-        steps = [t for r in rs for t in r["step_s"]]
-        summary[mode] = {"median_step_s": statistics.median(steps), "runs": len(rs), "steps": len(steps),
-                         "per_run_median_s": [r["median_step_s"] for r in rs],
-                         "allocated_peak_bytes": max(r.get("allocated_bytes.all.peak", 0) for r in rs),
-                         "reserved_peak_bytes": max(r.get("reserved_bytes.all.peak", 0) for r in rs),
-                         "rss_growth_bytes": max(r["rss_growth_bytes"] for r in rs),
-                         "capture_folder_bytes": max(r["capture_folder_bytes"] for r in rs)}
-    base = summary.get("none", {}).get("median_step_s")
-    for mode, s in summary.items():
+        paired = []
+        for r in runs:
+            for rnd in sorted({b["round"] for b in r["blocks"]}):
+                bm = [b for b in r["blocks"] if b["round"] == rnd and b["mode"] == mode]
+                bn = [b for b in r["blocks"] if b["round"] == rnd and b["mode"] == "none"]
+                if bm and bn:
+                    paired.append(100 * (bm[0]["median_s"] / bn[0]["median_s"] - 1))
+        q = statistics.quantiles(steps, n=4) if len(steps) >= 4 else [min(steps), statistics.median(steps), max(steps)]
+        out[mode] = {"median_step_s": statistics.median(steps), "steps": len(steps), "q1_s": q[0], "q3_s": q[-1],
+                     "paired_change_pct": paired, "median_paired_change_pct": statistics.median(paired) if paired
+                     else None}
+    base = out.get("none", {}).get("median_step_s")
+    for s in out.values():
         if base:
             s["overhead_pct"] = 100 * (s["median_step_s"] / base - 1)
+    return out
+
+
+def part_overhead(args, out: Path, work: Path, deadline: float) -> None:
+    runs = []
+    for rep in range(1 if args.smoke else 2):
+        if time.time() > deadline - 25:
+            log(f"overhead #{rep}: skipped, out of time budget")
+            continue
+        _run(_child(args, "--child", "overhead", "--rep", str(rep)), _env(""), deadline - time.time())
+        r = _load_result(work, f"overhead_{rep}")
+        if r:
+            runs.append(r)
+    summary = _overhead_summary(runs)
     data = {"workload": "GPT-2 small (124M), seq 1024, batch 8, bf16 autocast, fused AdamW" if not args.smoke else
-            "tiny GPT on the CPU (smoke)", "cuda": bool(runs and runs[0]["cuda"]), "summary": summary, "runs": runs,
+            "tiny GPT on the CPU (smoke)", "cuda": bool(runs and runs[0]["cuda"]), "summary": summary,
+            "method": "blocks of steps per mode, interleaved in one process and rotated each round; the paired "
+                      "change compares each block with the baseline block of its round",
+            "ring": [r.get("ring") for r in runs],
+            "peak_memory": [{k: r.get(k) for k in ("allocated_bytes.all.peak", "reserved_bytes.all.peak")} for r in runs],
+            "runs": runs,
             "modes": {"none": "no watch", "trace": "watch() defaults: history without stacks, 200,000 entries",
                       "stats": "watch(detail='stats'): per-step memory_stats() only",
                       "stacks": "watch(detail='stacks'): history with Python stacks"}}
     _write(out, "watch__overhead.json", "allocator.watch_overhead", data)
-    log("overhead: " + ", ".join(f"{m} {1000 * s['median_step_s']:.2f} ms ({s.get('overhead_pct', 0):+.1f}%)"
-                                 for m, s in summary.items()))
+    log("overhead: " + ", ".join(f"{m} {1000 * s['median_step_s']:.2f} ms (paired {s['median_paired_change_pct']:+.1f}%)"
+                                 for m, s in summary.items() if s.get("median_paired_change_pct") is not None))
 
 
 def parent(args) -> int:
@@ -427,6 +481,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes; on a CPU-only machine, check the orchestration")
     ap.add_argument("--budget-s", type=float, default=280.0, help="stop starting new runs after this many seconds")
     ap.add_argument("--parts", default="all", help="comma list of: all, cases, torchrun, overhead")
+    ap.add_argument("--cases", default="fragmentation,too_large,leak", help="which OOM cases (with --parts cases)")
+    ap.add_argument("--snapshots", default="fragmentation,too_large",
+                    help="cases whose reduced snapshot is written too (the default keeps a full run at 7 files)")
     ap.add_argument("--work", default=None, help="scratch folder for the capture folders (default: a temp folder)")
     ap.add_argument("--child", choices=["case", "rank", "overhead"])
     ap.add_argument("--case")

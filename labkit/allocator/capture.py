@@ -246,8 +246,9 @@ def rank_folders(run: str | Path) -> list[Path]:
     return sorted((p for p in run.iterdir() if p.is_dir() and p.name.startswith("rank")), key=key)
 
 
-def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True):
-    """The doctor on a capture folder: message, stats series (+ the stats at the OOM) and snapshot."""
+def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True, while_writing: bool = False):
+    """The doctor on a capture folder: message, stats series (+ the stats at the OOM) and snapshot.
+    ``while_writing``: called by the watch itself, before it marks the folder finished."""
     from labkit.allocator.doctor import diagnose
 
     cap = read_capture(folder)
@@ -277,7 +278,7 @@ def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True):
         notes.append(f"the OOM message was not used: {exc}")
         d = diagnose(stats=stats, snapshot=snap, check_with_simulator=check_with_simulator)
     d.notes[:0] = notes
-    if not cap.complete:
+    if not cap.complete and not (while_writing and cap.manifest.get("state") == "running"):
         d.notes.insert(0, f"this capture is incomplete ({cap.reason}): the verdict uses what was written")
     return d
 

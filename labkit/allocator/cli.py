@@ -2,7 +2,7 @@
 
     labkit alloc replay TRACE [--conf "expandable_segments:True,..."] [--cap-bytes N] [--gpu N] [--json]
     labkit alloc compare TRACE --conf A --conf B ... [--cap-bytes N] [--gpu N] [--json]
-    labkit alloc doctor (--oom-text FILE | --stats FILE | --snapshot FILE) [--json]
+    labkit alloc doctor (--oom-text FILE | --stats FILE | --snapshot FILE | --capture FOLDER) [--json]
 
 Every verb that reads a snapshot takes ``--max-snapshot-bytes`` (default 512 MiB decompressed).
 ``--device N`` is the old spelling of ``--gpu N`` (``--device`` names a target elsewhere in labkit).
@@ -61,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--oom-text", help="file holding the OOM error message")
     d.add_argument("--stats", help="JSON: memory_stats() dict, a list of them, or {'ranks': [...]} ")
     d.add_argument("--snapshot", help="snapshot pickle (.pickle / .pickle.gz)")
+    d.add_argument("--capture", help="a rank folder written by labkit watch (message, statistics and snapshot)")
     d.add_argument("--no-sim", action="store_true", help="do not check with the simulator")
     _add_snapshot_flags(d, gpu=False)
     d.add_argument("--json", action="store_true")
@@ -182,8 +183,17 @@ def run_doctor(args: argparse.Namespace) -> int:
     from labkit.allocator.doctor import diagnose, format_diagnosis, load_stats_file
     from labkit.allocator.snapshot import read_snapshot
 
+    if args.capture:
+        from labkit.allocator.capture import diagnose_capture
+
+        if args.oom_text or args.stats or args.snapshot:
+            raise LabkitError("alloc doctor: --capture reads the folder's own message, statistics and snapshot; "
+                              "give it alone")
+        d = diagnose_capture(args.capture, check_with_simulator=not args.no_sim)
+        print(dumps(d) if args.json else format_diagnosis(d))
+        return 0
     if not (args.oom_text or args.stats or args.snapshot):
-        raise LabkitError("alloc doctor: give --oom-text FILE, --stats FILE or --snapshot FILE")
+        raise LabkitError("alloc doctor: give --oom-text FILE, --stats FILE, --snapshot FILE or --capture FOLDER")
     text = read_oom_text(args.oom_text) if args.oom_text else None
     stats = load_stats_file(args.stats) if args.stats else None
     mb = _max_bytes(args)

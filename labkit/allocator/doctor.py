@@ -353,16 +353,20 @@ def _from_snapshot(snap: Snapshot, limit: int | None, check: bool) -> tuple[list
             elif a == "free_requested":
                 rel -= e["size"]
                 series.append(rel)
-        g = _growth(series, "the snapshot's trace (allocated memory relative to where the history starts)")
+        # A trace has no step marks: one large forward pass rises just as a leak does (recorded on the H200: a
+        # too-large batch's first step looked like "growth"). Growth is judged from per-step series only; here the
+        # rise is a note that says what to give instead.
+        g = _growth(series, "the snapshot's trace")
         if g:
-            out.append(g)
+            notes.append(f"allocated memory rose by {fmt_bytes(max(series) - min(series))} over the trace's "
+                         f"{len(series)} allocations and frees; a trace has no step marks, so this is not judged "
+                         "a leak: give per-step statistics (labkit watch records them) to check for one")
         ctr = compile_trace(snap)
         if not ctr.complete:
             notes.append(f"the trace is incomplete ({ctr.incomplete_reason}): it cannot be replayed; growth and "
                          "the current state are still read from it")
         elif check:
             sim = _replays(ctr, limit)
-            notes.append(sim["text"])
     return out, notes, sim
 
 
@@ -525,6 +529,8 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
                 d.findings.append(f)
         if sim is not None:
             _apply_check(d.findings, sim)
+            if not d.findings:
+                notes.append(sim["text"])
         d.notes += notes
     if ranks:
         d.inputs.append(f"{len(ranks)} ranks")
@@ -548,8 +554,8 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
     if not d.findings:
         d.notes.append("no out-of-memory cause found in these inputs")
     elif snapshot is None and any(f.kind == "fragmentation" for f in d.findings):
-        d.notes.append("to check a fix with the simulator, record a snapshot (torch.cuda.memory._record_memory_history("
-                       "max_entries=200000, context=None) ... _dump_snapshot()) and pass it too")
+        d.notes.append("to check a fix with the simulator, record a snapshot and pass it too: run the job under "
+                       "`labkit watch -- ...` (or `with labkit.allocator.watch(): ...`), which captures it at the OOM")
     return d
 
 

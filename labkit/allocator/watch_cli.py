@@ -103,6 +103,8 @@ def run_watch(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise LabkitError("watch: give the command to run after --, e.g. labkit watch -- python train.py")
+    if not str(args.out).strip():
+        raise LabkitError("--out is empty: give the folder for the run folders (default ./labkit-watch)")
     if args.max_entries is not None and args.max_entries < 1000:
         raise LabkitError(f"--max-entries must be at least 1000, got {args.max_entries}")
     if not _gpu_available():

@@ -27,9 +27,11 @@ def test_children_run_at_smoke_sizes_on_the_cpu(tmp_path, capsys):
         assert mod.main(base + ["--child", "case", "--case", case]) == 0
         r = json.loads((tmp_path / f"{case}.result.json").read_text())
         assert r["cuda"] is False and r["oom"] is False and r["capture_folder"] is None
-    assert mod.main(base + ["--child", "overhead", "--mode", "trace"]) == 0
-    r = json.loads((tmp_path / "overhead_trace_0.result.json").read_text())
-    assert len(r["step_s"]) == 3 and r["median_step_s"] > 0
+    assert mod.main(base + ["--child", "overhead"]) == 0
+    r = json.loads((tmp_path / "overhead_0.result.json").read_text())
+    assert [b["mode"] for b in r["blocks"]] == ["none", "trace", "stats", "stacks"]
+    summ = mod._overhead_summary([r])
+    assert summ["none"]["overhead_pct"] == 0 and len(summ["trace"]["paired_change_pct"]) == 1
     assert "no CUDA GPU here" in capsys.readouterr().err
     # what the parent makes of a case without CUDA: recorded as such, with provenance
     d = mod._pack_case(None, tmp_path, tmp_path, "leak", json.loads((tmp_path / "leak.result.json").read_text()), False)

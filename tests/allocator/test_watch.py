@@ -248,6 +248,8 @@ def test_cli_without_a_gpu_runs_the_command_and_says_so(tmp_path, capfd):
     assert err == ["labkit watch: no CUDA GPU here: running the command without watching (watch is a no-op)"]
     assert main(["watch"]) == 2
     assert "give the command to run after --" in capfd.readouterr().err
+    assert main(["watch", "--out", "", "--", "true"]) == 2
+    assert "--out is empty" in capfd.readouterr().err
 
 
 def test_watch_refuses_bad_settings():
