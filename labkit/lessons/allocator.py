@@ -360,3 +360,11 @@ def imbalance(meas_dir: str | Path | None = None) -> Section:
     if doc is None:
         sec.note(f"Not recorded here: exp__imbalance.json (it needs 2 GPUs; {RECORD_HINT}); the doctor reads a sample.")
     return sec
+
+
+def captured_oom(case: str = "fragmentation"):
+    """An OOM caught where it happened by ``labkit.allocator.watch`` on the H200 (recorded): the
+    capture, the doctor's verdict checked by the simulator, and how to use watch on your server."""
+    from labkit.allocator.sections import watch_section
+
+    return watch_section(case=case)

@@ -104,3 +104,12 @@ def test_imbalance_from_a_written_recording(tmp_path):
     sec = lesson.imbalance(tmp_path)
     assert sec.source.startswith("recorded") and not sec.notes and sec.rows[0][0] == "imbalance"
     json.dumps(sec.rows, default=str)
+
+
+def test_captured_oom_shows_the_recorded_watch_capture_with_its_verdict():
+    from labkit.lessons import allocator as lesson
+
+    sec = lesson.captured_oom("fragmentation")
+    text = sec.html()
+    assert "fragmentation" in text.lower() and "expandable_segments" in text
+    sec.record()
