@@ -132,15 +132,14 @@ STEP_TIME_CASES = ("opt-b4-bf16", "gpt-neox-b4-bf16", "gpt2-b8-amp-bf16", "llama
 
 def step_time_validation(smoke: bool) -> Section:
     """Re-predict recorded H200 steps op by op here (fake mode) and compare (a progress bar: ~10 s a case)."""
-    from tqdm.auto import tqdm
-
     from labkit.advise import validate
     from labkit.core.errors import LabkitError
+    from labkit.viz.display import progress
 
     try:
         rec = validate.recorded_step_times()
     except LabkitError as exc:
         return step_time_check([]).note(str(exc))
     names = [n for n in STEP_TIME_CASES if n in rec][: 2 if smoke else None]
-    checks = [c for n in tqdm(names, desc="predicting recorded steps") for c in validate.check([n])]
+    checks = [c for n in progress(names, "predicting recorded steps") for c in validate.check([n])]
     return step_time_check(checks)
