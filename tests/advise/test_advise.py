@@ -126,3 +126,17 @@ def test_hf_config_mapping_matches_the_presets():
         spec_from_hf_config({"model_type": "mixtral", "num_local_experts": 8, "num_hidden_layers": 2})
     with pytest.raises(LabkitError, match="num_hidden_layers"):
         spec_from_hf_config({"model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": "two"})
+
+
+@pytest.mark.parametrize("name", ["opt-b4-bf16", "gpt-neox-b4-bf16", "opt-b4-fp32", "qwen2-b4-fp32"])
+def test_step_time_op_by_op_against_the_h200_plain_loops(name):
+    """Advise's single-GPU step time (fake-mode run priced op by op with the H200's measured matmul
+    rates, copy bandwidth and eager-op cost; nothing fitted) against the recorded plain loop. Two
+    reference and two held-out cases cheap enough for CI; on the whole recorded corpus the median
+    error is 15.6% (reference) and 23.1% (held-out): the 20% held-out target is not met yet
+    (benchmarks/bench_advise.py --validate prints every case)."""
+    from labkit.advise.validate import check
+
+    (c,) = check([name])
+    assert c.split in ("reference", "held-out")
+    assert abs(c.rel_error) < 0.20, f"{name}: predicted {c.predicted_s * 1e3:.1f} ms vs {c.measured_s * 1e3:.1f} ms"
