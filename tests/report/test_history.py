@@ -11,16 +11,9 @@ from labkit.report import compare, history
 from labkit.report.runner import run_report
 
 
-def _notebook(path, body, params="smoke: bool = False\nscale: float = 1.0"):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, str(path))
-
-
 @pytest.fixture
-def nbdir(tmp_path):
+def nbdir(tmp_path, notebook_writer):
+    _notebook = notebook_writer
     d = tmp_path / "notebooks"
     d.mkdir()
     # 'speed' reads an environment variable, so a test can induce a regression without changing parameters

@@ -1,9 +1,7 @@
 """The report runner on small throwaway notebooks: passing, failing, bad input, comparison."""
 
 import json
-from pathlib import Path
 
-import nbformat
 import pytest
 
 from labkit.core import LabkitError
@@ -11,16 +9,9 @@ from labkit.report import runner
 from labkit.report.runner import run_report
 
 
-def _notebook(path: Path, body: str, params: str = "smoke: bool = False\nscale: float = 1.0") -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, str(path))
-
-
 @pytest.fixture
-def nbdir(tmp_path):
+def nbdir(tmp_path, notebook_writer):
+    _notebook = notebook_writer
     d = tmp_path / "notebooks"
     d.mkdir()
     _notebook(d / "a_ok.ipynb", "from labkit.report import record\n"
