@@ -102,8 +102,6 @@ def _part(name: str, fn, deadline: float) -> None:
 
 def worker(ctx, out: str, p: dict, prov: dict, deadline: float) -> None:
     """Every multi-process part, in one process group (rank 0 writes the files)."""
-    import torch
-
     from labkit.comm import bench, ddp, levers, overhead, timeline
     from labkit.comm.nominal import PUBLISHED_ALLREDUCE_BUSBW_GBps, nominal_nvlink
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from labkit.advise.cluster import Machine, resolve
 from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
-from labkit.advise.settings import ALLOC_CANDIDATES, AllocChoice, BucketChoice, choose_alloc_conf, choose_buckets
+from labkit.advise.settings import ALLOC_CANDIDATES, BucketChoice, choose_alloc_conf, choose_buckets
 from labkit.advise.steptime import achievable_flops
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes

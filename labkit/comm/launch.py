@@ -114,7 +114,6 @@ def _spawned(local_rank: int, fn: Callable, backend: str, world: int, port: int,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(world))
     import torch
-    import torch.distributed as dist
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -171,8 +170,6 @@ def run_ranks(fn: Callable[..., Any], *args: Any, backend: str = "gloo", world: 
     waiting for a peer that never comes fails instead of hanging.
     """
     if under_torchrun():
-        import torch.distributed as dist
-
         env = os.environ
         world_env, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
         check_backend(backend, 1)

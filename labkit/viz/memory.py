@@ -72,7 +72,7 @@ def model_vs_measured(labels: Sequence[str], model_bytes: Sequence[int], measure
                       title: str, source: str, width: int = 760, height: int | None = None):
     """Paired horizontal bars: the model's peak beside the measured one (GiB), the relative error in the
     hover. Horizontal, so that long case names read across and never overlap."""
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Legend, LegendItem, Title
+    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Title
     from bokeh.plotting import figure
 
     ys, vals, errs, kinds = [], [], [], []

@@ -47,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal
-from labkit.memory.trace.sdpa import SdpaTarget, parse_version, run_sdpa, select_backend
+from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
 MiB = 1 << 20
 

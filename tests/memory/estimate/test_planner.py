@@ -8,7 +8,7 @@ import pytest
 
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB
-from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
+from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
 from labkit.memory.estimate.planner import (Cluster, LinkSpec, cluster_from_topology, explain, h100_cluster, plan, step_time,
                                    training_flops_per_token, uniform_cluster)
 from labkit.memory.estimate.presets import get_preset
