@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,8 @@ def run_watch(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise LabkitError("watch: give the command to run after --, e.g. labkit watch -- python train.py")
+    if shutil.which(cmd[0]) is None:
+        raise LabkitError(f"watch: command {cmd[0]!r} not found or not executable")
     if not str(args.out).strip():
         raise LabkitError("--out is empty: give the folder for the run folders (default ./labkit-watch)")
     if args.max_entries is not None and args.max_entries < 1000:
