@@ -179,3 +179,16 @@ def test_chapters_use_subsets_of_the_one_vocabulary():
     assert set(totals.CATEGORIES) < set(CATEGORIES) and set(storage.CATEGORIES) < set(CATEGORIES)
     assert set(phases.PROFILER_CATEGORIES) - set(CATEGORIES) == {"autograd_detail", "unknown"}  # torch's own
     assert set(totals.PHASES) < set(PHASES) and set(STEP_OPTIMIZERS) < set(OPTIMIZERS)
+
+
+def test_measure_model_is_a_named_workload_and_the_old_spellings_still_work(run_cli):
+    """`--model NAME` names a workload in measure as in estimate; `--workload NAME`, `--model gpt` and
+    `--model hf-gpt2` keep working with one deprecation line each."""
+    new = run_cli("measure", "--model", "tiny", "--steps", "1", "--json")
+    old = run_cli("measure", "--workload", "tiny", "--steps", "1", "--json")
+    assert new.returncode == old.returncode == 0
+    assert json.loads(new.stdout)["peak_bytes"] == json.loads(old.stdout)["peak_bytes"]
+    assert "--workload is deprecated: use --model NAME" in old.stderr and new.stderr.strip() == ""
+    gpt = run_cli("measure", "--model", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "16",
+                  "--vocab", "64", "--steps", "1", "--json")
+    assert gpt.returncode == 0 and "--model gpt is deprecated" in gpt.stderr

@@ -24,15 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "measure", help="peak memory of training steps of a model, per phase and category (GPU, CPU or fake GPU)",
         description="Run training steps of a model under the memory tracer and report the steady-state peak, per "
-                    "phase and per category. The model: the lab's reference GPT (--model gpt, --workload), a "
+                    "phase and per category. The model: the lab's reference GPT (the default; --model NAME for a "
+                    "named reference workload), a "
                     "Hugging Face model built from its configuration without weights (--hf-config), or your "
                     "own code (--factory). --device fake-cuda (the default) predicts an H200's allocations "
                     "without a GPU; a model fake mode cannot run is refused with the op and module named.")
     m = p.add_argument_group("model")
-    m.add_argument("--model", choices=("gpt", "hf-gpt2"), default=None,
-                   help="gpt: labkit's reference GPT (the default); hf-gpt2: the same as --hf-config gpt2")
-    m.add_argument("--workload", help="a named reference workload (labkit.workloads.REFERENCE_WORKLOADS); "
-                                      "other size flags override it")
+    m.add_argument("--model", metavar="NAME", default=None,
+                   help="a named reference workload of the lab's GPT (labkit.workloads.REFERENCE_WORKLOADS, e.g. "
+                        "gpt2-124m, tiny); size flags override it. Default: the lab's GPT at a small size")
+    m.add_argument("--workload", help=argparse.SUPPRESS)                  # deprecated: --model NAME
     m.add_argument("--hf-config", metavar="PATH_OR_MODEL_TYPE",
                    help="a local config.json (or its folder) or a transformers model type (llama, mistral, bert, "
                         "t5, vit, ...): the model built from it, no weights (needs labkit[hf])")
@@ -81,10 +82,19 @@ def _deprecated(args: argparse.Namespace) -> None:
         print("labkit measure: --batch is deprecated: use --micro-batch", file=sys.stderr)
         if args.micro_batch is None:
             args.micro_batch = args.batch
+    if args.workload is not None:
+        print("labkit measure: --workload is deprecated: use --model NAME", file=sys.stderr)
+        args.model = args.model or args.workload
     if args.model == "hf-gpt2":
         print("labkit measure: --model hf-gpt2 is deprecated: use --hf-config gpt2", file=sys.stderr)
         if args.hf_config is None:
             args.hf_config = "gpt2"
+        args.model = None
+    elif args.model == "gpt":
+        print("labkit measure: --model gpt is deprecated: the lab's GPT is the default (--model NAME names one "
+              "of its workloads)", file=sys.stderr)
+        args.model = None
+    args.workload = args.model   # below, the named workload (one name per concept: --model, as in estimate)
     args.recompute = args.recompute or "none"
 
 
@@ -132,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     _quiet_transformers()
     _positive(args, "layers", "hidden", "heads", "vocab", "micro-batch", "seq", "image-size")
     sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
-                           args.workload and "--workload") if x]
+                           args.workload and "--model") if x]
     if len(sources) > 1:
         raise LabkitError(f"give one model: {' and '.join(sources)} both given")
     if args.lora and not args.hf_config:

@@ -65,7 +65,7 @@ def test_profiler_memory_timeline_export(tmp_path):
 
 
 def test_measure_cli_json(run_cli):
-    r = run_cli("measure", "--workload", "tiny", "--device", "fake-cuda", "--precision", "amp-bf16",
+    r = run_cli("measure", "--model", "tiny", "--device", "fake-cuda", "--precision", "amp-bf16",
                 "--checkpointing", "full", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -80,7 +80,7 @@ def test_measure_cli_table_and_errors(run_cli):
                 "--batch", "2", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "peak" in r.stdout and "measured on this CPU" in r.stdout and "backward" in r.stdout
-    bad = run_cli("measure", "--workload", "tiny", "--checkpointing", "every-0")
+    bad = run_cli("measure", "--model", "tiny", "--checkpointing", "every-0")
     assert bad.returncode == 2 and "checkpointing" in bad.stderr
     bad = run_cli("measure", "--hidden", "30", "--heads", "4")
     assert bad.returncode == 2 and "divisible" in bad.stderr
