@@ -1,7 +1,7 @@
 """Reference workloads: a small GPT and the training-step harness.
 
 Hugging Face models (``HFGPT2Spec``, ``hf_gpt2_factory``, ``hf_lm_batch``) need the optional extra
-``labkit[hf]`` (``transformers``), imported only when those functions are called.
+``transformers`` (a dependency of labkit), imported only when those functions are called.
 """
 
 from labkit.workloads.gpt import GPT, GPTConfig

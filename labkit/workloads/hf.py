@@ -1,6 +1,6 @@
 """Hugging Face ``transformers`` models built from a configuration (no weights are downloaded).
 
-``transformers`` is an optional extra (``pip install labkit[hf]``); it is imported only here,
+``transformers`` is a dependency of labkit (also ``pip install labkit[hf]``); it is imported only here,
 and only when a function is called.
 """
 
@@ -58,7 +58,7 @@ def require_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise LabkitError("Hugging Face models need the optional extra: pip install 'labkit[hf]' "
+        raise LabkitError("Hugging Face models need transformers: pip install 'labkit[hf]' "
                           "(the transformers package)") from None
     return transformers
 

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--workload", help=argparse.SUPPRESS)                  # deprecated: --model NAME
     m.add_argument("--hf-config", metavar="PATH_OR_MODEL_TYPE",
                    help="a local config.json (or its folder) or a transformers model type (llama, mistral, bert, "
-                        "t5, vit, ...): the model built from it, no weights (needs labkit[hf])")
+                        "t5, vit, ...): the model built from it, no weights (transformers)")
     m.add_argument("--factory", metavar="MODULE:FUNCTION",
                    help="your own code: FUNCTION() in MODULE (importable from here) returns the nn.Module")
     m.add_argument("--task", choices=TASKS, help="what the batch and the loss are (default: from the config; "
