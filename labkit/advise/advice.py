@@ -239,6 +239,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                  "model: labkit.memory.estimate.planner"),
     ]
     reserved = est.peak_reserved
+    step_time = best.step_time_s
     alloc = choose_alloc_conf(None)
     want_trace = trace if trace is not None else bool(model.hf_config)
     if want_trace:
@@ -251,6 +252,14 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
             evidence.append(Evidence("estimator for the same unsharded step", fmt_bytes(one.peak_allocated),
                                      f"({(one.peak_allocated / rep.peak_bytes - 1) * 100:+.1f}% vs the trace)",
                                      "model: labkit.memory.estimate"))
+            rl = getattr(rep, "roofline", None)
+            if rl:
+                single = best.tp * best.pp * best.dp == 1 and best.micro_batches == 1
+                evidence.append(Evidence("op-by-op step time of that unsharded step on the target GPU",
+                                         round(rl["step_s"] * 1e3, 1), "ms", f"model: {rl['source']}"
+                                         + ("; used as the step time" if single else "")))
+                if single:
+                    step_time = rl["step_s"]
             picked = alloc.replay.get(alloc.conf) if alloc.replay else None
             if picked and picked.get("peak_allocated"):
                 ratio = picked["reserved_peak"] / picked["peak_allocated"]
@@ -270,8 +279,9 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
         env["PYTORCH_ALLOC_CONF"] = alloc.conf
     why_not = []
     for c in ranked[1:4]:
-        why_not.append(f"{c.label}: {c.step_time_s * 1e3:.1f} ms/step, {(c.step_time_s / best.step_time_s - 1) * 100:+.1f}%"
-                       f" slower (time), {fmt_bytes(c.total_bytes)} per GPU")
+        why_not.append(f"{c.label}: {(c.step_time_s / best.step_time_s - 1) * 100:+.1f}% step time by the FLOPs "
+                       f"model ({c.step_time_s * 1e3:.1f} vs {best.step_time_s * 1e3:.1f} ms), "
+                       f"{fmt_bytes(c.total_bytes)} per GPU")
     for cls, n in sorted(rejected.items(), key=lambda kv: -kv[1]):
         ex = examples[cls]
         why_not.append(f"rejected {n} x {cls} (memory or shape); nearest: {ex.label}: {ex.reason}")
@@ -280,7 +290,8 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
            "fsdp": best.zero == 3}
     runners = [{"label": c.label, "step_time_s": c.step_time_s, "total_bytes": c.total_bytes} for c in ranked[1:4]]
     return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, est.peak_allocated, reserved,
-                  est.total, usable, best.step_time_s, best.tokens_per_s, runners, why_not, placement, alloc.conf,
+                  est.total, usable, step_time, job.global_batch * job.seq / step_time, runners, why_not, placement,
+                  alloc.conf,
                   buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best, env), env, evidence,
                   notes=notes)
 
@@ -293,6 +304,10 @@ def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: li
     lay = Lay(1, 1, machine.gpus, mb, job.recompute or "none", 0)
     rep = _trace(model, job, lay)
     usable = int(machine.gpu_memory_bytes * (1 - machine.margin))
+    step = rep.roofline["step_s"] if getattr(rep, "roofline", None) else None
+    if step:
+        evidence.append(Evidence("op-by-op step time of one micro-batch on the target GPU", round(step * 1e3, 1), "ms",
+                                 f"model: {rep.roofline['source']}"))
     alloc = choose_alloc_conf(rep.reserved_by_conf)
     picked = alloc.replay.get(alloc.conf, {})
     reserved = picked.get("reserved_peak", rep.reserved_bytes)
@@ -303,13 +318,14 @@ def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: li
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(min(machine.gpus_per_node, machine.gpus)))}
     if alloc.conf:
         env["PYTORCH_ALLOC_CONF"] = alloc.conf
-    notes.append("a factory model has no dimensions for the TP/PP search: data parallelism only, step time not "
-                 "predicted (give --hf-config or a preset for the full search)")
+    notes.append("a factory model has no dimensions for the TP/PP search: data parallelism only; the step time "
+                 "is one micro-batch's, priced op by op (give --hf-config or a preset for the full search)")
     return Advice(model.factory or "factory", machine.name, machine.gpus, machine.nodes, fits,
                   {"tp": 1, "pp": 1, "dp": machine.gpus, "zero": 0, "micro_batch": mb,
                    "micro_batches": job.global_batch // (mb * machine.gpus) if job.global_batch % (mb * machine.gpus) == 0 else None,
                    "recompute": lay.recompute, "sp": False, "fsdp": False},
-                  rep.peak_bytes, reserved, None, usable, None, None, [], [] if fits else
+                  rep.peak_bytes, reserved, None, usable, step, (mb * job.seq / step) if step else None, [],
+                  [] if fits else
                   [f"the traced step needs {fmt_bytes(rep.peak_bytes)} > {fmt_bytes(usable)} usable"],
                   {"cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"], "verdict": "data parallel: any order"},
                   alloc.conf, None, True, _command(machine, lay, env), env, evidence, notes=notes)

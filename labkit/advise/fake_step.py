@@ -43,6 +43,7 @@ def hf_causal_lm_factory(cfg: dict[str, Any], layers: int | None = None, hidden:
 
 
 def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
+    """The fake-mode report of one unsharded step, with ``.roofline``: that step priced op by op."""
     from labkit.memory.trace.step import measure_step
     from labkit.workloads.hf import hf_lm_batch
 
@@ -52,7 +53,12 @@ def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tup
         build, vocab = hf_causal_lm_factory(load_hf_config(model.hf_config), model.layers, model.hidden)
     else:
         build, vocab = _factory(model.factory), 32000
+    from labkit.advise.roofline import Roofline
+
     precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"
     batch = hf_lm_batch(vocab, micro_batch, job.seq)
-    return measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
-                        device="fake-cuda", steps=2, alloc_confs=alloc_confs)
+    roofline = Roofline()
+    rep = measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
+                       device="fake-cuda", steps=2, alloc_confs=alloc_confs, observers=(roofline,))
+    rep.roofline = roofline.describe()
+    return rep

@@ -1,0 +1,82 @@
+"""Speed targets and the step-time check of `labkit advise` (issue 13).
+
+    .venv/bin/python benchmarks/bench_advise.py              # speed: 70B on 64 GPUs (< 2 s), 7B HF config
+                                                             # on 8 GPUs with the fake-mode trace (< 90 s)
+    .venv/bin/python benchmarks/bench_advise.py --validate   # predicted vs recorded H200 step times
+
+Medians of --repeats runs, in one process, after a reproducibility header.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from labkit.core.provenance import format_header, header
+
+LLAMA_7B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+            "max_position_embeddings": 4096}
+
+
+def _time(fn, repeats: int) -> tuple[float, object]:
+    ts, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), out
+
+
+def speed(repeats: int) -> int:
+    import json
+    import tempfile
+
+    from labkit.advise import Job, MachineSource, ModelSource, advise
+
+    ok = True
+    t, adv = _time(lambda: advise(ModelSource(preset="llama2-70b"), Job(seq=4096, global_batch=512),
+                                  MachineSource(gpus=64, gpu_memory_bytes=80 * 2**30), trace=False), repeats)
+    print(f"70B (llama2-70b) on 64 x 80 GiB, seq 4096, global batch 512: median {t:.2f} s (target 2 s); "
+          f"advice {adv.layout}")
+    ok &= t < 2.0
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(LLAMA_7B, f)
+    t, adv = _time(lambda: advise(ModelSource(hf_config=f.name), Job(seq=4096, global_batch=64, micro_batch=1,
+                                                                   precision="bf16"),
+                                  MachineSource(sample="h100_nv18_8gpu_dual_numa", gpu_memory_bytes=80 * 2**30),
+                                  trace=True), max(1, repeats // 3))
+    print(f"7B HF config on 8 GPUs with the fake-mode trace, seq 4096: median {t:.1f} s (target 90 s); "
+          f"alloc_conf {adv.alloc_conf!r}")
+    ok &= t < 90.0
+    return 0 if ok else 1
+
+
+def validate() -> int:
+    from labkit.advise.validate import check
+
+    rows = check()
+    print(f"{'case':34s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s}")
+    for r in rows:
+        print(f"{r.name:34s} {r.split:9s} {r.measured_s * 1e3:8.1f} {r.predicted_s * 1e3:8.1f} {r.rel_error * 100:+6.1f}%")
+    for split in ("reference", "held-out"):
+        e = [abs(r.rel_error) for r in rows if r.split == split]
+        if e:
+            print(f"{split}: {len(e)} cases, median |error| {statistics.median(e) * 100:.1f}%, worst {max(e) * 100:.1f}%, "
+                  f"within 20%: {sum(x <= 0.2 for x in e)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--validate", action="store_true")
+    args = ap.parse_args(argv)
+    print(format_header(header()), flush=True)
+    return validate() if args.validate else speed(args.repeats)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
