@@ -133,7 +133,7 @@ def test_step_time_op_by_op_against_the_h200_plain_loops(name):
     """Advise's single-GPU step time (fake-mode run priced op by op with the H200's measured matmul
     rates, copy bandwidth and eager-op cost; nothing fitted) against the recorded plain loop. Two
     reference and two held-out cases cheap enough for CI; on the whole recorded corpus the median
-    error is 15.6% (reference) and 23.1% (held-out): the 20% held-out target is not met yet
+    error is 14.7% (reference) and 21.3% (held-out): the 20% held-out target is not met yet
     (benchmarks/bench_advise.py --validate prints every case)."""
     from labkit.advise.validate import check
 
