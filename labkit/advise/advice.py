@@ -75,9 +75,11 @@ class Advice:
         out += [
             f"layout: tp={lay['tp']}{'+SP' if lay['sp'] else ''} pp={lay['pp']} dp={lay['dp']} ZeRO-{lay['zero']} "
             f"micro-batch {lay['micro_batch']} x {lay['micro_batches']} recompute={lay['recompute']}",
-            f"per-GPU peak: {fmt_bytes(self.peak_bytes)} allocated, {fmt_bytes(self.reserved_peak_bytes)} reserved, "
-            f"{fmt_bytes(self.total_bytes)} with context and NCCL (usable {fmt_bytes(self.usable_bytes)})",
-            f"step time: {self.step_time_s * 1e3:.1f} ms ({self.tokens_per_s:,.0f} tokens/s)",
+            f"per-GPU peak: {fmt_bytes(self.peak_bytes)} allocated, {fmt_bytes(self.reserved_peak_bytes)} reserved"
+            + (f", {fmt_bytes(self.total_bytes)} with context and NCCL" if self.total_bytes else "")
+            + f" (usable {fmt_bytes(self.usable_bytes)})",
+            (f"step time: {self.step_time_s * 1e3:.1f} ms ({self.tokens_per_s:,.0f} tokens/s)" if self.step_time_s
+             else "step time: not predicted"),
             f"placement: CUDA_VISIBLE_DEVICES={self.placement.get('cuda_visible_devices')}; "
             f"{self.placement.get('verdict', '')}",
             f"allocator: PYTORCH_ALLOC_CONF={self.alloc_conf or '(default)'}",
@@ -185,16 +187,15 @@ def _naive_and_placement(machine: Machine, lay) -> dict[str, Any]:
             "weakest_tp_link": pl.weakest_tp_link, "source": pl.source}
 
 
-def _trace(model: ModelSource, job: Job, lay) -> Any:
+def _trace(model: ModelSource, job: Job, micro_batch: int, recompute: str) -> Any:
     """The fake-mode trace of one unsharded step of the user's model (what `labkit measure` runs)."""
     from labkit.advise.fake_step import trace_step
 
-    return trace_step(model, job, micro_batch=lay.micro_batch if lay else (job.micro_batch or 1),
-                      recompute=lay.recompute if lay else (job.recompute or "none"), alloc_confs=ALLOC_CANDIDATES)
+    return trace_step(model, job, micro_batch=micro_batch, recompute=recompute, alloc_confs=ALLOC_CANDIDATES)
 
 
-def _command(machine: Machine, lay, env: dict[str, str]) -> str:
-    per_node = min(machine.gpus_per_node, lay.tp * lay.pp * lay.dp)
+def _command(machine: Machine, ranks: int, env: dict[str, str]) -> str:
+    per_node = min(machine.gpus_per_node, ranks)
     envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     if machine.nodes > 1:
         run = (f"torchrun --nnodes {machine.nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
@@ -243,7 +244,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
     alloc = choose_alloc_conf(None)
     want_trace = trace if trace is not None else bool(model.hf_config)
     if want_trace:
-        rep = _trace(model, job, best)
+        rep = _trace(model, job, best.micro_batch, best.recompute)
         if rep is not None:
             alloc = choose_alloc_conf(getattr(rep, "reserved_by_conf", None))
             evidence.append(Evidence("fake-mode peak of one unsharded step (tp=pp=dp=1)", fmt_bytes(rep.peak_bytes), "",
@@ -292,7 +293,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
     return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, est.peak_allocated, reserved,
                   est.total, usable, step_time, job.global_batch * job.seq / step_time, runners, why_not, placement,
                   alloc.conf,
-                  buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best, env), env, evidence,
+                  buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best.tp * best.pp * best.dp, env), env, evidence,
                   notes=notes)
 
 
@@ -300,9 +301,8 @@ def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: li
     """A user's own nn.Module: no dimensions to plan TP/PP with, so data parallelism (one replica per
     GPU) with the traced per-GPU peak; the micro-batch is the one given (or 1)."""
     mb = job.micro_batch or 1
-    Lay = dataclasses.make_dataclass("Lay", ["tp", "pp", "dp", "micro_batch", "recompute", "zero"])
-    lay = Lay(1, 1, machine.gpus, mb, job.recompute or "none", 0)
-    rep = _trace(model, job, lay)
+    recompute = job.recompute or "none"
+    rep = _trace(model, job, mb, recompute)
     usable = int(machine.gpu_memory_bytes * (1 - machine.margin))
     step = rep.roofline["step_s"] if getattr(rep, "roofline", None) else None
     if step:
@@ -323,12 +323,12 @@ def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: li
     return Advice(model.factory or "factory", machine.name, machine.gpus, machine.nodes, fits,
                   {"tp": 1, "pp": 1, "dp": machine.gpus, "zero": 0, "micro_batch": mb,
                    "micro_batches": job.global_batch // (mb * machine.gpus) if job.global_batch % (mb * machine.gpus) == 0 else None,
-                   "recompute": lay.recompute, "sp": False, "fsdp": False},
+                   "recompute": recompute, "sp": False, "fsdp": False},
                   rep.peak_bytes, reserved, None, usable, step, (mb * job.seq / step) if step else None, [],
                   [] if fits else
                   [f"the traced step needs {fmt_bytes(rep.peak_bytes)} > {fmt_bytes(usable)} usable"],
                   {"cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"], "verdict": "data parallel: any order"},
-                  alloc.conf, None, True, _command(machine, lay, env), env, evidence, notes=notes)
+                  alloc.conf, None, True, _command(machine, machine.gpus, env), env, evidence, notes=notes)
 
 
 def ensure_valid(*, model: ModelSource, job: Job, machine: MachineSource) -> None:

@@ -4,21 +4,9 @@ the candidate allocator settings."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from labkit.core.errors import LabkitError
-
-
-def _factory(source: str):
-    mod, _, fn = source.partition(":")
-    try:
-        f = getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as exc:
-        raise LabkitError(f"--factory {source}: cannot import it ({exc})") from None
-    if not callable(f):
-        raise LabkitError(f"--factory {source}: {fn} is not callable")
-    return f
 
 
 def hf_causal_lm_factory(cfg: dict[str, Any], layers: int | None = None, hidden: int | None = None):
@@ -45,6 +33,7 @@ def hf_causal_lm_factory(cfg: dict[str, Any], layers: int | None = None, hidden:
 def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
     """The fake-mode report of one unsharded step, with ``.roofline``: that step priced op by op."""
     from labkit.memory.trace.step import measure_step
+    from labkit.workloads.user_model import load_factory
     from labkit.workloads.hf import hf_lm_batch
 
     if model.hf_config:
@@ -52,7 +41,7 @@ def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tup
 
         build, vocab = hf_causal_lm_factory(load_hf_config(model.hf_config), model.layers, model.hidden)
     else:
-        build, vocab = _factory(model.factory), 32000
+        build, vocab = load_factory(model.factory), 32000
     from labkit.advise.roofline import Roofline
 
     precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"

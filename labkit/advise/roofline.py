@@ -41,14 +41,12 @@ class OpTimes:
 
 @dataclass
 class Roofline:
-    """An observer for ``measure_step(observers=...)``: prices each op of the last step."""
+    """An observer for ``measure_step(observers=...)``: prices each op of the last step (a step
+    begins where the phase turns back to forward; the timelines start again there)."""
 
-    steps: int = 2                        # the tracker's steps; the last one is priced
     per_phase: dict[str, OpTimes] = field(default_factory=dict)
     _gpu_free: float = 0.0
     _host: float = 0.0
-    _step_start: tuple[float, float] | None = None
-    _seen_steps: int = 0
     _last_phase: str | None = None
 
     def __post_init__(self) -> None:
@@ -59,11 +57,8 @@ class Roofline:
 
     def __call__(self, func, args, kwargs, out, phase: str) -> None:
         if phase == "forward" and self._last_phase not in (None, "forward"):
-            self._seen_steps += 1
             self.per_phase.clear()
             self._gpu_free = self._host = 0.0
-        if self._last_phase is None:
-            self._seen_steps = 1
         self._last_phase = phase
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
         t = self.per_phase.setdefault(phase, OpTimes())

@@ -99,6 +99,9 @@ def load_factory(spec: str) -> Callable[[], nn.Module]:
         raise LabkitError(f"--factory {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.models:build")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from labkit.workloads.vision import prepare_torchvision
+
+    prepare_torchvision()  # the user's module may import transformers (and so torchvision) itself
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:

@@ -140,3 +140,15 @@ def test_step_time_op_by_op_against_the_h200_plain_loops(name):
     (c,) = check([name])
     assert c.split in ("reference", "held-out")
     assert abs(c.rel_error) < 0.20, f"{name}: predicted {c.predicted_s * 1e3:.1f} ms vs {c.measured_s * 1e3:.1f} ms"
+
+
+def test_a_users_factory_is_traced_for_data_parallel_advice(tmp_path, monkeypatch, capsys):
+    (tmp_path / "userfac.py").write_text(
+        "def build():\n"
+        "    from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=32000, n_positions=64))\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["advise", "--factory", "userfac:build", "--seq", "32", "--micro-batch", "2", "--gpus", "2",
+                 "--gpu-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "layout: tp=1 pp=1 dp=2" in out and "fake-cuda" in out and "priced op by op" in out
