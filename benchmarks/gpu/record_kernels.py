@@ -281,6 +281,8 @@ def record_host(device: str, smoke: bool) -> dict[str, Any]:
     out["op_inplace_s"] = _wall_per_call(lambda: x.add_(1), n, cuda)
     out["op_alloc_s"] = _wall_per_call(lambda: x + 1, n, cuda)
     out["op_linear_s"] = _wall_per_call(lambda: F.linear(x, w), n, cuda)
+    out["view_s"] = _wall_per_call(lambda: x.view(-1), n, cuda)
+    out["empty_s"] = _wall_per_call(lambda: torch.empty(8, device=device), n, cuda)
 
     class Nop(torch.nn.Module):
         def forward(self, t):
