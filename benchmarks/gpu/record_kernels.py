@@ -20,9 +20,13 @@ many calls on tiny tensors, one synchronisation at the end.
 Then, for diagnosis only (nothing is taken from them): a few REFERENCE corpus steps under
 ``torch.profiler`` (kernel time by category against the step's wall time).
 
-Writes DIR/kernel_rates.json (``kernel_rates``), DIR/step_profiles.json (``step_profiles``), DIR/log.txt.
+Writes DIR/kernel_rates.json (``kernel_rates``), DIR/step_profiles.json (``step_profiles``), DIR/log.txt;
+with ``--only extra`` the second recording: GEMMs with a leading dimension not a multiple of 16 bytes,
+TensorIterator's slower paths (broadcast, cast, mixed dtypes, non-contiguous), softmax over a wide row,
+the bf16 grouped expert GEMM, cuDNN convolutions forward and backward, in DIR/kernel_rates_extra.json (and DIR/step_profiles_extra.json).
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_kernels.py --out DIR [--smoke] [--budget 270]
+    PYTHONPATH=. python3 benchmarks/gpu/record_kernels.py --out DIR [--smoke] [--budget 270] [--only base|extra]
+                                                          [--profile CASE,CASE]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import math
 import re
 import shlex
 import statistics
@@ -213,6 +218,143 @@ def record_adamw(timer: Timer, device: str, smoke: bool) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Second recording (--only extra): misaligned GEMMs, TensorIterator's slower paths, wide softmax,
+# the bf16 grouped GEMM
+
+MISALIGN = {"bf16": (1, 2, 4), "fp32": (1, 2)}        # elements added to one dimension: 2/4/8-byte alignment
+ALIGN_M, ALIGN_N, ALIGN_K = (256, 1024, 4096, 16384), (256, 1024, 4096, 16384, 65536), (256, 1024, 4096)
+
+
+def record_misaligned_gemms(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    """GEMMs whose leading dimension is not a multiple of 16 bytes (a vocabulary of 50257 or 30522):
+    the misaligned dimension is the one each layout of a linear layer's three GEMMs has misaligned
+    (nt: n, the output's columns; nn: k, the gradient's columns; tn: m, the transposed gradient's)."""
+    rows = []
+    grid = ((64,), (64, 128), (64,)) if smoke else (ALIGN_M, ALIGN_N, ALIGN_K)
+    for name, deltas in MISALIGN.items():
+        es = torch.empty((), dtype=DT[name]).element_size()
+        for layout, dim in (("nt", "n"), ("nn", "k"), ("tn", "m")):
+            for d in deltas[:1] if smoke else deltas:
+                for m, n, k in itertools.product(*grid):
+                    dims = {"m": m, "n": n, "k": k}
+                    dims[dim] += d
+                    flops = 2.0 * dims["m"] * dims["n"] * dims["k"]
+                    if flops > GEMM_MAX_FLOPS[name] and not smoke:
+                        continue
+                    a, b = operands(dims["m"], dims["n"], dims["k"], layout, DT[name], device)
+                    c = torch.empty(dims["m"], dims["n"], device=device, dtype=DT[name])
+                    r = timer(lambda: torch.mm(a, b, out=c))
+                    rows.append({"dtype": name, "layout": layout, "align_bytes": math.gcd(d * es, 16), **dims,
+                                 "flops": flops, **r})
+                    del a, b, c
+        log(f"misaligned gemm {name}: {sum(r['dtype'] == name for r in rows)} shapes")
+    return rows
+
+
+def _path_kernels(numel: int, dt: torch.dtype, device: str) -> dict[str, tuple[Callable[[], Any], int]]:
+    """TensorIterator's other paths (ATen/native/cuda/Loops.cuh): a broadcast operand, a type cast,
+    mixed input dtypes, a non-contiguous input; and softmax over a wide last dimension."""
+    es = torch.empty((), dtype=dt).element_size()
+    other = torch.float32 if dt != torch.float32 else torch.bfloat16
+    oes = torch.empty((), dtype=other).element_size()
+    cols = 1024 if numel >= 1024 else numel
+    x = torch.randn(numel, device=device, dtype=dt)
+    x2 = x.view(-1, cols)
+    w = torch.randn(cols, device=device, dtype=dt)
+    y_other = torch.randn(numel, device=device, dtype=other)
+    side = int(math.isqrt(numel))
+    sq = x[: side * side].view(side, side)
+    wide = 32768 if numel >= 32768 else numel
+    xw = x[: numel // wide * wide].view(-1, wide)
+    return {
+        "broadcast": (lambda: x2 * w, 2 * numel * es + cols * es),
+        "cast": (lambda: x.to(other), numel * (es + oes)),
+        "mixed": (lambda: x * y_other, numel * (es + oes + 4)),      # promoted to float32
+        "strided": (lambda: sq.t().contiguous(), 2 * side * side * es),
+        "softmax_wide": (lambda: torch.softmax(xw, dim=-1), 2 * xw.numel() * es),
+    }
+
+
+def record_memory_paths(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    rows = []
+    sizes = BYTES[:3] if smoke else BYTES
+    for name in ("fp32", "bf16"):
+        dt = DT[name]
+        es = torch.empty((), dtype=dt).element_size()
+        for nbytes in sizes:
+            numel = max(1024, nbytes // (3 * es)) // 1024 * 1024
+            for kind, (fn, moved) in _path_kernels(numel, dt, device).items():
+                r = timer(fn)
+                rows.append({"kind": kind, "dtype": name, "numel": numel, "bytes": moved, **r})
+            gc.collect()
+        log(f"memory-bound paths {name}: {len(rows)} rows")
+    return rows
+
+
+CONVS = (  # (name, N, C_in, H, C_out, kernel, stride, groups): layers of ResNet, ConvNeXt, EfficientNet, ViT
+    ("dense3x3", 32, 64, 56, 64, 3, 1, 1), ("dense3x3", 32, 128, 28, 128, 3, 1, 1),
+    ("dense3x3", 32, 256, 14, 256, 3, 1, 1), ("dense3x3", 32, 512, 7, 512, 3, 1, 1),
+    ("dense1x1", 32, 256, 56, 64, 1, 1, 1), ("dense1x1", 32, 64, 56, 256, 1, 1, 1),
+    ("dense1x1", 32, 1024, 14, 256, 1, 1, 1), ("dense1x1", 32, 512, 7, 2048, 1, 1, 1),
+    ("stem", 32, 3, 224, 64, 7, 2, 1), ("patch", 32, 3, 224, 768, 16, 16, 1),
+    ("depthwise", 32, 96, 56, 96, 7, 1, 96), ("depthwise", 32, 384, 14, 384, 7, 1, 384),
+    ("depthwise", 32, 96, 112, 96, 3, 1, 96), ("depthwise", 32, 240, 28, 240, 5, 1, 240),
+    ("depthwise", 32, 672, 14, 672, 5, 1, 672),
+)
+
+
+def record_convs(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    """cuDNN convolutions (NCHW, PyTorch's defaults: benchmark off, TF32 on for float32 convs),
+    forward and forward + backward, with their implicit-GEMM sizes and bytes."""
+    rows = []
+    for name, n, c, h, co, kk, st, g in (CONVS[:1] + CONVS[10:11] if smoke else CONVS):
+        if smoke:
+            n, h = 2, 16
+        for dname in ("fp32", "bf16"):
+            dt = DT[dname]
+            x = torch.randn(n, c, h, h, device=device, dtype=dt, requires_grad=True)
+            w = torch.randn(co, c // g, kk, kk, device=device, dtype=dt, requires_grad=True)
+            pad = kk // 2 if st == 1 else (3 if kk == 7 else 0)
+            y = F.conv2d(x, w, stride=st, padding=pad, groups=g)
+            go = torch.randn_like(y)
+            fwd = timer(lambda: F.conv2d(x, w, stride=st, padding=pad, groups=g), max_reps=50)
+            both = timer(lambda: torch.autograd.grad(F.conv2d(x, w, stride=st, padding=pad, groups=g), (x, w), go),
+                         max_reps=30)
+            m = n * y.shape[2] * y.shape[3]
+            kdim = (c // g) * kk * kk
+            es = x.element_size()
+            rows.append({"name": name, "dtype": dname, "n": n, "c_in": c, "h": h, "c_out": co, "kernel": kk, "stride": st,
+                         "groups": g, "m": m, "gemm_n": co, "gemm_k": kdim, "flops": 2.0 * m * co * kdim,
+                         "bytes": float((x.numel() + w.numel() + y.numel()) * es), "fwd_s": fwd["seconds"],
+                         "fwd_bwd_s": both["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
+            del x, w, y, go
+    log(f"convolutions: {len(rows)} rows")
+    return rows
+
+
+def record_grouped_mm(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    """torch._grouped_mm in bf16 (the CUTLASS grouped kernel on sm90): tokens split evenly over
+    ``groups`` experts, beside one dense GEMM of the same total shape."""
+    rows = []
+    if device != "cuda" or not hasattr(torch, "_grouped_mm"):
+        return rows
+    for groups, tokens, k, n in ((8, 8192, 1024, 3584), (8, 8192, 3584, 1024), (60, 8192, 1024, 1408),
+                                 (60, 8192, 1408, 1024), (8, 32768, 2048, 5632), (64, 16384, 2048, 1024),
+                                 (16, 4096, 1024, 2048)):
+        a = torch.randn(tokens, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(groups, n, k, device=device, dtype=torch.bfloat16).transpose(-2, -1)
+        offs = torch.arange(1, groups + 1, device=device, dtype=torch.int32) * (tokens // groups)
+        r = timer(lambda: torch._grouped_mm(a, b, offs=offs))
+        dense_a, dense_b = a, torch.randn(n, k, device=device, dtype=torch.bfloat16).t()
+        dense = timer(lambda: dense_a @ dense_b)
+        rows.append({"groups": groups, "m": tokens, "k": k, "n": n, "seconds": r["seconds"],
+                     "dense_seconds": dense["seconds"]})
+        del a, b, offs, dense_b
+    log(f"grouped mm: {len(rows)} rows")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
 # Attention
 
 
@@ -339,13 +481,13 @@ def kernel_class(name: str) -> str:
     return next((c for c, rx in KERNEL_CLASS if rx.search(name)), "other")
 
 
-def profile_cases(device: str, smoke: bool, deadline: float) -> list[dict]:
+def profile_cases(device: str, smoke: bool, deadline: float, names: tuple[str, ...] = PROFILE_CASES) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     from labkit.workloads.corpus import get_case, plain_step, prepare_plain
 
     rows = []
-    names = ("gpt2-b8-amp-bf16@tiny", "llama-gqa-b4-bf16@tiny") if smoke else PROFILE_CASES
+    names = tuple(f"{n}@tiny" for n in names[:2]) if smoke else names
     cuda = device == "cuda"
     for name in names:
         if time.perf_counter() > deadline:
@@ -353,6 +495,9 @@ def profile_cases(device: str, smoke: bool, deadline: float) -> list[dict]:
             break
         case = get_case(name)
         row: dict[str, Any] = {"name": name, "split": case.split}
+        if case.split != "reference":
+            log(f"profile {name}: not a reference case, skipped (held-out cases choose nothing)")
+            continue
         try:
             model, opt, batch = prepare_plain(case, device)
             walls = []
@@ -421,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a dry run of the script)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; the profiles stop once it is spent")
+    ap.add_argument("--only", choices=("base", "extra"), default="base",
+                    help="base: kernel_rates.json (GEMM grid, memory kernels, AdamW, SDPA, host); extra: "
+                         "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM)")
+    ap.add_argument("--profile", default=",".join(PROFILE_CASES), help="comma-separated reference cases to profile")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     cmd = "python3 benchmarks/gpu/record_kernels.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
@@ -431,27 +580,37 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(device)
     data: dict[str, Any] = {"device": device, "method": __doc__.split("\n\n")[2].replace("\n", " ").strip(),
                             "sleep_cycles_per_s": timer.cycles_per_s}
-    parts = (("host", lambda: record_host(device, args.smoke)),
-             ("gemm", lambda: record_gemms(timer, device, args.smoke)),
-             ("memory", lambda: record_memory(timer, device, args.smoke)),
-             ("adamw", lambda: record_adamw(timer, device, args.smoke)),
-             ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    if args.only == "base":
+        fname = "kernel_rates.json"
+        parts = (("host", lambda: record_host(device, args.smoke)),
+                 ("gemm", lambda: record_gemms(timer, device, args.smoke)),
+                 ("memory", lambda: record_memory(timer, device, args.smoke)),
+                 ("adamw", lambda: record_adamw(timer, device, args.smoke)),
+                 ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    else:
+        fname = "kernel_rates_extra.json"
+        parts = (("gemm_misaligned", lambda: record_misaligned_gemms(timer, device, args.smoke)),
+                 ("memory_paths", lambda: record_memory_paths(timer, device, args.smoke)),
+                 ("grouped_mm", lambda: record_grouped_mm(timer, device, args.smoke)),
+                 ("conv", lambda: record_convs(timer, device, args.smoke)))
     for key, fn in parts:
         try:
             data[key] = fn()
         except Exception as exc:  # noqa: BLE001 - a part that fails is recorded as failed, the rest still runs
             data[key + "_error"] = f"{type(exc).__name__}: {exc}"
             log(f"{key}: FAILED {data[key + '_error'][:300]}")
-        write_measurement(args.out / "kernel_rates.json", "kernel_rates", data, provenance=prov)
+        write_measurement(args.out / fname, "kernel_rates", data, provenance=prov)
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
-    log(f"wrote {args.out / 'kernel_rates.json'}")
-    profiles = profile_cases(device, args.smoke, T0 + args.budget)
-    write_measurement(args.out / "step_profiles.json", "step_profiles",
+    log(f"wrote {args.out / fname}")
+    names = tuple(n for n in args.profile.split(",") if n)
+    profiles = profile_cases(device, args.smoke, T0 + args.budget, names)
+    pname = "step_profiles.json" if args.only == "base" else "step_profiles_extra.json"
+    write_measurement(args.out / pname, "step_profiles",
                       {"note": "diagnosis only: reference corpus steps under torch.profiler; no constant is taken "
                                "from them", "cases": profiles}, provenance=prov)
-    log(f"wrote {args.out / 'step_profiles.json'}")
+    log(f"wrote {args.out / pname}")
     (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
     return 0
 

@@ -43,3 +43,18 @@ def test_profiled_kernels_are_classed_by_name():
     assert mod.kernel_class("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>") == "attention"
     assert mod.kernel_class("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamW>") == "optimizer"
     assert mod.kernel_class("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>") == "elementwise"
+
+
+def test_smoke_run_of_the_second_recording(tmp_path):
+    mod = _load()
+    assert mod.main(["--smoke", "--only", "extra", "--budget", "0", "--out", str(tmp_path)]) == 0
+    data = load_measurement(tmp_path / "kernel_rates_extra.json", "kernel_rates")["data"]
+    assert not [k for k in data if k.endswith("_error")], data
+    mis = data["gemm_misaligned"]
+    assert {r["layout"] for r in mis} == {"nt", "nn", "tn"}
+    assert {r["align_bytes"] for r in mis} == {2, 4}          # bf16 and fp32 one element off
+    assert all(r["flops"] == 2 * r["m"] * r["n"] * r["k"] for r in mis)
+    assert {r["kind"] for r in data["memory_paths"]} == {"broadcast", "cast", "mixed", "strided", "softmax_wide"}
+    assert data["grouped_mm"] == []                             # CUDA only
+    assert {r["name"] for r in data["conv"]} == {"dense3x3", "depthwise"}
+    assert all(r["fwd_s"] > 0 and r["fwd_bwd_s"] > 0 and r["flops"] > 0 for r in data["conv"])
