@@ -46,7 +46,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
-from labkit.memory.trace.fake_runtime import ModuleStack, refusal
+from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
 MiB = 1 << 20
@@ -152,6 +152,9 @@ class CudaAutocast(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
+        out = run_composite(self, func, args, kwargs)   # e.g. nn.MultiheadAttention's body: cast op by op
+        if out is not NotImplemented:
+            return out
         name = _op_name(func)
         if name in LOWER_PRECISION:
             c = self.state.cache
@@ -367,6 +370,9 @@ class CudaEmulator:
         """The op's result when fake mode must make it itself, else ``NotImplemented``."""
         if func is torch.ops.aten._local_scalar_dense.default:
             return self._scalar_read(args[0])
+        if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                                    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
+            return self._efficient_layout(func, args, kwargs, tracker)
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
             self.assume("MoE routing: the grouped expert matmul runs all tokens x top-k rows; its memory does not "
@@ -374,6 +380,35 @@ class CudaEmulator:
             if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
                 return _grouped_mm_fallback_output(func, args, kwargs)
         return NotImplemented
+
+    def _efficient_layout(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
+        """The mem-efficient kernel's outputs in the layout it allocates them (attention.cu
+        ``_efficient_attention_forward``: the output ``at::empty({B, M, num_heads, Kv})``;
+        attention_backward.cu ``_efficient_attention_backward``: ``grad_out_.contiguous()``, then
+        ``grad_q/k/v = at::empty(query.sizes())``, all in (batch, seq, heads, dim) order, transposed back to
+        (B, H, S, D)). The CPU kernel's meta function returns ``empty_like(query)`` instead: the same for
+        q/k/v laid out (B, S, H, D) as Hugging Face models make them, but ``nn.MultiheadAttention``'s
+        views of its (S, B, E) projection are laid out (S, B, H, D), and there the GPU's output needs the
+        copy that MHA's ``permute(...).contiguous()`` makes (kept by the output projection for backward),
+        its gradients a copy for each ``view`` back, and the backward a contiguous copy of grad_out.
+        Other backends (flash: ``empty_like(q)``; cuDNN: ``alloc_with_matching_layout``) keep the
+        query's layout, as the meta function does. Returns ``NotImplemented`` unless the GPU runs
+        mem-efficient here."""
+        backward = func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        if backward:
+            sid = tracker.storage_id(args[5]) if len(args) > 5 else None
+            kind = self._sdpa_by_lse.get(sid) if sid is not None else None
+        else:
+            kind = self._pending_sdpa
+        if kind != "efficient":
+            return NotImplemented
+        out = func(*args, **kwargs)
+        if backward:
+            grad_out = args[0]
+            if not grad_out.transpose(1, 2).is_contiguous():
+                tracker.transient(grad_out.numel() * grad_out.element_size())
+            return tuple(_bmhk_like(g) for g in out)
+        return (_bmhk_like(out[0]), out[1])
 
     def _scalar_read(self, x: torch.Tensor) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -390,6 +425,14 @@ class CudaEmulator:
             return 0.0
         raise LabkitError(refusal("aten._local_scalar_dense (an integer .item())", where,
                                   "its value decides what follows"))
+
+
+def _bmhk_like(t: torch.Tensor) -> torch.Tensor:
+    """A new (B, H, S, D) tensor like ``t`` laid out (B, S, H, D) (contiguous after ``transpose(1, 2)``)."""
+    if t.transpose(1, 2).is_contiguous():
+        return t
+    b, h, s, d = t.shape
+    return torch.empty((b, s, h, d), dtype=t.dtype, device=t.device).transpose(1, 2)
 
 
 def _all_ones_padding(batch: Any) -> bool:

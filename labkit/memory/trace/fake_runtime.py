@@ -13,6 +13,11 @@
   fake parameters builds new parameters (tied ones once) instead of swapping tensor contents: the
   fake tensor converter keeps weak references to fake tensors, and ``torch.utils.swap_tensors``
   refuses tensors with weak references.
+* :func:`composite_body`: a Python-level composite of ``torch.nn.functional`` (``multi_head_attention_forward``,
+  what ``nn.MultiheadAttention`` runs in training) reaches a function mode as ONE call, and the mode
+  is popped while it handles it, so the ops inside (the projections, SDPA) would bypass both fake
+  mode's autocast and its kernel rules. On the GPU those ops are cast and dispatched one by one;
+  fake mode runs the composite's body with the modes active instead.
 * :class:`ModuleStack`: which module is running (named in refusals and assumptions).
 """
 
@@ -55,6 +60,40 @@ class ModuleStack:
             h2.remove()
 
 
+# Python-level composites whose body must run under the function modes (torch.nn.functional): their
+# first statement dispatches the whole call to the modes (``has_torch_function`` / ``handle_torch_function``)
+COMPOSITES = ("multi_head_attention_forward",)
+_BODIES: dict[Any, Callable] = {}
+
+
+def composite_body(func: Any) -> Callable | None:
+    """For a composite named in :data:`COMPOSITES`, the same function with its torch-function dispatch
+    check answered "no" (a copy of it whose ``has_torch_function`` returns False), so that calling it
+    inside a mode runs its body op by op; None for any other function."""
+    import types
+
+    if getattr(func, "__name__", "") not in COMPOSITES or getattr(func, "__module__", "") != "torch.nn.functional":
+        return None
+    body = _BODIES.get(func)
+    if body is None:
+        glb = dict(func.__globals__)
+        glb["has_torch_function"] = lambda *a, **k: False
+        body = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+        body.__kwdefaults__ = func.__kwdefaults__
+        _BODIES[func] = body
+    return body
+
+
+def run_composite(mode: TorchFunctionMode, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a composite's body with ``mode`` pushed again (it is popped while it handles a call), so the
+    ops inside reach it and the modes beneath it, in their order; ``NotImplemented`` if ``func`` is not one."""
+    body = composite_body(func)
+    if body is None:
+        return NotImplemented
+    with mode:
+        return body(*args, **kwargs)
+
+
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SDPA_DEFAULTS: dict[str, Any] = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
                                   "enable_gqa": False}
@@ -69,6 +108,9 @@ class CudaFunctionRules(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        out = run_composite(self, func, args, kwargs)
+        if out is not NotImplemented:
+            return out
         if func is torch.nn.functional.scaled_dot_product_attention:
             from labkit.memory.trace.sdpa import run_sdpa, select_backend
 
