@@ -23,9 +23,12 @@ Then, for diagnosis only (nothing is taken from them): a few REFERENCE corpus st
 Writes DIR/kernel_rates.json (``kernel_rates``), DIR/step_profiles.json (``step_profiles``), DIR/log.txt;
 with ``--only extra`` the second recording: GEMMs with a leading dimension not a multiple of 16 bytes,
 TensorIterator's slower paths (broadcast, cast, mixed dtypes, non-contiguous), softmax over a wide row,
-the bf16 grouped expert GEMM, cuDNN convolutions forward and backward, in DIR/kernel_rates_extra.json (and DIR/step_profiles_extra.json).
+the bf16 grouped expert GEMM, cuDNN convolutions forward and backward, in DIR/kernel_rates_extra.json
+(and DIR/step_profiles_extra.json); with ``--only extra2`` the third: batch norm, layer norm with float32
+affine on bfloat16, gather / scatter-add, embedding forward / backward, index_put with accumulate, and
+the convolutions at batch 128, in DIR/kernel_rates_extra2.json.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_kernels.py --out DIR [--smoke] [--budget 270] [--only base|extra]
+    PYTHONPATH=. python3 benchmarks/gpu/record_kernels.py --out DIR [--smoke] [--budget 270] [--only base|extra|extra2]
                                                           [--profile CASE,CASE]
 """
 
@@ -57,7 +60,7 @@ LAYOUTS = {"bf16": ("nt", "nn", "tn"), "fp32": ("nt", "nn", "tn"), "tf32": ("nn"
 BYTES = tuple(4096 * 4 ** i for i in range(10)) + (1 << 30,)          # 4 KiB .. 1 GiB
 SDPA_SEQ = (128, 256, 512, 1024, 2048, 4096)
 PROFILE_CASES = ("gpt2-b8-fp32", "gpt2-b8-bf16", "llama-gqa-b4-amp-bf16", "mixtral-b4-amp-bf16",
-                 "bert-base-mlm-b32-amp-bf16")   # all split "reference"
+                 "bert-base-mlm-b32-bf16")   # all split "reference"
 DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16}
 
 
@@ -303,13 +306,15 @@ CONVS = (  # (name, N, C_in, H, C_out, kernel, stride, groups): layers of ResNet
 )
 
 
-def record_convs(timer: Timer, device: str, smoke: bool) -> list[dict]:
+def record_convs(timer: Timer, device: str, smoke: bool, only_batch: int | None = None) -> list[dict]:
     """cuDNN convolutions (NCHW, PyTorch's defaults: benchmark off, TF32 on for float32 convs),
     forward and forward + backward, with their implicit-GEMM sizes and bytes."""
     rows = []
     for name, n, c, h, co, kk, st, g in (CONVS[:1] + CONVS[10:11] if smoke else CONVS):
         if smoke:
             n, h = 2, 16
+        elif only_batch:
+            n = only_batch
         for dname in ("fp32", "bf16"):
             dt = DT[dname]
             x = torch.randn(n, c, h, h, device=device, dtype=dt, requires_grad=True)
@@ -329,6 +334,85 @@ def record_convs(timer: Timer, device: str, smoke: bool) -> list[dict]:
                          "fwd_bwd_s": both["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
             del x, w, y, go
     log(f"convolutions: {len(rows)} rows")
+    return rows
+
+
+BN_SHAPES = ((64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7), (32, 112), (96, 56), (240, 28), (672, 14))
+
+
+def _grad_of(fn: Callable[[], torch.Tensor], inputs: tuple, go: torch.Tensor) -> Callable[[], Any]:
+    return lambda: torch.autograd.grad(fn(), inputs, go)
+
+
+def record_norm_index(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    """Kernels a third recording adds, each forward and forward + backward against its bytes:
+    batch norm in training (NCHW; float32, and bfloat16 input with float32 affine as under autocast),
+    layer norm with float32 affine on bfloat16 input, gather / scatter-add along the last dimension
+    with int64 indices, embedding forward and backward, index_put with accumulate."""
+    rows = []
+    batches = (2,) if smoke else (32, 128)
+    for n in batches:
+        for c, h in (BN_SHAPES[:1] if smoke else BN_SHAPES):
+            h = 8 if smoke else h
+            for dname in ("fp32", "bf16"):
+                x = torch.randn(n, c, h, h, device=device, dtype=DT[dname], requires_grad=True)
+                w = torch.ones(c, device=device, requires_grad=True)
+                b = torch.zeros(c, device=device, requires_grad=True)
+                rm, rv = torch.zeros(c, device=device), torch.ones(c, device=device)
+                fn = lambda: F.batch_norm(x, rm, rv, w, b, training=True)  # noqa: E731
+                go = torch.randn_like(x)
+                fwd = timer(fn, max_reps=50)
+                both = timer(_grad_of(fn, (x, w, b), go), max_reps=30)
+                rows.append({"kind": "batch_norm", "dtype": dname, "shape": [n, c, h, h],
+                             "bytes": 2.0 * x.numel() * x.element_size(), "fwd_s": fwd["seconds"],
+                             "bwd_s": both["seconds"] - fwd["seconds"]})
+                del x, w, b, go
+    for tokens, hidden in (((64, 64),) if smoke else ((4096, 768), (16384, 768), (8192, 2048), (32768, 1024))):
+        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.ones(hidden, device=device, requires_grad=True)
+        b = torch.zeros(hidden, device=device, requires_grad=True)
+        fn = lambda: F.layer_norm(x, (hidden,), w, b)  # noqa: E731
+        go = torch.randn_like(x)
+        fwd = timer(fn, max_reps=50)
+        both = timer(_grad_of(fn, (x, w, b), go), max_reps=30)
+        rows.append({"kind": "layer_norm_mixed", "dtype": "bf16", "shape": [tokens, hidden],
+                     "bytes": 2.0 * x.numel() * x.element_size(), "fwd_s": fwd["seconds"],
+                     "bwd_s": both["seconds"] - fwd["seconds"]})
+        del x, w, b, go
+    for rows_, cols in (((64, 64),) if smoke else ((1024, 512), (4096, 512), (16384, 512), (65536, 512))):
+        for dname in ("fp32", "bf16"):
+            src = torch.randn(rows_, cols, device=device, dtype=DT[dname], requires_grad=True)
+            idx = torch.randint(0, cols, (rows_, cols), device=device)
+            fn = lambda: torch.gather(src, -1, idx)  # noqa: E731
+            go = torch.randn(rows_, cols, device=device, dtype=DT[dname])
+            fwd = timer(fn, max_reps=50)
+            both = timer(_grad_of(fn, (src,), go), max_reps=30)     # backward: scatter_add
+            rows.append({"kind": "gather", "dtype": dname, "shape": [rows_, cols],
+                         "bytes": float(src.numel() * src.element_size() * 2 + idx.numel() * 8),
+                         "fwd_s": fwd["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
+            del src, idx, go
+    for tokens, vocab, hidden in (((64, 512, 64),) if smoke else ((4096, 32000, 768), (16384, 32000, 2048),
+                                                                    (8192, 128256, 1024), (32768, 50257, 768))):
+        for dname in ("fp32", "bf16"):
+            wt = torch.randn(vocab, hidden, device=device, dtype=DT[dname], requires_grad=True)
+            ids = torch.randint(0, vocab, (tokens,), device=device)
+            fn = lambda: F.embedding(ids, wt)  # noqa: E731
+            go = torch.randn(tokens, hidden, device=device, dtype=DT[dname])
+            fwd = timer(fn, max_reps=50)
+            both = timer(_grad_of(fn, (wt,), go), max_reps=20)       # embedding_dense_backward
+            rows.append({"kind": "embedding", "dtype": dname, "shape": [tokens, vocab, hidden],
+                         "bytes": float(2 * tokens * hidden * wt.element_size()),
+                         "fwd_s": fwd["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
+            del wt, ids, go
+    for tokens, hidden in (((64, 64),) if smoke else ((4096, 1024), (16384, 1024), (32768, 2048))):
+        dst = torch.zeros(tokens, hidden, device=device, dtype=torch.bfloat16)
+        src = torch.randn(tokens * 2, hidden, device=device, dtype=torch.bfloat16)
+        idx = torch.randint(0, tokens, (tokens * 2,), device=device)
+        r = timer(lambda: dst.index_put_((idx,), src, accumulate=True), max_reps=50)
+        rows.append({"kind": "index_put_acc", "dtype": "bf16", "shape": [tokens * 2, hidden],
+                     "bytes": float(2 * src.numel() * 2 + idx.numel() * 8), "fwd_s": r["seconds"], "bwd_s": 0.0})
+        del dst, src, idx
+    log(f"norm and index kernels: {len(rows)} rows")
     return rows
 
 
@@ -566,9 +650,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a dry run of the script)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; the profiles stop once it is spent")
-    ap.add_argument("--only", choices=("base", "extra"), default="base",
+    ap.add_argument("--only", choices=("base", "extra", "extra2"), default="base",
                     help="base: kernel_rates.json (GEMM grid, memory kernels, AdamW, SDPA, host); extra: "
-                         "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM)")
+                         "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM); "
+                         "extra2: kernel_rates_extra2.json (batch/layer norm, gather, embedding, index_put, convolutions "
+                         "at batch 128)")
     ap.add_argument("--profile", default=",".join(PROFILE_CASES), help="comma-separated reference cases to profile")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -587,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
                  ("memory", lambda: record_memory(timer, device, args.smoke)),
                  ("adamw", lambda: record_adamw(timer, device, args.smoke)),
                  ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    elif args.only == "extra2":
+        fname = "kernel_rates_extra2.json"
+        parts = (("norm_index", lambda: record_norm_index(timer, device, args.smoke)),
+                 ("conv", lambda: record_convs(timer, device, args.smoke, only_batch=128)))
     else:
         fname = "kernel_rates_extra.json"
         parts = (("gemm_misaligned", lambda: record_misaligned_gemms(timer, device, args.smoke)),
@@ -606,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {args.out / fname}")
     names = tuple(n for n in args.profile.split(",") if n)
     profiles = profile_cases(device, args.smoke, T0 + args.budget, names)
-    pname = "step_profiles.json" if args.only == "base" else "step_profiles_extra.json"
+    pname = {"base": "step_profiles.json", "extra": "step_profiles_extra.json"}.get(args.only, f"step_profiles_{args.only}.json")
     write_measurement(args.out / pname, "step_profiles",
                       {"note": "diagnosis only: reference corpus steps under torch.profiler; no constant is taken "
                                "from them", "cases": profiles}, provenance=prov)

@@ -58,3 +58,14 @@ def test_smoke_run_of_the_second_recording(tmp_path):
     assert data["grouped_mm"] == []                             # CUDA only
     assert {r["name"] for r in data["conv"]} == {"dense3x3", "depthwise"}
     assert all(r["fwd_s"] > 0 and r["fwd_bwd_s"] > 0 and r["flops"] > 0 for r in data["conv"])
+
+
+def test_smoke_run_of_the_third_recording(tmp_path):
+    mod = _load()
+    assert mod.main(["--smoke", "--only", "extra2", "--budget", "0", "--out", str(tmp_path)]) == 0
+    data = load_measurement(tmp_path / "kernel_rates_extra2.json", "kernel_rates")["data"]
+    assert not [k for k in data if k.endswith("_error")], data
+    kinds = {r["kind"] for r in data["norm_index"]}
+    assert kinds == {"batch_norm", "layer_norm_mixed", "gather", "embedding", "index_put_acc"}
+    assert all(r["fwd_s"] > 0 and r["bytes"] > 0 for r in data["norm_index"])
+    assert data["conv"] and all(r["fwd_s"] > 0 for r in data["conv"])
