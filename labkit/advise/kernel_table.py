@@ -27,6 +27,7 @@ from labkit.core.errors import LabkitError
 
 KERNEL_FILE = "advise/kernel_rates.json"
 EXTRA_FILE = "advise/kernel_rates_extra.json"     # record_kernels.py --only extra
+EXTRA2_FILE = "advise/kernel_rates_extra2.json"   # record_kernels.py --only extra2
 
 
 def _interp_loglog(xs: list[float], ys: list[float], x: float) -> float:
@@ -102,6 +103,7 @@ class KernelTable:
     gemm_misaligned: dict[tuple[str, str, int], GemmGrid] = field(default_factory=dict)
     grouped_per_group_s: float | None = None     # bf16 grouped GEMM: seconds per group beyond the dense GEMM
     conv: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
+    per_byte: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
 
     # -- GEMM ---------------------------------------------------------------------------------
     def gemm_seconds(self, m: float, n: float, k: float, dtype: str, layout: str = "nn", align: int = 16) -> float:
@@ -127,6 +129,21 @@ class KernelTable:
         """The bf16 grouped GEMM (one kernel, ``m`` rows split over ``groups``): the dense GEMM of the
         same total shape plus the recorded cost per group (the median over the recorded shapes)."""
         return self.gemm_seconds(m, n, k, "bf16", "nt") + groups * (self.grouped_per_group_s or 0.0)
+
+    def kernel_seconds(self, kind: str, dtype: str, nbytes: float, backward: bool) -> float | None:
+        """A kernel recorded forward and backward against its bytes (batch_norm, gather, embedding,
+        index_put_acc): the recorded seconds per byte at the nearest size (held
+        flat outside the recorded range); None without a recording."""
+        key = (kind, "bf16" if dtype in ("bf16", "fp16") else "fp32")
+        if key not in self.per_byte:
+            key = next((k for k in self.per_byte if k[0] == kind), None)
+            if key is None:
+                return None
+        xs, fwd, bwd = self.per_byte[key]
+        per = bwd if backward else fwd
+        if min(per) <= 0:
+            return None
+        return nbytes * _interp_flat(xs, per, max(nbytes, 1.0))
 
     def conv_seconds(self, kind: str, dtype: str, flops: float, nbytes: float, backward: bool) -> float | None:
         """A cuDNN convolution of ``kind`` (:func:`conv_kind`): dense ones at the recorded
@@ -213,7 +230,17 @@ def _conv_tables(rows: list[dict]) -> dict:
     return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
 
 
-def table_from_doc(doc: dict, extra: dict | None = None) -> KernelTable:
+def _per_byte_tables(rows: list[dict]) -> dict:
+    out: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for r in rows:
+        if r.get("fwd_s", 0) <= 0:
+            continue
+        out.setdefault((r["kind"], r["dtype"]), []).append(
+            (r["bytes"], r["fwd_s"] / r["bytes"], max(r.get("bwd_s", 0.0), 0.0) / r["bytes"]))
+    return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
+
+
+def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = None) -> KernelTable:
     data, prov = doc["data"], doc["provenance"]
     src = f"kernel microbenchmarks recorded on {prov.get('gpu_count')} x {prov.get('gpu_name')}, {str(prov.get('date'))[:10]}"
     missing = [k for k in ("gemm", "memory", "adamw", "sdpa", "host") if not data.get(k)]
@@ -230,6 +257,9 @@ def table_from_doc(doc: dict, extra: dict | None = None) -> KernelTable:
     if x:
         xp = extra["provenance"]
         src += f"; misaligned GEMMs, kernel paths, grouped GEMM, convolutions {str(xp.get('date'))[:10]}"
+    x2 = (extra2 or {}).get("data", {})
+    if x2:
+        src += f"; norms, gather, embedding, index_put {str(extra2['provenance'].get('date'))[:10]}"
     return KernelTable(gemm={k: GemmGrid.from_rows(v) for k, v in gemm_rows.items()},
                        memory=_memory_tables(data["memory"] + x.get("memory_paths", [])),
                        adamw=([b for b, _ in adamw], [s for _, s in adamw]),
@@ -238,16 +268,18 @@ def table_from_doc(doc: dict, extra: dict | None = None) -> KernelTable:
                        grouped_per_group_s=statistics.median(
                            [max(0.0, r["seconds"] - r["dense_seconds"]) / r["groups"] for r in x["grouped_mm"]])
                        if x.get("grouped_mm") else None,
-                       conv=_conv_tables(x.get("conv", [])))
+                       conv=_conv_tables(x.get("conv", []) + x2.get("conv", [])),
+                       per_byte=_per_byte_tables([r for k, v in x2.items() if k.startswith("norm_index") for r in v]))
 
 
 @lru_cache(maxsize=1)
 def recorded_table() -> KernelTable:
-    """The table recorded under ``data/measurements/advise/kernel_rates.json`` (and ``kernel_rates_extra.json``)."""
+    """The table recorded under ``data/measurements/advise/kernel_rates.json`` (and ``kernel_rates_extra*.json``)."""
     from labkit.core.provenance import load_measurement
 
     p = paths.DATA_DIR / "measurements" / KERNEL_FILE
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")
-    x = paths.DATA_DIR / "measurements" / EXTRA_FILE
-    return table_from_doc(load_measurement(p, "kernel_rates"), load_measurement(x, "kernel_rates") if x.exists() else None)
+    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE)]
+    return table_from_doc(load_measurement(p, "kernel_rates"),
+                          *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))

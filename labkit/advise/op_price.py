@@ -234,6 +234,9 @@ class OpPricer:
             return self._conv_backward(a, nbytes)
         if name in _ATTENTION_FWD or (name.endswith("_backward") and name[:-len("_backward")] in _ATTENTION_FWD):
             return self._attention(name, a)
+        recorded = self._recorded_kernel(name, a, out)
+        if recorded is not None:
+            return recorded
         if name in ("_fused_adamw_", "_fused_adam_", "_fused_sgd_"):
             lists = [_tensors(a.get(k)) for k in ("self", "grads", "exp_avgs", "exp_avg_sqs")]
             moved = 2 * sum(footprint(x) for i, xs in enumerate(lists) for x in xs if i != 1) + sum(
@@ -243,6 +246,41 @@ class OpPricer:
             kind = "reduce" if name == "_foreach_norm" else "optimizer"
             return Price(kind, gpu_s=self.t.adamw_seconds(nbytes), kernels=1)
         return None
+
+    def _recorded_kernel(self, name: str, a: dict, out) -> Price | None:
+        """Kernels recorded forward and backward against their bytes (the third recording): batch
+        norm, gather and its backward scatter-add, embedding and its backward, index_put with accumulate."""
+        outs = _tensors(out)
+        x = a.get("input", a.get("self"))
+        if name in ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                    "cudnn_batch_norm", "native_batch_norm_backward", "cudnn_batch_norm_backward", "batch_norm_backward"):
+            x = x if isinstance(x, torch.Tensor) else next(iter(_tensors(a.values())), None)
+            if x is None:
+                return None
+            key, nb, back = "batch_norm", 2 * footprint(x), name.endswith("backward")
+        elif name == "gather" and outs:
+            key, nb, back = "gather", 2 * footprint(outs[0]) + footprint(a.get("index")), False
+            x = outs[0]
+        elif name in ("scatter_add", "scatter_add_") and isinstance(a.get("src"), torch.Tensor):
+            x = a["src"]
+            key, nb, back = "gather", 2 * footprint(x) + footprint(a.get("index")), True
+        elif name == "embedding" and outs:
+            x = outs[0]
+            key, nb, back = "embedding", 2 * footprint(x), False
+        elif name == "embedding_dense_backward":
+            x = a.get("grad_output")
+            key, nb, back = "embedding", 2 * footprint(x), True
+        elif name in ("index_put", "index_put_", "_index_put_impl_") and a.get("accumulate"):
+            x = a.get("values")
+            if not isinstance(x, torch.Tensor):
+                return None
+            key, nb, back = "index_put_acc", 2 * footprint(x) + sum(footprint(i) for i in _tensors(a.get("indices"))), False
+        else:
+            return None
+        if not isinstance(x, torch.Tensor):
+            return None
+        s = self.t.kernel_seconds(key, dtype_name(x.dtype), nb, back)
+        return None if s is None else Price("memory", gpu_s=s, kernels=1 + back)
 
     def _grouped_mm(self, a: dict, out) -> Price:
         x, w, offs = a.get("self"), a.get("mat2"), a.get("offs")
