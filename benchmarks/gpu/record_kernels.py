@@ -344,14 +344,15 @@ def _grad_of(fn: Callable[[], torch.Tensor], inputs: tuple, go: torch.Tensor) ->
     return lambda: torch.autograd.grad(fn(), inputs, go)
 
 
-def record_norm_index(timer: Timer, device: str, smoke: bool) -> list[dict]:
+def record_norm_index(timer: Timer, device: str, smoke: bool, kinds: tuple[str, ...] = ("batch_norm", "gather",
+                      "embedding", "index_put_acc")) -> list[dict]:
     """Kernels a third recording adds, each forward and forward + backward against its bytes:
     batch norm in training (NCHW; float32, and bfloat16 input with float32 affine as under autocast),
-    layer norm with float32 affine on bfloat16 input, gather / scatter-add along the last dimension
-    with int64 indices, embedding forward and backward, index_put with accumulate."""
+    gather / scatter-add along the last dimension with int64 indices, embedding forward and backward,
+    index_put with accumulate. (CUDA's layer norm takes one dtype only: autocast runs it in float32.)"""
     rows = []
     batches = (2,) if smoke else (32, 128)
-    for n in batches:
+    for n in (batches if "batch_norm" in kinds else ()):
         for c, h in (BN_SHAPES[:1] if smoke else BN_SHAPES):
             h = 8 if smoke else h
             for dname in ("fp32", "bf16"):
@@ -367,19 +368,8 @@ def record_norm_index(timer: Timer, device: str, smoke: bool) -> list[dict]:
                              "bytes": 2.0 * x.numel() * x.element_size(), "fwd_s": fwd["seconds"],
                              "bwd_s": both["seconds"] - fwd["seconds"]})
                 del x, w, b, go
-    for tokens, hidden in (((64, 64),) if smoke else ((4096, 768), (16384, 768), (8192, 2048), (32768, 1024))):
-        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-        w = torch.ones(hidden, device=device, requires_grad=True)
-        b = torch.zeros(hidden, device=device, requires_grad=True)
-        fn = lambda: F.layer_norm(x, (hidden,), w, b)  # noqa: E731
-        go = torch.randn_like(x)
-        fwd = timer(fn, max_reps=50)
-        both = timer(_grad_of(fn, (x, w, b), go), max_reps=30)
-        rows.append({"kind": "layer_norm_mixed", "dtype": "bf16", "shape": [tokens, hidden],
-                     "bytes": 2.0 * x.numel() * x.element_size(), "fwd_s": fwd["seconds"],
-                     "bwd_s": both["seconds"] - fwd["seconds"]})
-        del x, w, b, go
-    for rows_, cols in (((64, 64),) if smoke else ((1024, 512), (4096, 512), (16384, 512), (65536, 512))):
+    for rows_, cols in (() if "gather" not in kinds else ((64, 64),) if smoke else
+                        ((1024, 512), (4096, 512), (16384, 512), (65536, 512))):
         for dname in ("fp32", "bf16"):
             src = torch.randn(rows_, cols, device=device, dtype=DT[dname], requires_grad=True)
             idx = torch.randint(0, cols, (rows_, cols), device=device)
@@ -391,8 +381,8 @@ def record_norm_index(timer: Timer, device: str, smoke: bool) -> list[dict]:
                          "bytes": float(src.numel() * src.element_size() * 2 + idx.numel() * 8),
                          "fwd_s": fwd["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
             del src, idx, go
-    for tokens, vocab, hidden in (((64, 512, 64),) if smoke else ((4096, 32000, 768), (16384, 32000, 2048),
-                                                                    (8192, 128256, 1024), (32768, 50257, 768))):
+    for tokens, vocab, hidden in (() if "embedding" not in kinds else ((64, 512, 64),) if smoke else
+                                  ((4096, 32000, 768), (16384, 32000, 2048), (8192, 128256, 1024), (32768, 50257, 768))):
         for dname in ("fp32", "bf16"):
             wt = torch.randn(vocab, hidden, device=device, dtype=DT[dname], requires_grad=True)
             ids = torch.randint(0, vocab, (tokens,), device=device)
@@ -404,7 +394,8 @@ def record_norm_index(timer: Timer, device: str, smoke: bool) -> list[dict]:
                          "bytes": float(2 * tokens * hidden * wt.element_size()),
                          "fwd_s": fwd["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
             del wt, ids, go
-    for tokens, hidden in (((64, 64),) if smoke else ((4096, 1024), (16384, 1024), (32768, 2048))):
+    for tokens, hidden in (() if "index_put_acc" not in kinds else ((64, 64),) if smoke else
+                           ((4096, 1024), (16384, 1024), (32768, 2048))):
         dst = torch.zeros(tokens, hidden, device=device, dtype=torch.bfloat16)
         src = torch.randn(tokens * 2, hidden, device=device, dtype=torch.bfloat16)
         idx = torch.randint(0, tokens, (tokens * 2,), device=device)
@@ -412,7 +403,7 @@ def record_norm_index(timer: Timer, device: str, smoke: bool) -> list[dict]:
         rows.append({"kind": "index_put_acc", "dtype": "bf16", "shape": [tokens * 2, hidden],
                      "bytes": float(2 * src.numel() * 2 + idx.numel() * 8), "fwd_s": r["seconds"], "bwd_s": 0.0})
         del dst, src, idx
-    log(f"norm and index kernels: {len(rows)} rows")
+    log(f"{', '.join(kinds)}: {len(rows)} rows")
     return rows
 
 
@@ -675,8 +666,9 @@ def main(argv: list[str] | None = None) -> int:
                  ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
     elif args.only == "extra2":
         fname = "kernel_rates_extra2.json"
-        parts = (("norm_index", lambda: record_norm_index(timer, device, args.smoke)),
-                 ("conv", lambda: record_convs(timer, device, args.smoke, only_batch=128)))
+        parts = tuple((f"norm_index_{k}", lambda k=k: record_norm_index(timer, device, args.smoke, (k,)))
+                      for k in ("batch_norm", "gather", "embedding", "index_put_acc")) + (
+                 ("conv", lambda: record_convs(timer, device, args.smoke, only_batch=128)),)
     else:
         fname = "kernel_rates_extra.json"
         parts = (("gemm_misaligned", lambda: record_misaligned_gemms(timer, device, args.smoke)),
