@@ -19,7 +19,12 @@
    exactly as ``benchmarks/gpu/record_plain.py`` records every case (its ``run_case``), in its format,
    so that the rows merge into ``data/measurements/measure/plain__corpus.json``.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_vision.py --out DIR [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_vision.py --out DIR [--part plain,conv] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_vision.py --out DIR --part batch,trace --trace-case CASE
+
+``--part batch``: eight of the geometries again at batch 96, 128 and 256 (``conv_workspace_batch.json``);
+``--part trace``: the allocator's events of one steady step of a reference corpus case
+(``step_trace__CASE.json.gz``).
 
 Writes ``DIR/conv_workspace.json`` (kind ``conv_workspace``), ``DIR/plain_bf16.json`` (kind
 ``measure_plain``) and ``DIR/log.txt``. ``--smoke``: one geometry at batch 2 and the bf16 case as a ResNet-18
@@ -266,11 +271,81 @@ def plain_section(device: str, smoke: bool) -> dict[str, Any]:
     return {"device": device, "smoke": smoke, "method": record_plain.__doc__.split("\n\n")[1], "cases": rows}
 
 
+BATCH_GEOMETRIES = ("stem7x7s2", "3x3-64-56", "3x3s2-128-56", "1x1s2-256to512-56", "1x1-2048to512-7", "3x3-512-7",
+                    "down2x2s2-96-56", "patch16")
+
+
+def batch_section(device: str, smoke: bool) -> dict[str, Any]:
+    """``--part batch``: some geometries again at larger batches (96, 128, 256): does the workspace scale
+    with the batch as it does from 8 to 64?"""
+    labels = SMOKE_GEOMETRIES if smoke else BATCH_GEOMETRIES
+    rows = []
+    for geom in (g for g in GEOMETRIES if g[0] in labels):
+        for dtype_name in DTYPES:
+            for n in ((2,) if smoke else (96, 128, 256)):
+                r = conv_probe(geom, n, dtype_name, device)
+                rows.append(r)
+                log(f"conv {geom[0]} n={n} {dtype_name}: transient fwd {(r.get('forward') or {}).get('transient_peak_bytes')}"
+                    f", bwd {(r.get('backward') or {}).get('transient_peak_bytes')}{' ' + r['error'] if 'error' in r else ''}")
+    return {"device": device, "smoke": smoke, "method": "as conv_workspace.json, at larger batches", "rows": rows}
+
+
+def trace_section(name: str, device: str, smoke: bool) -> dict[str, Any]:
+    """``--part trace``: the caching allocator's events (alloc, free, segment alloc/free, with the top Python
+    frames) of one steady-state step of a reference corpus case as the plain loop runs it: where the
+    GPU's workspaces fall in the stream, and how reserved memory grows."""
+    import record_plain
+    from labkit.workloads.corpus import get_case, plain_step, prepare_plain, tiny
+
+    case = get_case(name)
+    if case.split != "reference":
+        raise SystemExit(f"--trace-case {name}: a held-out case; trace reference cases only")
+    if smoke:
+        case = replace(tiny(case), name=f"{name}@smoke", arch="resnet18", seq=32) if case.family == "torchvision" else tiny(case)
+    cuda = device == "cuda"
+    record_plain.cleanup(cuda)
+    model, opt, batch = prepare_plain(case, device)
+    for _ in range(2):
+        plain_step(case, model, opt, batch, device_type=device)
+    out: dict[str, Any] = {"case": name, "events": None}
+    if cuda:
+        torch.cuda.synchronize()
+        out["allocated_before"] = torch.cuda.memory_allocated()
+        out["reserved_before"] = torch.cuda.memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=200000)
+    try:
+        plain_step(case, model, opt, batch, device_type=device)
+        if cuda:
+            torch.cuda.synchronize()
+            snap = torch.cuda.memory._snapshot()
+            ev = snap["device_traces"][torch.cuda.current_device()]
+            keep = ("alloc", "free_requested", "segment_alloc", "segment_free")
+            out["events"] = [{"action": e["action"], "addr": e["addr"], "size": e["size"],
+                              "frames": [f"{Path(f['filename']).name}:{f['line']}:{f['name']}"
+                                         for f in (e.get("frames") or [])[:4]]} for e in ev if e["action"] in keep]
+            out["peak_allocated"] = torch.cuda.max_memory_allocated()
+            out["peak_reserved"] = torch.cuda.max_memory_reserved()
+    finally:
+        if cuda:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    log(f"trace {name}: {len(out['events'] or [])} events, peak {record_plain.fmt(out.get('peak_allocated'))}, "
+        f"reserved {record_plain.fmt(out.get('peak_reserved'))}")
+    del model, opt, batch
+    record_plain.cleanup(cuda)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--smoke", action="store_true", help="a few geometries and the cases at CI size on the CPU")
+    ap.add_argument("--part", default="plain,conv",
+                    help="comma-separated: plain (the bf16 corpus cases), conv (the geometry grid), batch (some "
+                         "geometries at batch 96-256), trace (one step of --trace-case, allocator events)")
+    ap.add_argument("--trace-case", default="tv-resnet50-b128-amp-bf16", help="a reference corpus case (--part trace)")
     args = ap.parse_args(argv)
+    parts = set(args.part.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     import record_plain
 
@@ -281,11 +356,26 @@ def main(argv: list[str] | None = None) -> int:
     prov.update(record_plain.versions())
     log(f"device {device}; torch {torch.__version__}; {prov.get('gpu_name')}; cudnn {prov.get('cudnn')}")
     try:
-        plain = plain_section(device, args.smoke)
-        write_measurement(args.out / "plain_bf16.json", "measure_plain", plain, provenance=prov)
-        conv = conv_section(device, args.smoke)
-        write_measurement(args.out / "conv_workspace.json", "conv_workspace", conv, provenance=prov)
-        log(f"done: {len(conv['rows'])} convolution probes, {len(plain['cases'])} plain cases")
+        if "plain" in parts:
+            plain = plain_section(device, args.smoke)
+            write_measurement(args.out / "plain_bf16.json", "measure_plain", plain, provenance=prov)
+        if "conv" in parts:
+            conv = conv_section(device, args.smoke)
+            write_measurement(args.out / "conv_workspace.json", "conv_workspace", conv, provenance=prov)
+        if "batch" in parts:
+            write_measurement(args.out / "conv_workspace_batch.json", "conv_workspace",
+                              batch_section(device, args.smoke), provenance=prov)
+        if "trace" in parts:
+            import gzip
+            import json
+
+            from labkit.core.provenance import to_jsonable
+
+            doc = {"provenance": prov, "kind": "alloc_trace_plain_step",
+                   "data": to_jsonable(trace_section(args.trace_case, device, args.smoke))}
+            with gzip.open(args.out / f"step_trace__{args.trace_case}.json.gz", "wt") as fh:
+                json.dump(doc, fh)
+        log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
     return 0
