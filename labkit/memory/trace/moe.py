@@ -28,8 +28,9 @@ How Hugging Face ``transformers`` runs the experts (``integrations/moe.py``; the
   never hit): the experts that receive rows, in ascending order; the ids are known values.
 * ``nonzero`` on a tensor of T x k (or T) entries, one expert's slice of the mask: that expert's rows;
   experts are taken in the order of the list of experts hit (the loop over it), else 0, 1, ...
-* ``bincount`` / ``histc`` over the routing ids (the ``topk`` indices, flattened, cast or sorted): the
-  rows per expert, as known values; ``cumsum`` and casts of known values, and comparisons of one with a
+* ``bincount`` / ``histc`` over the routing ids (the ``topk`` indices, flattened, cast or sorted), and
+  the token-dimension ``sum`` of a (tokens, experts) mask scattered from them: the rows per expert, as
+  known values; ``cumsum`` and casts of known values, and comparisons of one with a
   number, are known values too.
 * ``.item()`` / ``.tolist()`` of a known value (an expert id, a count, an offset) reads it;
   ``repeat_interleave`` by known counts has their sum as its length.
@@ -190,6 +191,7 @@ class RoutingOracle:
         self.dispatch: Dispatch | None = None
         self.ids = _StorageMap()       # storages holding routing ids (True)
         self.values = _StorageMap()    # storages whose values fake mode knows (a list, by storage element)
+        self.masks = _StorageMap()     # (tokens, experts) one-hot routing masks made by scatter: the experts' dim
         self.used: dict[str, int] = {}          # assumption text -> dispatches that used it
         self.not_needed: dict[str, int] = {}    # routing-independent implementations seen -> calls
 
@@ -252,10 +254,24 @@ class RoutingOracle:
             return
         name = func.__name__.split(".")[0]
         src = args[0]
+        if name == "scatter" and self.ids.get(args[2] if len(args) > 2 else kwargs.get("index")):
+            d = self._live()        # zeros(tokens, experts).scatter(1, topk indices, 1): the routing mask
+            dim = args[1] % src.dim()
+            if d is not None and src.dim() == 2 and src.size(dim) == d.experts and src.size(1 - dim) == d.tokens:
+                self.masks.put(out, dim)
+            return
+        if name == "sum" and self.masks.get(src) is not None and len(args) > 1:
+            d = self._live()
+            dims = [x % src.dim() for x in args[1]] if isinstance(args[1], (list, tuple)) else []
+            if d is not None and dims == [1 - self.masks.get(src)] and out.is_contiguous():
+                self.values.put(out, _cast_values(d.expert_rows(self.routing), out.dtype))   # rows per expert
+            return
         if name in ("_to_copy", "clone", "sort", "cumsum") or name in _COMPARE:
             first = out[0] if isinstance(out, (tuple, list)) else out
             if name != "cumsum" and name not in _COMPARE and self.ids.get(src):
                 self.ids.put(first, True)
+            if name in ("_to_copy", "clone") and self.masks.get(src) is not None and src.is_contiguous():
+                self.masks.put(first, self.masks.get(src))
             known = self.values.get(src)
             if known is None:
                 return

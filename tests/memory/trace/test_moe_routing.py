@@ -231,6 +231,45 @@ def test_bincount_split_and_item_counts_follow_the_routing(routing):
     assert any("bincount" in a for a in fake.emulation["assumptions"])
 
 
+class Prefer(nn.Module):
+    """A router's linear layer plus a fixed per-token preference (real runs route as ``choice``)."""
+
+    def __init__(self, layer: nn.Linear, choice: list[list[int]]) -> None:
+        super().__init__()
+        self.layer = layer
+        prefs = torch.zeros(len(choice), layer.out_features)
+        for t, chosen in enumerate(choice):
+            for e in chosen:
+                prefs[t, e] = 100.0
+        self.register_buffer("prefs", prefs)
+
+    def forward(self, x):
+        return self.layer(x) + self.prefs
+
+
+def test_jetmoe_counts_from_a_scattered_mask_and_tolist_follow_the_routing():
+    """JetMoE's gating: ``zeros.scatter(1, topk indices, 1).long().sum(0).tolist()`` gives the rows per
+    expert, which ``split`` then uses (in its MLP experts and its mixture of attention heads)."""
+    r = MoeRouting.parse("0.375,0.25,0.25,0.125")
+    rows, _ = expert_rows(r, T, K, E)
+    choice = assignment(rows, T, K)
+
+    def build():
+        cfg = transformers.AutoConfig.for_model("jetmoe", hidden_size=32, num_hidden_layers=1, num_key_value_heads=2,
+                                                kv_channels=8, intermediate_size=64, num_local_experts=E,
+                                                num_experts_per_tok=K, vocab_size=V, use_cache=False)
+        m = transformers.AutoModelForCausalLM.from_config(cfg)
+        for mod in list(m.modules()):
+            if type(mod).__name__ == "JetMoeTopKGating":
+                mod.layer = Prefer(mod.layer, choice)
+        return m
+
+    real = measure_step(build, _batch(), device="cpu", rounding=512, steps=1, optimizer=FUSED)
+    fake = measure_step(build, _batch(), target=CudaTarget.plain(), steps=1, moe_routing=r, optimizer=FUSED)
+    assert fake.phase_peaks == real.phase_peaks
+    assert any("JetMoeTopKGating" in a and "24, 16, 16, 8" in a for a in fake.emulation["assumptions"])
+
+
 def test_data_dependent_ops_outside_an_expert_dispatch_are_still_refused():
     class Picky(nn.Module):
         def __init__(self):
