@@ -254,7 +254,7 @@ class RoutingOracle:
             return
         name = func.__name__.split(".")[0]
         src = args[0]
-        if name == "scatter" and self.ids.get(args[2] if len(args) > 2 else kwargs.get("index")):
+        if func is aten.scatter.value and len(args) > 3 and args[3] == 1 and self.ids.get(args[2]):
             d = self._live()        # zeros(tokens, experts).scatter(1, topk indices, 1): the routing mask
             dim = args[1] % src.dim()
             if d is not None and src.dim() == 2 and src.size(dim) == d.experts and src.size(1 - dim) == d.tokens:
@@ -273,7 +273,7 @@ class RoutingOracle:
             if name in ("_to_copy", "clone") and self.masks.get(src) is not None and src.is_contiguous():
                 self.masks.put(first, self.masks.get(src))
             known = self.values.get(src)
-            if known is None:
+            if known is None or (name in ("cumsum", "sort") and src.dim() != 1):
                 return
             vals = _elements(src, known)
             if vals is None:

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.nn as nn
 import torch.nn.functional as F
 import transformers
@@ -67,6 +69,22 @@ def test_malformed_routing_is_one_line_naming_the_input(value, msg):
         MoeRouting.parse(value)
     text = str(e.value)
     assert msg in text and text.startswith("moe routing") and "\n" not in text
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.one_of(st.text(alphabet="0123456789.,-+eEinfa balced\n", max_size=30),
+                 st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=6)))
+def test_any_routing_input_is_a_valid_distribution_or_one_line(value):
+    try:
+        r = MoeRouting.parse(value)
+    except LabkitError as e:
+        assert str(e).startswith("moe routing") and "\n" not in str(e)
+        return
+    if r.shares is not None:
+        assert all(x >= 0 and math.isfinite(x) for x in r.shares) and math.isclose(sum(r.shares), 1.0)
+        k = min(2, len(r.shares))        # top-k routing: every token to k distinct experts
+        rows, _ = expert_rows(r, 7, k, len(r.shares))
+        assert sum(rows) == 7 * k and 0 <= min(rows) and max(rows) <= 7
 
 
 # -- a model whose real routing is known ----------------------------------------------------------------
