@@ -29,8 +29,11 @@ tensors and the GPU's different choices are made deliberately:
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
-  0.0, each answer reported; a data-dependent shape (``nonzero``) or an integer read is refused with one
-  line naming the op and the module.
+  0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.moe`): the experts hit, each
+  expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
+  integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
+  each expert's share), reported; other data-dependent shapes (``nonzero``) and integer reads are
+  refused with one line naming the op and the module.
 * **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
@@ -193,7 +196,10 @@ class CudaEmulator:
 
     autocast_class = CudaAutocast  # the mode checkpointing's recomputation looks for (fake_runtime)
 
-    def __init__(self, target: CudaTarget, policy: Any) -> None:
+    def __init__(self, target: CudaTarget, policy: Any, moe_routing: Any = None) -> None:
+        from labkit.core.vocab import MoeRouting
+        from labkit.memory.trace.moe import RoutingOracle
+
         self.target = target
         self.policy = policy
         self.autocast_state = _AutocastState()
@@ -207,6 +213,7 @@ class CudaEmulator:
         self.sdpa_choices: dict[str, int] = {}     # "backend (why others were rejected)" -> calls
         self.assumptions: list[str] = []
         self.modules = ModuleStack()
+        self.routing = RoutingOracle(MoeRouting.parse(moe_routing), self.modules, self.assume)
 
     # -- autocast ----------------------------------------------------------------------------
     def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
@@ -246,6 +253,7 @@ class CudaEmulator:
         return args, kwargs
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
+        self.routing.observe(func, args, kwargs, out)
         if not self.target.emulate_kernels:
             return
         name = getattr(func, "__name__", str(func))
@@ -359,7 +367,8 @@ class CudaEmulator:
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
-                "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions)}
+                "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions),
+                "moe_routing": self.routing.describe()}
 
     def assume(self, text: str) -> None:
         if text not in self.assumptions:
@@ -368,6 +377,9 @@ class CudaEmulator:
     # -- ops fake tensors cannot run as the GPU does -------------------------------------------
     def replace(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
         """The op's result when fake mode must make it itself, else ``NotImplemented``."""
+        routed = self.routing.replace(func, args, kwargs)    # MoE dispatch's data-dependent shapes
+        if routed is not NotImplemented:
+            return routed
         if func is torch.ops.aten._local_scalar_dense.default:
             return self._scalar_read(args[0])
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -375,8 +387,9 @@ class CudaEmulator:
             return self._efficient_layout(func, args, kwargs, tracker)
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
-            self.assume("MoE routing: the grouped expert matmul runs all tokens x top-k rows; its memory does not "
-                        "depend on how tokens are routed (no token distribution assumed)")
+            self.routing.independent("the grouped expert matmul (torch._grouped_mm)",
+                                     experts=b.size(0) if b.dim() == 3 else None,
+                                     rows=a.size(0) if tracker.phases[-1] == "forward" else None)
             if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
                 return _grouped_mm_fallback_output(func, args, kwargs)
         return NotImplemented
@@ -416,6 +429,9 @@ class CudaEmulator:
         const = getattr(x, "constant", None) if isinstance(x, FakeTensor) else None
         if const is not None:
             return NotImplemented
+        known = self.routing.scalar(x)      # an expert id or a count fake mode made (MoE routing)
+        if known is not None:
+            return known
         where = self.modules.where()
         if x.dtype == torch.bool:
             self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")

@@ -36,6 +36,7 @@ class ModuleStack:
 
     def __init__(self) -> None:
         self.stack: list[str] = []
+        self.ids: list[int] = []          # id() of each running module, innermost last
 
     def where(self) -> str:
         return f"module {self.stack[-1]}" if self.stack else "code outside any module"
@@ -46,10 +47,12 @@ class ModuleStack:
 
         def pre(mod: nn.Module, args: Any) -> None:
             self.stack.append(type(mod).__name__)
+            self.ids.append(id(mod))
 
         def post(mod: nn.Module, args: Any, out: Any) -> None:
             if self.stack:
                 self.stack.pop()
+                self.ids.pop()
 
         h1 = register_module_forward_pre_hook(pre)
         h2 = register_module_forward_hook(post)   # not on exceptions: a refusal names the failing module
@@ -259,8 +262,9 @@ def fake_run(emulator: Any) -> Iterator[None]:
             where = emulator.modules.where()
             why = "its output shape depends on tensor values"
             if "Expert" in where or "Moe" in where or "MoE" in where:
-                why += (" (a per-expert loop over routed tokens; Hugging Face's experts_implementation="
-                        "'grouped_mm' runs every token's top-k rows at once, whose memory does not depend on the routing)")
+                why += (" (an expert dispatch that fake mode's routing rules, labkit.memory.trace.moe, do not "
+                        "cover; Hugging Face's experts_implementation='grouped_mm' runs every token's top-k rows at "
+                        "once, whose memory does not depend on the routing)")
             raise LabkitError(refusal(str(e.func), where, why)) from None
         except DataDependentOutputException as e:
             raise LabkitError(refusal(str(e.func), emulator.modules.where(),
