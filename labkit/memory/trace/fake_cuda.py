@@ -7,7 +7,9 @@ tensors and the GPU's different choices are made deliberately:
   is a ``TorchFunctionMode`` that applies CUDA's lists (``ATen/autocast_mode.h``: lower-precision
   ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
   ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
-  of lower-precision copies of leaf weights, cleared when the outermost region exits.
+  of lower-precision copies of leaf weights, cleared when the outermost region exits. A composite op
+  on none of CUDA's lists (``cross_entropy``) runs its decomposition, whose sub-ops meet the lists
+  one by one (:mod:`labkit.memory.trace.autocast_composite`).
 * **Attention**: :mod:`labkit.memory.trace.sdpa` picks the kernel as ``select_sdp_backend`` does on
   the target (cuDNN, flash, mem-efficient or math, by dtype, head_dim, GQA, mask, dropout and torch
   version). The math path runs decomposed (its scores and probabilities are real tensors); the fused
@@ -46,6 +48,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
+from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
@@ -65,8 +68,6 @@ FP32 = frozenset({
     "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
     "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    # composite ops that decompose into float32-list ops on CUDA (log_softmax + nll_loss)
-    "cross_entropy",
 })
 FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
                                 "linalg_matrix_norm", "sum"})
@@ -153,6 +154,9 @@ class CudaAutocast(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
         name = _op_name(func)
+        if decomposes_under_cuda_autocast(name, args, kwargs):
+            with self:   # the sub-ops of the decomposition meet these lists, as on the GPU
+                return composite_under_cuda_autocast(name)(*args, **kwargs)
         if name in LOWER_PRECISION:
             c = self.state.cache
             args = _map(args, lambda x: _cast(x, self.dtype, c))
