@@ -29,6 +29,9 @@ tensors and the GPU's different choices are made deliberately:
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
+* **Gradient accumulation**: the autograd engine sums two gradients of one tensor in place on plain
+  tensors and out of place on fake ones (:mod:`labkit.memory.trace.grad_accumulation`): fake mode
+  sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
   0.0, each answer reported; a data-dependent shape (``nonzero``) or an integer read is refused with one
@@ -50,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal
+from labkit.memory.trace.grad_accumulation import engine_accumulation
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
 MiB = 1 << 20
@@ -371,6 +375,8 @@ class CudaEmulator:
         """The op's result when fake mode must make it itself, else ``NotImplemented``."""
         if func is torch.ops.aten._local_scalar_dense.default:
             return self._scalar_read(args[0])
+        if self.target.emulate_kernels and func is torch.ops.aten.add.Tensor:
+            return engine_accumulation(func, args, kwargs, tracker.phases[-1])
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
             self.assume("MoE routing: the grouped expert matmul runs all tokens x top-k rows; its memory does not "
