@@ -7,7 +7,9 @@ tensors and the GPU's different choices are made deliberately:
   is a ``TorchFunctionMode`` that applies CUDA's lists (``ATen/autocast_mode.h``: lower-precision
   ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
   ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
-  of lower-precision copies of leaf weights, cleared when the outermost region exits.
+  of lower-precision copies of leaf weights, cleared when the outermost region exits. A composite op
+  on none of CUDA's lists (``cross_entropy``) runs its decomposition, whose sub-ops meet the lists
+  one by one (:mod:`labkit.memory.trace.autocast_composite`).
 * **Attention**: :mod:`labkit.memory.trace.sdpa` picks the kernel as ``select_sdp_backend`` does on
   the target (cuDNN, flash, mem-efficient or math, by dtype, head_dim, GQA, mask, dropout and torch
   version). The math path runs decomposed (its scores and probabilities are real tensors); the fused
@@ -27,6 +29,9 @@ tensors and the GPU's different choices are made deliberately:
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
+* **Gradient accumulation**: the autograd engine sums two gradients of one tensor in place on plain
+  tensors and out of place on fake ones (:mod:`labkit.memory.trace.grad_accumulation`): fake mode
+  sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
   0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.moe`): the experts hit, each
@@ -49,7 +54,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
+from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
+from labkit.memory.trace.grad_accumulation import engine_accumulation
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
 MiB = 1 << 20
@@ -68,8 +75,6 @@ FP32 = frozenset({
     "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
     "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    # composite ops that decompose into float32-list ops on CUDA (log_softmax + nll_loss)
-    "cross_entropy",
 })
 FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
                                 "linalg_matrix_norm", "sum"})
@@ -159,6 +164,9 @@ class CudaAutocast(TorchFunctionMode):
         if out is not NotImplemented:
             return out
         name = _op_name(func)
+        if decomposes_under_cuda_autocast(name, args, kwargs):
+            with self:   # the sub-ops of the decomposition meet these lists, as on the GPU
+                return composite_under_cuda_autocast(name)(*args, **kwargs)
         if name in LOWER_PRECISION:
             c = self.state.cache
             args = _map(args, lambda x: _cast(x, self.dtype, c))
@@ -385,6 +393,8 @@ class CudaEmulator:
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                                                     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
             return self._efficient_layout(func, args, kwargs, tracker)
+        if self.target.emulate_kernels and func is torch.ops.aten.add.Tensor:
+            return engine_accumulation(func, args, kwargs, tracker.phases[-1])
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
             self.routing.independent("the grouped expert matmul (torch._grouped_mm)",
