@@ -26,6 +26,8 @@ tensors and the GPU's different choices are made deliberately:
 * **Reductions**: a bias gradient ``grad.sum(0)`` allocates an inter-block staging buffer whose size
   follows ``Reduce.cuh``'s launch configuration (SM count, threads per SM): reproduced exactly.
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
+* **Softmax backward**: CUDA's kernel first forms ``grad * output``, a temporary of the gradient's size
+  (:func:`softmax_backward_temporaries`): with SDPA's math path that is one more (B, H, S, S) tensor.
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
@@ -277,6 +279,8 @@ class CudaEmulator:
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":
             self._embedding_backward(args, tracker)
+        elif base == "_softmax_backward_data":
+            tracker.transient_group(softmax_backward_temporaries(args[0], args[1]))
 
     def _cublas(self, tracker: Any) -> None:
         in_backward = tracker.phases[-1] == "backward"
@@ -527,6 +531,29 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
     finally:
         for mod, name, fn in undo:
             setattr(mod, name, fn)
+
+
+def softmax_backward_temporaries(grad: torch.Tensor, output: torch.Tensor) -> list[int]:
+    """Bytes CUDA's ``_softmax_backward_data`` allocates besides its result, live together inside the op.
+
+    ``softmax_backward_cuda_out`` (``aten/src/ATen/native/cuda/SoftMax.cu``) computes
+    ``Tensor tmp = grad * output`` and passes it to ``host_softmax_backward`` (its epilogue expects
+    ``gradOutput * output``), which takes ``grad_.contiguous()`` and ``output_.contiguous()``: a copy
+    of each that is not contiguous. The CPU kernel (and so fake mode's meta kernel) forms no
+    temporary. ``_log_softmax_backward_data`` has none on CUDA either. Measured on the H200 (torch 2.11,
+    ``data/measurements/measure/plain__ckpt_nodes.json``): inside ``SafeSoftmaxBackward0`` of SDPA's math
+    path the allocator peaks at two (B, H, S, S) float32 tensors above the node's start, the result and
+    this temporary; with HF gradient checkpointing that is the step's peak.
+    """
+    if grad.numel() == 0:
+        return []
+    tmp = grad.numel() * torch.result_type(grad, output).itemsize
+    sizes = [tmp]
+    if not grad.is_contiguous():    # the product takes the gradient's layout; the kernel wants it contiguous
+        sizes.append(tmp)
+    if not output.is_contiguous():
+        sizes.append(output.numel() * output.element_size())
+    return sizes
 
 
 def _last_pow2(n: int) -> int:

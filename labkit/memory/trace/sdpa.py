@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -245,9 +244,10 @@ def select_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``convert_boolean_attn_mask``: a boolean mask becomes an additive one in the query's dtype."""
+    """``convert_boolean_attn_mask`` (attention.cpp): a boolean mask becomes ``where(mask, 0, -inf)`` in the
+    query's dtype."""
     if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask.logical_not(), float("-inf"))
+        return torch.where(mask, 0.0, torch.scalar_tensor(float("-inf"), dtype=dtype))
     return mask
 
 
@@ -262,52 +262,57 @@ def _efficient_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tor
     return full
 
 
-def _math_with_fused_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                             dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
-    """The math path op by op, as ``_scaled_dot_product_attention_math`` composes it (16-bit inputs
-    upcast to float32; q and k each scaled by sqrt(scale); K/V heads repeated for GQA; the causal mask
-    as an additive (Sq, Sk) tensor; softmax; dropout; the product with V), with the dropout that CUDA
-    runs: ``at::dropout`` takes the fused ``native_dropout`` there (a boolean mask kept), where the CPU
-    keeps a noise tensor of the scores' dtype. Used only when dropout is on."""
+def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
+          is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """The math path op by op, as ``_scaled_dot_product_attention_math`` (attention.cpp) runs on a GPU:
+    16-bit inputs upcast to float32; q and k each scaled by sqrt(scale); the causal mask as an additive
+    (Sq, Sk) tensor; K/V heads repeated for GQA (``pre_process_group_query_attention_input``); the mask
+    added to the scores in place; ``_safe_softmax``; dropout; the product with V. It returns
+    ``(matmul(attn, v).to(dtype), attn.to(dtype))`` and its caller keeps the first: for 16-bit inputs the
+    probabilities' copy exists while the product is formed (GCC evaluates the tuple's arguments right to
+    left).
+
+    Fake mode runs this rather than the C++ composite for two GPU choices: the mask is added in place
+    there, where the C++ adds out of place when any tensor is subclass-like (``areAnyTensorSubclassLike``,
+    true for fake tensors: one (B, H, Sq, Sk) block the GPU never allocates); and ``at::dropout`` takes the
+    fused ``native_dropout`` on CUDA (a boolean mask kept), where the CPU keeps a noise tensor of the
+    scores' dtype.
+    """
+    # the C++ function's locals (upcast copies, scaled query, expanded K/V) live until it returns
     out_dtype = q.dtype
-    if q.dtype in _HALF:
-        q, k, v = q.float(), k.float(), v.float()
-    s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    q_acc, k_acc, v_acc = ((x.float() if x.dtype in _HALF else x) for x in (q, k, v))
+    s = scale if scale is not None else 1.0 / math.sqrt(q_acc.size(-1))
     f = math.sqrt(abs(s))
-    q = q * (f if s >= 0 else -f)
+    query = q_acc * (f if s >= 0 else -f)
     if is_causal:
-        tri = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
-        mask = _additive_mask(tri, q.dtype)
-    if enable_gqa and q.size(-3) != k.size(-3):
-        rep = q.size(-3) // k.size(-3)
-        k = k.repeat_interleave(rep, dim=-3)
-        v = v.repeat_interleave(rep, dim=-3)
-    attn = torch.matmul(q, k.transpose(-2, -1) * f)
+        mask = _additive_mask(torch.ones(query.size(-2), k_acc.size(-2), dtype=torch.bool).tril(), query.dtype)
+    k_exp, v_exp = k_acc, v_acc
+    if enable_gqa and not (query.size(-3) == k_acc.size(-3) == v_acc.size(-3)):
+        k_exp = k_acc.repeat_interleave(query.size(-3) // k_acc.size(-3), dim=-3)
+        v_exp = v_acc.repeat_interleave(query.size(-3) // v_acc.size(-3), dim=-3)
+    attn = torch.matmul(query, k_exp.transpose(-2, -1) * f)
     if mask is not None:
-        attn = attn + mask
+        attn.add_(mask)
     attn = torch.ops.aten._safe_softmax(attn, -1)
-    attn = torch.ops.aten.native_dropout(attn, dropout_p, True)[0]
-    return torch.matmul(attn, v).to(out_dtype)
+    if dropout_p > 0.0:
+        attn = torch.ops.aten.native_dropout(attn, dropout_p, True)[0]
+    probs = attn.to(out_dtype)  # noqa: F841 - the tuple's second element, dropped by the caller
+    return torch.matmul(attn, v_exp).to(out_dtype)
 
 
 def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
              dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
     """Run the call on CPU (fake) tensors so that it allocates what ``choice`` allocates on the GPU.
 
-    ``math`` runs torch's composite math implementation op by op (the GPU runs the same decomposition:
-    scores, softmax and, with dropout, its mask are real tensors kept for backward). The fused backends
+    ``math`` runs the math implementation op by op as the GPU does (:func:`_math`: scores, softmax and,
+    with dropout, its mask are real tensors kept for backward). The fused backends
     run the CPU flash kernel, which saves the output and a float32 logsumexp like the GPU kernels (the
     emulator then gives its logsumexp the GPU kernel's size); their dropout is regenerated in backward
     from a seed, so no dropout mask exists: the CPU kernel runs without it.
     """
     mask = _additive_mask(attn_mask, q.dtype) if attn_mask is not None else None
-    if choice.backend == "math" and dropout_p > 0.0:
-        return _math_with_fused_dropout(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     if choice.backend == "math":
-        kw: dict[str, Any] = {"scale": scale}
-        if enable_gqa:
-            kw["enable_gqa"] = True
-        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, None, **kw)[0]
+        return _math(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     if mask is not None and choice.backend == "efficient":
         mask = _efficient_mask(mask, q, k)
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(

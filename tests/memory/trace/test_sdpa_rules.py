@@ -159,3 +159,39 @@ def test_sdpa_choice_is_reported():
     _, rep = _fwd_end(lambda: Attn(H=4, Hkv=2, D=32), torch.randn(2, 64, 128), precision="amp-bf16")
     (key,) = rep.emulation["sdpa"]
     assert key == "cudnn"
+
+
+@pytest.mark.parametrize("dtype,causal,gqa,mask", [(torch.float32, True, True, None), (torch.float32, False, False, "bool"),
+                                                  (torch.bfloat16, False, False, "float"), (torch.bfloat16, True, True, None)])
+def test_math_path_composition_computes_what_torch_computes(dtype, causal, gqa, mask):
+    """Fake mode's op-by-op math path (sdpa._math) gives the C++ composite's result on real tensors."""
+    from labkit.memory.trace.sdpa import _additive_mask, _math
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, generator=g).to(dtype)
+    k, v = (torch.randn(2, 2 if gqa else 4, 16, 8, generator=g).to(dtype) for _ in range(2))
+    m = {None: None, "bool": torch.rand(2, 1, 16, 16, generator=g) > 0.3,
+         "float": torch.randn(2, 1, 16, 16, generator=g).to(dtype)}[mask]
+    m = _additive_mask(m, dtype) if m is not None else None
+    kw = {"enable_gqa": True} if gqa else {}
+    ref = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, m, 0.0, causal, None, scale=0.3, **kw)[0]
+    torch.testing.assert_close(_math(q, k, v, m, 0.0, causal, 0.3, gqa), ref)
+
+
+def test_math_path_adds_the_mask_in_place():
+    """On the GPU the math path adds the mask to the scores in place (attention.cpp: ``attn.add_`` unless a
+    tensor is subclass-like, which fake tensors are): one (B, H, S, S) scores block before the softmax, not two."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from labkit.memory.trace.fake_cuda import CudaEmulator
+    from labkit.memory.trace.sdpa import SdpaChoice, run_sdpa
+    from labkit.memory.trace.storage import StorageTracker
+
+    B, H, S, D = 2, 4, 64, 32
+    with FakeTensorMode(), StorageTracker(device_type="meta", emulator=CudaEmulator(CudaTarget(), None)) as tr:
+        q = torch.randn(B, H, S, D, requires_grad=True)
+        k, v = (torch.randn(B, 2, S, D, requires_grad=True) for _ in range(2))
+        start = len(tr.events)
+        run_sdpa(SdpaChoice("math"), q, k, v, None, 0.0, True, None, True)
+    scores = [d for _, d, _ in tr.events[start:] if d == B * H * S * S * 4]
+    assert len(scores) == 2             # the scores (masked in place) and the softmax's result
