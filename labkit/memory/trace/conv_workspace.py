@@ -25,12 +25,18 @@ the sizes follow two mechanisms:
   The same for backward-data (dy + dx + w); backward-filter takes this or a little more.
 * **1x1 stride 1** is a GEMM on NCHW: forward and backward-data take none; backward-filter takes
   per-sample float32 partial weight gradients (batch x weight elements x 4 B) or the NHWC copies,
-  whichever is smaller.
+  whichever is smaller. At small spatial sizes (7x7 measured, e.g. ResNet's last stage) every pass takes
+  the NHWC copies of input and output instead (:data:`SMALL_SPATIAL`).
+
+In situ: one steady step of ``tv-resnet50-b128-amp-bf16`` (a reference case) traced by the allocator on the
+H200 (``record_vision.py --part trace``) shows these blocks, in this order, inside its convolutions (e.g.
+294.05 MiB in the stem, 98.07 MiB in each 3x3 of the first stage, 25.63 MiB at 14x14), as the rule gives
+them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the batch as the rule says.
 
 :func:`conv_workspace_bytes` applies these. Checked against all 522 measured passes: 411 within 10% (or
 0.6 MiB). Known misses (engines the heuristics pick otherwise): 3-channel stems in float32 (the 3x3/2
 stem and the 4x4/4 patchify take none, the 7x7/2 stem's backward-data none), the 4x4/4 patchify's
-forward in bf16 (none), 1x1 convolutions at 7x7 (the NHWC copies, where the rule says none),
+forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces),
 backward-filter up to ~8 MiB larger. Not measured, assumed as stated in :data:`ASSUMPTIONS`: channels-last
 inputs, transposed, 1-D and 3-D convolutions, fp16 depthwise, ``cudnn.benchmark = True``.
 """
@@ -49,6 +55,12 @@ ASSUMPTIONS = {
     "channels_last": "cuDNN convolution workspace for a channels-last input: not measured, assumed none "
                      "(the rule's NHWC copies are of NCHW operands)",
 }
+
+
+# a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
+# in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
+# between 49 and 196 pixels, taken at the measured point
+SMALL_SPATIAL = 49
 
 
 def _round(c: int, m: int) -> int:
@@ -78,6 +90,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     pointwise = all(k == 1 for k in w_shape[2:]) and all(s == 1 for s in stride) and not any(padding)
     if not pointwise:
         return nhwc, None
+    if math.prod(y_shape[2:]) <= SMALL_SPATIAL:
+        return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es, None
     if pass_ != "backward_filter":
         return 0, None
     partials = n * math.prod(w_shape) * 4
