@@ -28,6 +28,8 @@ tensors and the GPU's different choices are made deliberately:
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
 * **Softmax backward**: CUDA's kernel first forms ``grad * output``, a temporary of the gradient's size
   (:func:`softmax_backward_temporaries`): with SDPA's math path that is one more (B, H, S, S) tensor.
+* **cuDNN convolutions**: the workspace each pass takes and frees (:mod:`labkit.memory.trace.conv_workspace`:
+  NHWC copies of the operands, per-sample weight-gradient partials for 1x1; none for PyTorch's depthwise kernel).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two.
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
@@ -115,6 +117,7 @@ class CudaTarget:
     efficient_lse_block: int = 32             # mem-efficient kernel (float32) pads logsumexp to 32 rows
     sm_count: int = 132                       # streaming multiprocessors (reduction launch configuration)
     max_threads_per_sm: int = 2048
+    cudnn_conv_workspaces: bool = True        # cuDNN convolution workspaces (labkit.memory.trace.conv_workspace)
     emulate_kernels: bool = True              # False: count exactly what the CPU kernels allocate
     simulate_allocator: bool = True           # replay the requests through the caching-allocator simulator
 
@@ -281,6 +284,8 @@ class CudaEmulator:
             self._embedding_backward(args, tracker)
         elif base == "_softmax_backward_data":
             tracker.transient_group(softmax_backward_temporaries(args[0], args[1]))
+        elif base in ("convolution", "convolution_backward") and self.target.cudnn_conv_workspaces:
+            self._conv_workspace(base == "convolution_backward", args, out, tracker)
 
     def _cublas(self, tracker: Any) -> None:
         in_backward = tracker.phases[-1] == "backward"
@@ -367,6 +372,27 @@ class CudaEmulator:
                                           x.element_size(), self.target.sm_count, self.target.max_threads_per_sm)
         if n:
             tracker.transient_group([n, 8])   # the global staging buffer and the semaphores
+
+    def _conv_workspace(self, backward: bool, args: tuple, out: Any, tracker: Any) -> None:
+        # cuDNN's workspace, taken and freed inside each pass (labkit.memory.trace.conv_workspace)
+        from labkit.memory.trace.conv_workspace import conv_workspace_bytes
+
+        if backward:
+            gy, x, w = args[0], args[1], args[2]
+            stride, padding, dilation, transposed, groups, mask = args[4], args[5], args[6], args[7], args[9], args[10]
+            passes = [p for p, on in zip(("backward_data", "backward_filter"), mask) if on]
+        else:
+            x, w, gy = args[0], args[1], out
+            stride, padding, dilation, transposed, groups = args[3], args[4], args[5], args[6], args[8]
+            passes = ["forward"]
+        cl = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        for p in passes:
+            n, why = conv_workspace_bytes(p, x.shape, w.shape, gy.shape, stride, padding, dilation, groups, x.dtype,
+                                          transposed=bool(transposed), channels_last=cl)
+            if why:
+                self.assume(why)
+            if n:
+                tracker.transient(n)
 
     def _embedding_backward(self, args: tuple, tracker: Any) -> None:
         # embedding_dense_backward on CUDA sorts the indices and reduces per segment: measured on the
