@@ -25,7 +25,8 @@ tensors and the GPU's different choices are made deliberately:
   follows ``Reduce.cuh``'s launch configuration (SM count, threads per SM): reproduced exactly.
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
-  device thread use different handles, hence two.
+  device thread use different handles, hence two. They outlive every tensor (process state): in a warm
+  process they exist, in segments of their own, before the model is built (see :class:`CudaTarget`).
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
@@ -92,12 +93,22 @@ class CudaTarget:
     place in the priority list and its dropout check; see :mod:`labkit.memory.trace.sdpa`); ``sm``
     and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
     emulated kernels allocate.
+
+    ``warm_process``: when the cuBLAS workspaces are allocated. ``CublasHandlePool.cpp``
+    (``getCurrentCUDABlasHandle``) takes a handle from a per-thread pool and, the first time that
+    handle meets a stream, allocates its workspace through the caching allocator into a static map
+    keyed by (handle, stream), freed only at exit. So a process that ran any matmul forward and
+    backward before (a warm-up, an earlier model, the recorded plain loops' earlier cases: their
+    ``base_allocated`` is these 64 MiB) holds both workspaces in segments of their own before the model
+    is built (True, the default); a fresh process allocates each at its thread's first matmul, the
+    autograd thread's from whatever block the cache has free at the first backward matmul (False).
     """
 
     name: str = "NVIDIA H200"
     allocator_rounding: int = 512
     cublas_workspace_bytes: int = 32 * MiB   # sm90 default CUBLAS_WORKSPACE_CONFIG :4096:8
     cublas_handles: int = 2                   # forward thread + autograd device thread
+    warm_process: bool = True                 # the cuBLAS workspaces exist before the model (see below)
     torch_version: str = "2.11"              # the torch whose kernel choices are reproduced
     sm: tuple[int, int] = (9, 0)              # compute capability
     cudnn_version: int = 92300                # cuDNN runtime: > 9.15 puts cuDNN attention first; > 9.22 allows head_dim 256
@@ -238,6 +249,16 @@ class CudaEmulator:
         self._tracker = tracker
         self._roles = roles
 
+    def start(self, tracker: Any, roles: Any) -> None:
+        """Before the model is built: in a warm process the cuBLAS workspaces already exist
+        (``CudaTarget.warm_process``), first on the allocator's books."""
+        self._roles = roles
+        if not (self.target.emulate_kernels and self.target.warm_process and self.target.cublas_workspace_bytes):
+            return
+        while self._workspaces < self.target.cublas_handles:
+            self._hold_workspace(tracker)
+        self._backward_thread_ws = True
+
     # -- tracker hooks -----------------------------------------------------------------------
     def before(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> tuple[tuple, dict]:
         return args, kwargs
@@ -262,12 +283,15 @@ class CudaEmulator:
     def _cublas(self, tracker: Any) -> None:
         in_backward = tracker.phases[-1] == "backward"
         if self._workspaces == 0 or (in_backward and not self._backward_thread_ws and self.target.cublas_handles > 1):
-            sid = tracker.hold(self.target.cublas_workspace_bytes)
-            if self._roles is not None:
-                self._roles.workspace.add(sid)
-            self._workspaces += 1
+            self._hold_workspace(tracker)
             if in_backward:
                 self._backward_thread_ws = True
+
+    def _hold_workspace(self, tracker: Any) -> None:
+        sid = tracker.hold(self.target.cublas_workspace_bytes)
+        if self._roles is not None:
+            self._roles.workspace.add(sid)
+        self._workspaces += 1
 
     def _sdpa_kind(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, is_causal: bool) -> str:
         """The GPU kernel for a CPU flash call that did not come through :class:`CudaFunctionRules`."""
