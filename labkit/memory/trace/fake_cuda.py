@@ -23,6 +23,8 @@ tensors and the GPU's different choices are made deliberately:
   >= 2.9); the meta kernel only knows the bf16 fast path, so fake mode makes the output itself.
 * **Reductions**: a bias gradient ``grad.sum(0)`` allocates an inter-block staging buffer whose size
   follows ``Reduce.cuh``'s launch configuration (SM count, threads per SM): reproduced exactly.
+* **Gradient accumulation**: the engine sums two gradients of one tensor in place on the GPU and out of
+  place on fake tensors (:mod:`labkit.memory.trace.accumulate`); the stream is rewritten before the replay.
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two. They outlive every tensor (process state): in a warm
@@ -47,6 +49,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
+from labkit.memory.trace.accumulate import AccumulationLog
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
@@ -207,6 +210,8 @@ class CudaEmulator:
         self.autocast_state = _AutocastState()
         self._workspaces = 0
         self._backward_thread_ws = False
+        self.accumulations = AccumulationLog()
+        self.inplace_accumulations = 0             # how many the stream rewrite made in place
         self._tracker: Any = None
         self._roles: Any = None
         self._phase = ""
@@ -263,6 +268,20 @@ class CudaEmulator:
     def before(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> tuple[tuple, dict]:
         return args, kwargs
 
+    @staticmethod
+    def _safe_softmax_inner(args: tuple, kwargs: dict, tracker: Any) -> None:
+        """``_safe_softmax`` (SDPA's math path) is one op to a dispatch mode, but its kernel is composite
+        (``_safe_softmax`` in ``aten/src/ATen/native/transformers/attention.cpp``): after the softmax
+        output it makes ``masked = self.eq(-inf)`` (bool, self's shape), ``masked_rows = all(masked, dim)``
+        and a scalar, freed on return. Measured on the H200 (torch 2.11, Mistral fp32: 1 GiB scores): the
+        result is the softmax output itself, followed by a 256 MiB, a 128 KiB and a 4-byte block."""
+        x = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+        n = x.numel()
+        rows = n // max(x.size(dim), 1) if x.dim() else n
+        tracker.transient_group([n, rows, torch.empty((), dtype=dtype or x.dtype).element_size()])
+
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         if not self.target.emulate_kernels:
             return
@@ -275,6 +294,11 @@ class CudaEmulator:
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
             self._sdpa_backward(args, kwargs, out, tracker)
 
+        elif base == "_safe_softmax":
+            self._safe_softmax_inner(args, kwargs, tracker)
+        elif base == "add" and name.endswith("Tensor") and not torch.is_grad_enabled() \
+                and tracker.phases[-1] == "backward":
+            self.accumulations.note(args, kwargs, out, tracker)   # the engine's, in place on a GPU
         elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":
@@ -325,7 +349,7 @@ class CudaEmulator:
 
     def _sdpa_backward(self, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         # Workspaces inside the backward kernels, measured on the H200 (torch 2.11) per op:
-        #   cuDNN: float32 dQ accumulator (B, H, T, D) + float32 (B, H, T) + a 512 B scalar;
+        #   cuDNN: one block (cudnn_backward_workspace);
         #   mem-efficient (float32): (B, H, T, D) float32 + two float32 (B, H, T padded to 32);
         #   flash (FlashAttention-2 source): dq_accum (B, T->128, H, D->32) + softmax_d (B, H, T->128), float32;
         #   with GQA flash also writes dK, dV for every query head before summing over each group.
@@ -336,7 +360,7 @@ class CudaEmulator:
         if kind is None:
             kind = self._sdpa_kind(q, k, args[3], kwargs.get("attn_mask"), args[7] if len(args) > 7 else False)
         if kind == "cudnn":
-            tracker.transient_group([B * H * T * D * 4, B * H * T * 4, 8])
+            tracker.transient(cudnn_backward_workspace(q, k, args[3]))
         elif kind == "flash":
             t_r = math.ceil(T / 128) * 128
             d_r = math.ceil(D / 32) * 32
@@ -380,6 +404,7 @@ class CudaEmulator:
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
+                "inplace_accumulations": self.inplace_accumulations,
                 "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions)}
 
     def assume(self, text: str) -> None:
@@ -414,6 +439,20 @@ class CudaEmulator:
             return 0.0
         raise LabkitError(refusal("aten._local_scalar_dense (an integer .item())", where,
                                   "its value decides what follows"))
+
+
+def cudnn_backward_workspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Bytes of the one workspace block cuDNN's SDPA backward takes (``run_cudnn_SDP_bprop`` allocates the
+    graph's ``get_workspace_size()`` at once). cudnn-frontend's ``CompositeSDPABackwardNode`` sizes it as a
+    float32 dQ accumulator (B, H, T, D) + the float32 softmax sum (B, H, T) + with GQA dK and dV for every
+    query head (B, H, S, D, in q's dtype, then summed per group); the backend adds 256 bytes. Measured on
+    the H200 (torch 2.11, cuDNN 9.19): GPT-2 b8 (12 heads, D 64) 25,559,296 B; Gemma 3 b2 (4 query heads,
+    1 kv head, D 256) 16,810,240 B, both exactly this."""
+    B, H, T, D = q.size(0), q.size(1), q.size(2), q.size(3)
+    n = B * H * T * D * 4 + B * H * T * 4 + 256
+    if k.size(1) != H:
+        n += B * H * k.size(2) * D * q.element_size() + B * H * v.size(2) * v.size(3) * q.element_size()
+    return n
 
 
 def _all_ones_padding(batch: Any) -> bool:

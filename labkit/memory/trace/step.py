@@ -372,8 +372,10 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     reserved = None
     reserved_by_conf: dict[str, dict[str, int]] = {}
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
+        from labkit.memory.trace.accumulate import apply_inplace
         from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 
+        emulator.inplace_accumulations = apply_inplace(tracker.events, emulator.accumulations.adds)
         step_starts = [tracker.phase_start_event[min(by_step[s])] for s in sorted(by_step) if s >= 1]
         rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP)
         for p in phases:
