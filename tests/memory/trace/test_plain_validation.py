@@ -13,8 +13,6 @@ CHEAP = [r for r in RECORDS if r.case.family == "transformers" and layer_count(r
 
 # case -> why fake mode is off on it today (from the recordings: which kernels the H200 ran)
 KNOWN_GAPS = {
-    "mistral-b4-fp32": "peak right (-0.01%) but reserved 8.2% low: fp32 GQA runs SDPA's math path, and the "
-                       "allocator simulator's replay of its s x s temporaries caches less than the H200 did",
     "gemma2-b2-amp-bf16": "peak 3.5% and reserved 11% high: transformers 5.24 here runs Gemma 2 without SDPA "
                           "(eager attention, for its soft-capping), 5.17 on the H200 ran cuDNN",
 }
