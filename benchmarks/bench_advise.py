@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_advise.py              # speed: 70B on 64 GPUs (< 2 s), 7B HF config
                                                              # on 8 GPUs with the fake-mode trace (< 90 s)
     .venv/bin/python benchmarks/bench_advise.py --validate   # predicted vs recorded H200 step times
+                                 [--only NAME ...] [--split reference|held-out]
 
 Medians of --repeats runs, in one process, after a reproducibility header.
 """
@@ -54,17 +55,25 @@ def speed(repeats: int) -> int:
     return 0 if ok else 1
 
 
-def validate() -> int:
-    from labkit.advise.validate import check
+def validate(only: list[str] | None = None, split: str | None = None) -> int:
+    from labkit.advise.validate import check, recorded_step_times
 
-    rows = check()
-    print(f"{'case':34s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s}")
-    for r in rows:
-        print(f"{r.name:34s} {r.split:9s} {r.measured_s * 1e3:8.1f} {r.predicted_s * 1e3:8.1f} {r.rel_error * 100:+6.1f}%")
-    for split in ("reference", "held-out"):
-        e = [abs(r.rel_error) for r in rows if r.split == split]
+    rec = recorded_step_times()
+    todo = [n for n in sorted(rec) if (not only or any(o in n for o in only)) and (not split or rec[n].get("split") == split)]
+    rows = []
+    print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s} {'gpu ms':>7s} {'host ms':>7s} syncs")
+    for name in todo:
+        got = check([name])
+        if not got:
+            continue
+        r = got[0]
+        rows.append(r)
+        print(f"{r.name:36s} {r.split:9s} {r.measured_s * 1e3:8.1f} {r.predicted_s * 1e3:8.1f} {r.rel_error * 100:+6.1f}% "
+              f"{r.gpu_busy_s * 1e3:7.1f} {r.host_s * 1e3:7.1f} {r.syncs:5d}", flush=True)
+    for part in ("reference", "held-out"):
+        e = [abs(r.rel_error) for r in rows if r.split == part]
         if e:
-            print(f"{split}: {len(e)} cases, median |error| {statistics.median(e) * 100:.1f}%, worst {max(e) * 100:.1f}%, "
+            print(f"{part}: {len(e)} cases, median |error| {statistics.median(e) * 100:.1f}%, worst {max(e) * 100:.1f}%, "
                   f"within 20%: {sum(x <= 0.2 for x in e)}")
     return 0
 
@@ -73,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate", action="store_true")
+    ap.add_argument("--only", action="append", help="with --validate: cases whose name contains this (repeatable)")
+    ap.add_argument("--split", choices=("reference", "held-out"), help="with --validate: one split only")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
-    return validate() if args.validate else speed(args.repeats)
+    return validate(args.only, args.split) if args.validate else speed(args.repeats)
 
 
 if __name__ == "__main__":

@@ -197,7 +197,8 @@ def validate_plain(only: str | None = None) -> int:
         (v,) = validate([r])
         vals.append(v)
         pe = "refused" if v.peak_error_pct is None else f"{v.peak_error_pct:+.1f}%"
-        print(f"  {v.split:9s} {v.name:42s} {pe:>8s}  ({v.seconds:.1f} s)", flush=True)
+        note = f"  [{v.note}]" if v.note else ""
+        print(f"  {v.split:9s} {v.name:42s} {pe:>8s}  ({v.seconds:.1f} s){note}", flush=True)
     rows = validation_rows(vals)
     for split in ("reference", "held-out"):
         print(f"\n## {split}")

@@ -46,8 +46,8 @@ def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tup
 
     precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"
     batch = hf_lm_batch(vocab, micro_batch, job.seq)
-    roofline = Roofline()
-    rep = measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
-                       device="fake-cuda", steps=2, alloc_confs=alloc_confs, observers=(roofline,))
+    with Roofline() as roofline:
+        rep = measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
+                           device="fake-cuda", steps=2, alloc_confs=alloc_confs, observers=(roofline,))
     rep.roofline = roofline.describe()
     return rep

@@ -42,12 +42,6 @@ def dtype_of(precision: str) -> str:
     return "fp32" if precision == "fp32" else ("fp16" if precision in ("amp-fp16", "fp16-mixed") else "bf16")
 
 
-def dtype_of_torch(dt) -> str:
-    import torch
-
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dt, "fp32")
-
-
 def matmul_rate_flops(dtype: str, flops: float) -> float:
     """Measured matmul throughput (FLOP/s) in ``dtype`` (bf16, fp16, fp32) for a GEMM of ``flops``
     FLOPs: log-log interpolation between the recorded square sizes, clamped at both ends."""
@@ -77,23 +71,6 @@ def matmul_rate(precision: str, m: int, n: int, k: int) -> Rate:
 
         return Rate(DEFAULT_ACHIEVABLE_FLOPS, "model: assumed 400 TFLOP/s (no matmul recording under data/)")
     return Rate(matmul_rate_flops(dtype_of(precision), 2.0 * m * n * k), rec[1])
-
-
-@dataclass(frozen=True)
-class Hardware:
-    bandwidth_Bps: float    # device memory, bytes read + written per second
-    launch_s: float         # host time to issue one small kernel from eager PyTorch
-    source: str
-
-
-def hardware() -> Hardware:
-    """Copy bandwidth and kernel-issue cost: recorded by record_matmul.py when present, else the
-    figures seen on this workplace's H200 (KINDS.md: ~4.3 TB/s device copy, read + write) and an
-    assumed 6 us per eager op."""
-    rec = _recorded()
-    if rec is not None and "bandwidth_Bps" in rec[0] and "launch_s" in rec[0]:
-        return Hardware(rec[0]["bandwidth_Bps"], rec[0]["launch_s"], rec[1])
-    return Hardware(4.3e12, 6e-6, "assumed: 4.3 TB/s copy (seen on an H200 here), 6 us per eager op")
 
 
 def achievable_flops(spec, precision: str, micro_batch: int, seq: int, tp: int = 1) -> Rate:

@@ -20,6 +20,9 @@ class StepTimeCheck:
     measured_s: float
     predicted_s: float
     kernels: int
+    gpu_busy_s: float = 0.0      # the priced kernels alone
+    host_s: float = 0.0          # the priced host issue alone
+    syncs: int = 0
 
     @property
     def rel_error(self) -> float:
@@ -36,14 +39,14 @@ def recorded_step_times(path: Path | str = PLAIN_FILE) -> dict[str, dict]:
     return {c["name"]: c for c in doc["data"]["cases"] if c.get("median_step_s")}
 
 
-def predict_step_time(case) -> tuple[float, int]:
-    """(predicted seconds, kernels) of one corpus case's steady step on the target GPU."""
+def predict_step_time(case) -> dict:
+    """The priced steady step of one corpus case on the target GPU (:meth:`Roofline.describe`)."""
     from labkit.advise.roofline import Roofline
     from labkit.workloads import corpus
 
-    rf = Roofline()
-    corpus.predict(case, observers=(rf,))
-    return rf.step_s, rf.describe()["kernels"]
+    with Roofline() as rf:
+        corpus.predict(case, observers=(rf,))
+    return rf.describe()
 
 
 def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list[StepTimeCheck]:
@@ -57,6 +60,7 @@ def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list
             case = corpus.get_case(name)
         except LabkitError:
             continue
-        pred, kernels = predict_step_time(case)
-        out.append(StepTimeCheck(name, row.get("split", case.split), row["median_step_s"], pred, kernels))
+        d = predict_step_time(case)
+        out.append(StepTimeCheck(name, row.get("split", case.split), row["median_step_s"], d["step_s"], d["kernels"],
+                                 d["gpu_busy_s"], d["host_s"], d["syncs"]))
     return out

@@ -157,5 +157,15 @@ def recompute_value(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def moe_routing_value(text: str):
+    """An argument type: a :class:`~labkit.core.vocab.MoeRouting` (``balanced`` or shares ``0.4,0.3,0.2,0.1``)."""
+    from labkit.core.vocab import MoeRouting
+
+    try:
+        return MoeRouting.parse(text)
+    except LabkitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def choices_metavar(choices: tuple[str, ...]) -> str:
     return "{" + ",".join(choices) + "}"

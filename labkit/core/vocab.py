@@ -18,6 +18,11 @@ optimizer and its implementation
     (PyTorch's default on CUDA), ``fused`` or ``for-loop``.
 phase
     ``forward``, ``loss``, ``backward``, ``optimizer``, ``zero_grad``.
+MoE routing (``moe_routing=``, ``--moe-routing``)
+    ``balanced`` (the default: every expert receives tokens x top-k / experts rows) or the share
+    of the rows each expert receives, ``0.4,0.3,0.2,0.1`` (one non-negative number per expert,
+    summing to 1). Fake tensors have no values, so fake mode assumes it where a model's shapes
+    depend on the routing, and reports which.
 memory category
     ``parameters``, ``gradients``, ``optimizer_state``, ``activations``, ``logits``,
     ``temporaries``, ``inputs``, ``workspace``, ``comm_buffers``, ``context``,
@@ -29,6 +34,8 @@ what the new name is; ``LEGACY`` lists them and a test pins it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -166,3 +173,65 @@ class OptimizerSpec:
 
     def __str__(self) -> str:
         return f"{self.name} ({self.impl})"
+
+
+@dataclass(frozen=True)
+class MoeRouting:
+    """How a mixture-of-experts model's tokens are assumed to be routed: ``balanced`` (``shares``
+    None: every expert the same number of rows) or the share of the rows (token-expert pairs) each
+    expert receives, in expert order. :meth:`parse` reads ``balanced`` or ``0.4,0.3,0.2,0.1``."""
+
+    shares: tuple[float, ...] | None = None
+
+    SUM_TOLERANCE = 0.01     # shares are normalised; a sum further than this from 1 is refused
+
+    def __post_init__(self) -> None:
+        if self.shares is not None:
+            label = "moe routing " + repr(",".join(str(x) for x in self.shares))
+            object.__setattr__(self, "shares", _checked_shares(self.shares, label))
+
+    @classmethod
+    def parse(cls, value: "str | MoeRouting | None | tuple | list", *, what: str = "moe routing") -> "MoeRouting":
+        """``balanced`` (or None), comma-separated shares, a sequence of shares, or a :class:`MoeRouting`."""
+        if value is None or isinstance(value, MoeRouting):
+            return value or cls()
+        if isinstance(value, (tuple, list)):
+            return cls(_checked_shares(tuple(value), f"{what} {list(value)!r}"))
+        if not isinstance(value, str):
+            raise LabkitError(f"{what} must be balanced or shares like 0.4,0.3,0.2,0.1, got {value!r}")
+        text = value.strip()
+        if text == "balanced":
+            return cls()
+        shares = []
+        for i, part in enumerate(text.split(",")):
+            try:
+                shares.append(float(part))
+            except ValueError:
+                raise LabkitError(f"{what} {value!r}: share {i} ({part.strip()!r}) is not a number; give balanced "
+                                  "or one share per expert, e.g. 0.4,0.3,0.2,0.1") from None
+        return cls(_checked_shares(tuple(shares), f"{what} {value!r}"))
+
+    @property
+    def balanced(self) -> bool:
+        return self.shares is None
+
+    def text(self) -> str:
+        return "balanced" if self.shares is None else ",".join(f"{x:.4g}" for x in self.shares)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def _checked_shares(shares: tuple, label: str) -> tuple[float, ...]:
+    """``shares`` normalised to sum 1, or a :class:`LabkitError` starting with ``label``."""
+    if not shares:
+        raise LabkitError(f"{label}: give one share per expert (e.g. 0.4,0.3,0.2,0.1) or balanced")
+    for i, x in enumerate(shares):
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
+            raise LabkitError(f"{label}: share {i} ({x!r}) is not a finite number")
+        if x < 0:
+            raise LabkitError(f"{label}: share {i} ({x:g}) is negative")
+    total = math.fsum(shares)
+    if abs(total - 1.0) > MoeRouting.SUM_TOLERANCE:
+        raise LabkitError(f"{label}: the shares sum to {total:g}, not 1 (within {MoeRouting.SUM_TOLERANCE:g})")
+    return tuple(float(x) / total for x in shares)

@@ -465,6 +465,13 @@ def supported_models(*, smoke: bool = False) -> Section:
     return sec
 
 
+def moe_routing(*, smoke: bool = False) -> Section:
+    """A mixture-of-experts step under balanced and skewed routings, per experts implementation (fake mode)."""
+    from labkit.memory.trace.moe_section import routing_section
+
+    return routing_section(smoke=smoke)
+
+
 def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True) -> Section:
     """Fake mode against the H200's plain, untraced training loops, reference and held-out apart
     (``validate_all=False``: the transformers cases of at most 6 layers, those CI checks)."""

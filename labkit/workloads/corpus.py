@@ -295,14 +295,23 @@ def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: 
 # The prediction (fake mode)
 
 
-def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2, **kw: Any) -> Any:
-    """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak."""
+def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2,
+            prepare: Callable[[nn.Module], Any] | None = None, **kw: Any) -> Any:
+    """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak.
+    ``prepare(model)``, if given, runs on the built model before the step (e.g. the attention
+    implementation a recording names)."""
     from labkit.memory.trace.step import measure_step
 
     from labkit.core.vocab import OptimizerSpec
 
+    def build() -> nn.Module:
+        model = build_model(case)
+        if prepare is not None:
+            prepare(model)
+        return model
+
     recompute = case.recompute if case.checkpoint_impl == "torch" else "none"   # HF's own is in the model
-    return measure_step(lambda: build_model(case), make_batch(case), precision=case.step_precision,
+    return measure_step(build, make_batch(case), precision=case.step_precision,
                         optimizer=OptimizerSpec(case.optimizer, case.optimizer_impl), device=device, steps=steps,
                         loop=case.loop, recompute=recompute, **step_hooks(case), **kw)
 

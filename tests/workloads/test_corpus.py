@@ -63,3 +63,22 @@ def test_plain_recording_script_smoke_runs_on_cpu(tmp_path):
     clue = load_measurement(tmp_path / "clue_gpt2_large.json", kind="measure_plain_clue")["data"]
     assert len(clue["variants"]) == 6 and not any("error" in v for v in clue["variants"].values())
     assert (tmp_path / "log.txt").read_text().count("clue:") == 6
+
+
+def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
+    """benchmarks/gpu/record_vision.py --smoke: a pure-bf16 torchvision case takes bf16 images (the first
+    corpus run fed it float32 ones: ``Input type (float) and bias type (c10::BFloat16)``), and the
+    convolution probes run forward and the three backward variants."""
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_vision.py", "--out", str(tmp_path), "--smoke"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = load_measurement(tmp_path / "plain_bf16.json", kind="measure_plain")["data"]["cases"]
+    assert "error" not in row, row
+    assert row["param_dtypes"] == ["torch.bfloat16"] and row["median_step_s"] > 0 and row["case"]["precision"] == "bf16"
+    conv = load_measurement(tmp_path / "conv_workspace.json", kind="conv_workspace")
+    assert "cudnn" in conv["provenance"] and conv["data"]["settings"]["cudnn_benchmark_default"] is False
+    rows = conv["data"]["rows"]
+    assert {r["dtype"] for r in rows} == {"fp32", "bf16"} and not any("error" in r for r in rows)
+    for r in rows:
+        assert r["output_shape"] == [2, 128, 28, 28]
+        assert all(k in r for k in ("forward", "backward_data", "backward_filter", "backward"))

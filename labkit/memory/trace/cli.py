@@ -6,6 +6,7 @@
     labkit measure --hf-config path/to/config.json --lora --precision bf16
     labkit measure --factory mypkg.models:build --micro-batch 8 --seq 512       # your own nn.Module
     labkit measure --factory mypkg.vision:net --image-size 224 --micro-batch 64
+    labkit measure --hf-config path/to/mixtral/config.json --moe-routing 0.4,0.2,0.2,0.2   # skewed routing
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import sys
 from typing import Any
 
+from labkit.core.cliargs import moe_routing_value
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 
@@ -66,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--loop", choices=("plain", "keep-output"), default="plain",
                    help="plain: loss = model(**batch).loss (the output freed before backward, the default); "
                         "keep-output: the output object alive through backward")
+    s.add_argument("--moe-routing", type=moe_routing_value, default=None, metavar="balanced|SHARES",
+                   help="fake-cuda, mixture-of-experts models: how tokens are assumed to be routed where the memory "
+                        "depends on it (an eager per-expert loop): balanced (the default) or each expert's share of "
+                        "the tokens x top-k rows, e.g. 0.4,0.2,0.2,0.2; the report says which was assumed")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
     p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
@@ -168,7 +174,7 @@ def _optimizer(args: argparse.Namespace):
 
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"optimizer": _optimizer(args), "precision": args.precision, "device": args.device, "steps": args.steps,
-            "loop": args.loop, "recompute": args.recompute}
+            "loop": args.loop, "recompute": args.recompute, "moe_routing": args.moe_routing}
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
@@ -198,7 +204,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                                                                if task == "image-classification" else 512),
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
                 optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
-    rep = predict(case, device=args.device, steps=args.steps)
+    rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing)
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
         ", LoRA on a bf16 base" if args.lora else "")
 
@@ -236,3 +242,11 @@ def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
         how = "predicted by the allocator simulator" if args.device == "fake-cuda" else "torch.cuda.memory_stats"
         print(f"\ntensor storages at their peak {fmt_bytes(rep.storage_peak_bytes)}; allocator reserved "
               f"{fmt_bytes(rep.reserved_bytes)} ({how})")
+    emulation = rep.emulation or {}
+    routing = emulation.get("moe_routing") or {}
+    if routing.get("used_by") or routing.get("not_needed_by"):
+        print(f"\nMoE routing assumed: {routing['assumed']}" + (" (the default)" if routing.get("default") else ""))
+    if emulation.get("assumptions"):
+        print("\nassumed where fake tensors have no values:")
+        for text in emulation["assumptions"]:
+            print(f"  - {text}")

@@ -137,6 +137,7 @@ class PlainRecord:
     median_step_s: float | None
     sdpa_backends: list[str]
     provenance: dict[str, Any] = field(default_factory=dict)
+    attn_implementation: str | None = None   # the model config's, as the recorded transformers chose it
 
 
 @dataclass
@@ -152,6 +153,7 @@ class Validation:
     predicted_reserved: int | None = None
     reason: str = ""
     seconds: float = 0.0
+    note: str = ""                  # what the prediction did to run the case as recorded
 
     @property
     def peak_error_pct(self) -> float | None:
@@ -193,7 +195,8 @@ def load_plain(path: str | Path | None = None) -> list[PlainRecord]:
             case = Case(**r["case"])
             out.append(PlainRecord(r["name"], r["split"], case, int(r["peak_allocated"]),
                                    None if r.get("peak_reserved") is None else int(r["peak_reserved"]),
-                                   r.get("median_step_s"), list(r.get("sdpa_backends") or []), doc["provenance"]))
+                                   r.get("median_step_s"), list(r.get("sdpa_backends") or []), doc["provenance"],
+                                   r.get("attn_implementation")))
         except (KeyError, TypeError, ValueError) as exc:
             raise LabkitError(f"{path}: case {r.get('name', '?')!r} is malformed ({exc})") from None
         if case.split != r["split"]:
@@ -211,14 +214,48 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
 
         t = time.perf_counter()
         v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
+        notes: list[str] = []
         try:
-            rep = predict(rec.case)
+            rep = predict(rec.case, prepare=lambda m: notes.append(
+                recorded_attention(m, rec.attn_implementation, rec.provenance.get("transformers"))))
             v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
         except FakeModeUnsupported as exc:
             v.status, v.reason = "refused", _short(str(exc))
         v.seconds = time.perf_counter() - t
+        v.note = "; ".join(n for n in notes if n)
         out.append(v)
     return out
+
+
+def recorded_attention(model: Any, impl: str | None, recorded_version: str | None = None) -> str:
+    """Run a ``transformers`` model with the attention implementation its recording names, where the
+    installed version picks another; returns what was changed ("" when nothing was).
+
+    Fake mode runs the installed library, so a user's prediction follows the installed version's
+    choices (and :func:`validate` reports where they differ from the recorded one's). The recorded
+    ground truth was produced by the transformers of its provenance, and a comparison must run the
+    same program. The case in point: transformers 5.17 (the H200's) ran Gemma 2 through SDPA (the
+    recording names ``sdpa``, and cuDNN attention kernels ran); ``F.scaled_dot_product_attention`` has
+    no soft-capping argument, so that run did not soft-cap the attention scores. The installed 5.24
+    declares Gemma 2 without SDPA (``Gemma2PreTrainedModel._supports_sdpa = False``, and
+    ``integrations/sdpa_attention.py``'s ``sdpa_attention_forward`` raises on a ``softcap``) and runs
+    eager attention, which keeps the (s x s) scores and probabilities. Under SDPA the attention
+    modules' ``attn_logit_softcapping`` is therefore dropped, as the recorded run dropped it.
+    """
+    cfg = getattr(model, "config", None)
+    now = getattr(cfg, "_attn_implementation", None)
+    if not impl or now is None or now == impl:
+        return ""
+    import transformers
+
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if isinstance(c, transformers.PretrainedConfig):
+            c._attn_implementation = impl
+        if impl == "sdpa" and getattr(m, "attn_logit_softcapping", None) is not None:
+            m.attn_logit_softcapping = None
+    return (f"attention {impl} as recorded (transformers {recorded_version or '?'}); "
+            f"the installed {transformers.__version__} runs {now}")
 
 
 def summary(vals: list[Validation]) -> dict[str, Any]:
@@ -284,4 +321,5 @@ def validation_section(vals: list[Validation] | None = None) -> Any:
 
 
 __all__ = ["PEAK_TOLERANCE_PCT", "RESERVED_TOLERANCE_PCT", "PlainRecord", "Support", "Validation", "check_case",
-           "load_plain", "summary", "support", "support_markdown", "support_section", "validate", "validation_section"]
+           "load_plain", "recorded_attention", "summary", "support", "support_markdown", "support_section", "validate",
+           "validation_section"]

@@ -7,7 +7,9 @@ tensors and the GPU's different choices are made deliberately:
   is a ``TorchFunctionMode`` that applies CUDA's lists (``ATen/autocast_mode.h``: lower-precision
   ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
   ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
-  of lower-precision copies of leaf weights, cleared when the outermost region exits.
+  of lower-precision copies of leaf weights, cleared when the outermost region exits. A composite op
+  on none of CUDA's lists (``cross_entropy``) runs its decomposition, whose sub-ops meet the lists
+  one by one (:mod:`labkit.memory.trace.autocast_composite`).
 * **Attention**: :mod:`labkit.memory.trace.sdpa` picks the kernel as ``select_sdp_backend`` does on
   the target (cuDNN, flash, mem-efficient or math, by dtype, head_dim, GQA, mask, dropout and torch
   version). The math path runs decomposed (its scores and probabilities are real tensors); the fused
@@ -23,17 +25,21 @@ tensors and the GPU's different choices are made deliberately:
   >= 2.9); the meta kernel only knows the bf16 fast path, so fake mode makes the output itself.
 * **Reductions**: a bias gradient ``grad.sum(0)`` allocates an inter-block staging buffer whose size
   follows ``Reduce.cuh``'s launch configuration (SM count, threads per SM): reproduced exactly.
-* **Gradient accumulation**: the engine sums two gradients of one tensor in place on the GPU and out of
-  place on fake tensors (:mod:`labkit.memory.trace.accumulate`); the stream is rewritten before the replay.
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two. They outlive every tensor (process state): in a warm
   process they exist, in segments of their own, before the model is built (see :class:`CudaTarget`).
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
+* **Gradient accumulation**: the autograd engine sums two gradients of one tensor in place on plain
+  tensors and out of place on fake ones (:mod:`labkit.memory.trace.grad_accumulation`): fake mode
+  sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
-  0.0, each answer reported; a data-dependent shape (``nonzero``) or an integer read is refused with one
-  line naming the op and the module.
+  0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.moe`): the experts hit, each
+  expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
+  integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
+  each expert's share), reported; other data-dependent shapes (``nonzero``) and integer reads are
+  refused with one line naming the op and the module.
 * **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
@@ -49,8 +55,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
-from labkit.memory.trace.accumulate import AccumulationLog
-from labkit.memory.trace.fake_runtime import ModuleStack, refusal
+from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
+from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
+from labkit.memory.trace.grad_accumulation import engine_accumulation
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
 MiB = 1 << 20
@@ -69,8 +76,6 @@ FP32 = frozenset({
     "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
     "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    # composite ops that decompose into float32-list ops on CUDA (log_softmax + nll_loss)
-    "cross_entropy",
 })
 FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
                                 "linalg_matrix_norm", "sum"})
@@ -166,7 +171,13 @@ class CudaAutocast(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
+        out = run_composite(self, func, args, kwargs)   # e.g. nn.MultiheadAttention's body: cast op by op
+        if out is not NotImplemented:
+            return out
         name = _op_name(func)
+        if decomposes_under_cuda_autocast(name, args, kwargs):
+            with self:   # the sub-ops of the decomposition meet these lists, as on the GPU
+                return composite_under_cuda_autocast(name)(*args, **kwargs)
         if name in LOWER_PRECISION:
             c = self.state.cache
             args = _map(args, lambda x: _cast(x, self.dtype, c))
@@ -204,14 +215,15 @@ class CudaEmulator:
 
     autocast_class = CudaAutocast  # the mode checkpointing's recomputation looks for (fake_runtime)
 
-    def __init__(self, target: CudaTarget, policy: Any) -> None:
+    def __init__(self, target: CudaTarget, policy: Any, moe_routing: Any = None) -> None:
+        from labkit.core.vocab import MoeRouting
+        from labkit.memory.trace.moe import RoutingOracle
+
         self.target = target
         self.policy = policy
         self.autocast_state = _AutocastState()
         self._workspaces = 0
         self._backward_thread_ws = False
-        self.accumulations = AccumulationLog()
-        self.inplace_accumulations = 0             # how many the stream rewrite made in place
         self._tracker: Any = None
         self._roles: Any = None
         self._phase = ""
@@ -220,6 +232,7 @@ class CudaEmulator:
         self.sdpa_choices: dict[str, int] = {}     # "backend (why others were rejected)" -> calls
         self.assumptions: list[str] = []
         self.modules = ModuleStack()
+        self.routing = RoutingOracle(MoeRouting.parse(moe_routing), self.modules, self.assume)
 
     # -- autocast ----------------------------------------------------------------------------
     def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
@@ -283,6 +296,7 @@ class CudaEmulator:
         tracker.transient_group([n, rows, torch.empty((), dtype=dtype or x.dtype).element_size()])
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
+        self.routing.observe(func, args, kwargs, out)
         if not self.target.emulate_kernels:
             return
         name = getattr(func, "__name__", str(func))
@@ -296,9 +310,6 @@ class CudaEmulator:
 
         elif base == "_safe_softmax":
             self._safe_softmax_inner(args, kwargs, tracker)
-        elif base == "add" and name.endswith("Tensor") and not torch.is_grad_enabled() \
-                and tracker.phases[-1] == "backward":
-            self.accumulations.note(args, kwargs, out, tracker)   # the engine's, in place on a GPU
         elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":
@@ -404,8 +415,8 @@ class CudaEmulator:
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
-                "inplace_accumulations": self.inplace_accumulations,
-                "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions)}
+                "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions),
+                "moe_routing": self.routing.describe()}
 
     def assume(self, text: str) -> None:
         if text not in self.assumptions:
@@ -414,15 +425,53 @@ class CudaEmulator:
     # -- ops fake tensors cannot run as the GPU does -------------------------------------------
     def replace(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
         """The op's result when fake mode must make it itself, else ``NotImplemented``."""
+        routed = self.routing.replace(func, args, kwargs)    # MoE dispatch's data-dependent shapes
+        if routed is not NotImplemented:
+            return routed
         if func is torch.ops.aten._local_scalar_dense.default:
             return self._scalar_read(args[0])
+        if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                                    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
+            return self._efficient_layout(func, args, kwargs, tracker)
+        if self.target.emulate_kernels and func is torch.ops.aten.add.Tensor:
+            return engine_accumulation(func, args, kwargs, tracker.phases[-1])
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
-            self.assume("MoE routing: the grouped expert matmul runs all tokens x top-k rows; its memory does not "
-                        "depend on how tokens are routed (no token distribution assumed)")
+            self.routing.independent("the grouped expert matmul (torch._grouped_mm)",
+                                     experts=b.size(0) if b.dim() == 3 else None,
+                                     rows=a.size(0) if tracker.phases[-1] == "forward" else None)
             if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
                 return _grouped_mm_fallback_output(func, args, kwargs)
         return NotImplemented
+
+    def _efficient_layout(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
+        """The mem-efficient kernel's outputs in the layout it allocates them (attention.cu
+        ``_efficient_attention_forward``: the output ``at::empty({B, M, num_heads, Kv})``;
+        attention_backward.cu ``_efficient_attention_backward``: ``grad_out_.contiguous()``, then
+        ``grad_q/k/v = at::empty(query.sizes())``, all in (batch, seq, heads, dim) order, transposed back to
+        (B, H, S, D)). The CPU kernel's meta function returns ``empty_like(query)`` instead: the same for
+        q/k/v laid out (B, S, H, D) as Hugging Face models make them, but ``nn.MultiheadAttention``'s
+        views of its (S, B, E) projection are laid out (S, B, H, D), and there the GPU's output needs the
+        copy that MHA's ``permute(...).contiguous()`` makes (kept by the output projection for backward),
+        its gradients a copy for each ``view`` back, and the backward a contiguous copy of grad_out.
+        Other backends (flash: ``empty_like(q)``; cuDNN: ``alloc_with_matching_layout``) keep the
+        query's layout, as the meta function does. Returns ``NotImplemented`` unless the GPU runs
+        mem-efficient here."""
+        backward = func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        if backward:
+            sid = tracker.storage_id(args[5]) if len(args) > 5 else None
+            kind = self._sdpa_by_lse.get(sid) if sid is not None else None
+        else:
+            kind = self._pending_sdpa
+        if kind != "efficient":
+            return NotImplemented
+        out = func(*args, **kwargs)
+        if backward:
+            grad_out = args[0]
+            if not grad_out.transpose(1, 2).is_contiguous():
+                tracker.transient(grad_out.numel() * grad_out.element_size())
+            return tuple(_bmhk_like(g) for g in out)
+        return (_bmhk_like(out[0]), out[1])
 
     def _scalar_read(self, x: torch.Tensor) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -430,6 +479,9 @@ class CudaEmulator:
         const = getattr(x, "constant", None) if isinstance(x, FakeTensor) else None
         if const is not None:
             return NotImplemented
+        known = self.routing.scalar(x)      # an expert id or a count fake mode made (MoE routing)
+        if known is not None:
+            return known
         where = self.modules.where()
         if x.dtype == torch.bool:
             self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
@@ -453,6 +505,14 @@ def cudnn_backward_workspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     if k.size(1) != H:
         n += B * H * k.size(2) * D * q.element_size() + B * H * v.size(2) * v.size(3) * q.element_size()
     return n
+
+
+def _bmhk_like(t: torch.Tensor) -> torch.Tensor:
+    """A new (B, H, S, D) tensor like ``t`` laid out (B, S, H, D) (contiguous after ``transpose(1, 2)``)."""
+    if t.transpose(1, 2).is_contiguous():
+        return t
+    b, h, s, d = t.shape
+    return torch.empty((b, s, h, d), dtype=t.dtype, device=t.device).transpose(1, 2)
 
 
 def _all_ones_padding(batch: Any) -> bool:

@@ -13,6 +13,11 @@
   fake parameters builds new parameters (tied ones once) instead of swapping tensor contents: the
   fake tensor converter keeps weak references to fake tensors, and ``torch.utils.swap_tensors``
   refuses tensors with weak references.
+* :func:`composite_body`: a Python-level composite of ``torch.nn.functional`` (``multi_head_attention_forward``,
+  what ``nn.MultiheadAttention`` runs in training) reaches a function mode as ONE call, and the mode
+  is popped while it handles it, so the ops inside (the projections, SDPA) would bypass both fake
+  mode's autocast and its kernel rules. On the GPU those ops are cast and dispatched one by one;
+  fake mode runs the composite's body with the modes active instead.
 * :class:`ModuleStack`: which module is running (named in refusals and assumptions).
 """
 
@@ -31,6 +36,7 @@ class ModuleStack:
 
     def __init__(self) -> None:
         self.stack: list[str] = []
+        self.ids: list[int] = []          # id() of each running module, innermost last
 
     def where(self) -> str:
         return f"module {self.stack[-1]}" if self.stack else "code outside any module"
@@ -41,10 +47,12 @@ class ModuleStack:
 
         def pre(mod: nn.Module, args: Any) -> None:
             self.stack.append(type(mod).__name__)
+            self.ids.append(id(mod))
 
         def post(mod: nn.Module, args: Any, out: Any) -> None:
             if self.stack:
                 self.stack.pop()
+                self.ids.pop()
 
         h1 = register_module_forward_pre_hook(pre)
         h2 = register_module_forward_hook(post)   # not on exceptions: a refusal names the failing module
@@ -53,6 +61,40 @@ class ModuleStack:
         finally:
             h1.remove()
             h2.remove()
+
+
+# Python-level composites whose body must run under the function modes (torch.nn.functional): their
+# first statement dispatches the whole call to the modes (``has_torch_function`` / ``handle_torch_function``)
+COMPOSITES = ("multi_head_attention_forward",)
+_BODIES: dict[Any, Callable] = {}
+
+
+def composite_body(func: Any) -> Callable | None:
+    """For a composite named in :data:`COMPOSITES`, the same function with its torch-function dispatch
+    check answered "no" (a copy of it whose ``has_torch_function`` returns False), so that calling it
+    inside a mode runs its body op by op; None for any other function."""
+    import types
+
+    if getattr(func, "__name__", "") not in COMPOSITES or getattr(func, "__module__", "") != "torch.nn.functional":
+        return None
+    body = _BODIES.get(func)
+    if body is None:
+        glb = dict(func.__globals__)
+        glb["has_torch_function"] = lambda *a, **k: False
+        body = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+        body.__kwdefaults__ = func.__kwdefaults__
+        _BODIES[func] = body
+    return body
+
+
+def run_composite(mode: TorchFunctionMode, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a composite's body with ``mode`` pushed again (it is popped while it handles a call), so the
+    ops inside reach it and the modes beneath it, in their order; ``NotImplemented`` if ``func`` is not one."""
+    body = composite_body(func)
+    if body is None:
+        return NotImplemented
+    with mode:
+        return body(*args, **kwargs)
 
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -69,6 +111,9 @@ class CudaFunctionRules(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        out = run_composite(self, func, args, kwargs)
+        if out is not NotImplemented:
+            return out
         if func is torch.nn.functional.scaled_dot_product_attention:
             from labkit.memory.trace.sdpa import run_sdpa, select_backend
 
@@ -217,8 +262,9 @@ def fake_run(emulator: Any) -> Iterator[None]:
             where = emulator.modules.where()
             why = "its output shape depends on tensor values"
             if "Expert" in where or "Moe" in where or "MoE" in where:
-                why += (" (a per-expert loop over routed tokens; Hugging Face's experts_implementation="
-                        "'grouped_mm' runs every token's top-k rows at once, whose memory does not depend on the routing)")
+                why += (" (an expert dispatch that fake mode's routing rules, labkit.memory.trace.moe, do not "
+                        "cover; Hugging Face's experts_implementation='grouped_mm' runs every token's top-k rows at "
+                        "once, whose memory does not depend on the routing)")
             raise LabkitError(refusal(str(e.func), where, why)) from None
         except DataDependentOutputException as e:
             raise LabkitError(refusal(str(e.func), emulator.modules.where(),

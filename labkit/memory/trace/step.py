@@ -212,7 +212,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  target: Any = None, op_log: bool = False, timing: bool = False,
                  rounding: int | None = None, alloc_confs: tuple[str, ...] = (),
                  observers: tuple = (), checkpointing: str | None = None,
-                 loop: str = "plain") -> MeasureReport:
+                 loop: str = "plain", moe_routing: Any = None) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -232,6 +232,12 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     ``loop``: ``plain`` (default; ``loss = model(**batch).loss``: the output object, logits included,
     is freed before backward) or ``keep-output`` (the output stays alive through backward and the
     optimizer step), the two loops users write (:data:`labkit.workloads.harness.LOOPS`).
+    ``moe_routing`` (fake mode): how a mixture-of-experts model's tokens are assumed to be routed where
+    its shapes depend on it (an eager per-expert loop): ``balanced`` (the default) or each expert's share
+    of the tokens x top-k rows (``"0.4,0.3,0.2,0.1"``, a sequence, or a
+    :class:`~labkit.core.vocab.MoeRouting`); the report's ``emulation["moe_routing"]`` and assumptions say
+    which was assumed and which modules used it (see :mod:`labkit.memory.trace.moe`). On ``cpu`` and
+    ``cuda`` the batch's real routing decides, so it is refused there.
 
     In fake mode, a step that fake tensors cannot run (an op without a fake kernel, a data-dependent
     value, a kernel-specific check) raises :class:`FakeModeUnsupported`: one line naming the op, the
@@ -253,6 +259,13 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         raise LabkitError(f"device {device!r} is not one of {', '.join(DEVICES)}")
     if steps < 1:
         raise LabkitError(f"steps must be >= 1, got {steps}")
+    if moe_routing is not None:
+        from labkit.core.vocab import MoeRouting
+
+        moe_routing = MoeRouting.parse(moe_routing, what="moe_routing")
+        if device != "fake-cuda":
+            raise LabkitError(f"moe_routing applies to device 'fake-cuda' (on {device!r} the batch's real routing "
+                              "decides); leave it out")
     policy = StepPolicy(precision=precision, optimizer=optimizer, recompute=recompute, checkpointing=checkpointing)
     is_cuda = device == "cuda"
     if is_cuda and not torch.cuda.is_available():
@@ -271,7 +284,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
 
         from labkit.memory.trace.fake_runtime import fake_run
 
-        emulator = CudaEmulator(target or CudaTarget(), policy)
+        emulator = CudaEmulator(target or CudaTarget(), policy, moe_routing)
         fake = FakeTensorMode(allow_non_fake_inputs=False)
         emulator.assumptions = stack.enter_context(data_dependent_choices(batch))
         if isinstance(model, nn.Module):
@@ -372,10 +385,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     reserved = None
     reserved_by_conf: dict[str, dict[str, int]] = {}
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
-        from labkit.memory.trace.accumulate import apply_inplace
         from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 
-        emulator.inplace_accumulations = apply_inplace(tracker.events, emulator.accumulations.adds)
         step_starts = [tracker.phase_start_event[min(by_step[s])] for s in sorted(by_step) if s >= 1]
         rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP)
         for p in phases:

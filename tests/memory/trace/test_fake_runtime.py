@@ -31,3 +31,51 @@ def test_dropout_keeps_a_boolean_mask_as_cudas_fused_kernel_does():
     assert _forward_kept(0.0) == n * 4                   # p = 0: no mask
     # the CPU kernels (plain target) keep a float32 noise tensor and the linear output instead
     assert _forward_kept(0.1, CudaTarget.plain()) > n * 4 + n
+
+
+class MHABlock(torch.nn.Module):
+    """torchvision's ViT attention: ``nn.MultiheadAttention(batch_first=True)`` called as self-attention
+    without weights (training: ``F.multi_head_attention_forward``, SDPA on views of its packed projection)."""
+
+    def __init__(self, e=64, h=4):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(e, h, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def _mha_step(precision, observers=()):
+    return measure_step(MHABlock, torch.randn(4, 16, 64), loss_fn=lambda out, b: out.float().sum(),
+                        precision=precision, steps=1, observers=observers)
+
+
+def test_multihead_attention_body_runs_under_autocast_and_the_sdpa_rules():
+    # F.multi_head_attention_forward reaches a function mode as one call; on the GPU its projections are
+    # autocast to bf16 and its SDPA call is dispatched by sdp_utils like any other
+    dtypes = []
+
+    def seen(func, args, kwargs, out, phase):
+        if phase == "forward" and str(func).startswith(("aten.addmm", "aten.mm")):
+            dtypes.append(out.dtype)
+
+    rep = _mha_step("amp-bf16", observers=(seen,))
+    assert dtypes and set(dtypes) == {torch.bfloat16}, dtypes            # in_proj and out_proj
+    assert list(rep.emulation["sdpa"]) == ["cudnn"]                     # bf16, head_dim 16: cuDNN on the H200
+    rep = _mha_step("fp32")
+    assert [k.split(" ")[0] for k in rep.emulation["sdpa"]] == ["efficient"]
+
+
+def test_mem_efficient_output_layout_costs_multihead_attention_one_copy(monkeypatch):
+    # attention.cu allocates the mem-efficient output (B, S, H, D); MHA's q/k/v views are laid out
+    # (S, B, H, D), so MHA's permute(2, 0, 1, 3).contiguous() copies the output on the GPU and the
+    # output projection keeps that copy for backward: one (S, B, E) float32 tensor more per layer
+    from labkit.memory.trace.fake_cuda import CudaEmulator
+
+    def kept():
+        f = next(ph for ph in _mha_step("fp32").by_phase if ph.phase == "forward")
+        return f.end_bytes - f.start_bytes
+
+    with_rule = kept()
+    monkeypatch.setattr(CudaEmulator, "_efficient_layout", lambda self, *a: NotImplemented)
+    assert with_rule - kept() == 16 * 4 * 64 * 4

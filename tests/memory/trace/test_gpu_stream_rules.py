@@ -1,49 +1,10 @@
 """Rules that make fake mode's allocation stream the GPU's (each checked against a recorded H200 stream,
-benchmarks/gpu/record_alloc_stream.py): the engine's in-place gradient accumulation, cuDNN's one-block
-SDPA backward workspace, and the temporaries inside ``_safe_softmax``."""
+benchmarks/gpu/record_alloc_stream.py): cuDNN's one-block SDPA backward workspace and the temporaries
+inside ``_safe_softmax``."""
 
 import torch
-from torch import nn
 
-from labkit.memory.trace.accumulate import apply_inplace
 from labkit.memory.trace.fake_cuda import CudaEmulator, cudnn_backward_workspace
-from labkit.memory.trace.step import measure_step
-
-N = 4096
-
-
-def test_an_accumulation_whose_first_input_dies_at_once_is_made_in_place():
-    # 1 and 2 are two gradients of one tensor; 3 = 1 + 2, after which 1 is freed: the GPU writes 3 into 1
-    events = [(1, N, 0), (2, N, 0), (3, N, 0), (1, -N, 0), (2, -N, 0), (4, N, 0), (3, -N, 0), (4, -N, 0)]
-    assert apply_inplace(events, [(2, 3, 1)]) == 1
-    assert events == [(1, N, 0), (2, N, 0), (1, 0, 0), (1, 0, 0), (2, -N, 0), (4, N, 0), (1, -N, 0), (4, -N, 0)]
-    # chained: 5 = 3 + 6 with 3 (now living in 1) freed at once also lands in 1
-    events = [(1, N, 0), (2, N, 0), (3, N, 0), (1, -N, 0), (6, N, 0), (5, N, 0), (3, -N, 0), (5, -N, 0)]
-    assert apply_inplace(events, [(2, 3, 1), (5, 5, 3)]) == 2
-    assert [e for e in events if e[1]] == [(1, N, 0), (2, N, 0), (6, N, 0), (1, -N, 0)]
-
-
-def test_an_accumulation_whose_first_input_lives_on_stays_a_new_allocation():
-    events = [(1, N, 0), (2, N, 0), (3, N, 0), (2, -N, 0), (1, -N, 0), (3, -N, 0)]
-    before = list(events)
-    assert apply_inplace(events, [(2, 3, 1)]) == 0 and events == before
-
-
-class _Twice(nn.Module):
-    """h is used twice (h * h), so its two gradients meet in the engine's input buffer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(512, 512)
-
-    def forward(self, x):
-        h = self.lin(x)
-        return (h * h).mean()
-
-
-def test_fake_backward_accumulations_are_rewritten_in_place():
-    rep = measure_step(_Twice, torch.randn(256, 512), loss_fn=lambda out, batch: out, device="fake-cuda")
-    assert rep.emulation["inplace_accumulations"] >= 2   # one per step
 
 
 def test_cudnn_backward_workspace_matches_the_h200_blocks():

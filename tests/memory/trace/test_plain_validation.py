@@ -12,10 +12,7 @@ RECORDS = load_plain()
 CHEAP = [r for r in RECORDS if r.case.family == "transformers" and layer_count(r.case) <= 6]
 
 # case -> why fake mode is off on it today (from the recordings: which kernels the H200 ran)
-KNOWN_GAPS = {
-    "gemma2-b2-amp-bf16": "peak 3.5% and reserved 11% high: transformers 5.24 here runs Gemma 2 without SDPA "
-                          "(eager attention, for its soft-capping), 5.17 on the H200 ran cuDNN",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def test_split_is_recorded_and_a_third_is_held_out():
@@ -38,3 +35,28 @@ def test_fake_mode_peak_matches_the_plain_loop(rec):
     assert v.reserved_error_pct is not None and abs(v.reserved_error_pct) <= RESERVED_TOLERANCE_PCT, (
         f"{rec.name}: reserved fake {v.predicted_reserved / 1e9:.2f} GB vs recorded {rec.peak_reserved / 1e9:.2f} GB "
         f"({v.reserved_error_pct:+.1f}%)")
+
+
+def test_a_case_runs_with_the_attention_implementation_its_recording_names(monkeypatch):
+    import torch
+
+    from labkit.memory.trace.corpus_check import recorded_attention
+    from labkit.workloads.corpus import CASES, build_model, make_batch, tiny
+
+    rec = next(r for r in RECORDS if r.name == "gemma2-b2-amp-bf16")
+    assert rec.attn_implementation == "sdpa" and rec.provenance["transformers"].startswith("5.17")
+    case = tiny(next(c for c in CASES if c.name == rec.name))
+    model = build_model(case)
+    assert recorded_attention(model, model.config._attn_implementation) == ""      # already as recorded: untouched
+    installed = model.config._attn_implementation
+    note = recorded_attention(model, rec.attn_implementation, rec.provenance["transformers"])
+    if installed == "sdpa":      # a transformers that runs Gemma 2 through SDPA itself
+        assert note == ""
+        return
+    assert note.startswith("attention sdpa as recorded (transformers 5.17")
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    model(**make_batch(case))
+    assert len(calls) == case.overrides["num_hidden_layers"]
