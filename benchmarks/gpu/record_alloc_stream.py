@@ -10,16 +10,16 @@ before the model is built, so that it can be diffed against the fake stream.
 
 Runs, in this order, in one process:
 
-1. ``CASE@cold``: the first case before anything else touched the GPU (a fresh user process: the cuBLAS
+1. ``CASE__cold``: the first case before anything else touched the GPU (a fresh user process: the cuBLAS
    workspaces are allocated lazily, at the first matmul of the forward thread and of the autograd
    engine's device thread).
 2. a warm-up (one small linear forward and backward: both threads' cuBLAS workspaces), as the recorded
    corpus had from its earlier cases; ``empty_cache``.
-3. each case ``CASE@warm``, as in ``plain__corpus.json``.
+3. each case ``CASE__warm``, as in ``plain__corpus.json``.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_alloc_stream.py --out DIR [--cases A,B,C] [--cold CASE] [--smoke]
 
-Writes ``DIR/stream__CASE@MODE.json.gz`` per run (compact: the trace as rows ``[action, addr, size,
+Writes ``DIR/stream__CASE__MODE.json.gz`` per run (compact: the trace as rows ``[action, addr, size,
 stream, time_us, frame]`` with an interned table of Python frames, the segments at the end, per-step
 peaks, step boundaries as times) and ``DIR/summary.json`` (provenance, per-step peaks). ``--smoke`` runs
 the CI size of one case on the CPU (no allocator to record: the files say so), to check the script.
@@ -106,7 +106,7 @@ def cleanup(cuda: bool) -> None:
 def run(case: Case, mode: str, device: str, out: Path) -> dict[str, Any]:
     cuda = device == "cuda"
     cleanup(cuda)
-    tag = f"{case.name}@{mode}"
+    tag = f"{case.name}__{mode}"
     row: dict[str, Any] = {"run": tag, "case": case.name, "mode": mode}
     row["base_allocated"] = torch.cuda.memory_allocated() if cuda else None
     row["base_reserved"] = torch.cuda.memory_reserved() if cuda else None

@@ -31,7 +31,8 @@ tensors and the GPU's different choices are made deliberately:
 * **cuDNN convolutions**: the workspace each pass takes and frees (:mod:`labkit.memory.trace.conv_workspace`:
   NHWC copies of the operands, per-sample weight-gradient partials for 1x1; none for PyTorch's depthwise kernel).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
-  device thread use different handles, hence two.
+  device thread use different handles, hence two. They outlive every tensor (process state): in a warm
+  process they exist, in segments of their own, before the model is built (see :class:`CudaTarget`).
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
 * **Gradient accumulation**: the autograd engine sums two gradients of one tensor in place on plain
   tensors and out of place on fake ones (:mod:`labkit.memory.trace.grad_accumulation`): fake mode
@@ -104,12 +105,22 @@ class CudaTarget:
     place in the priority list and its dropout check; see :mod:`labkit.memory.trace.sdpa`); ``sm``
     and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
     emulated kernels allocate.
+
+    ``warm_process``: when the cuBLAS workspaces are allocated. ``CublasHandlePool.cpp``
+    (``getCurrentCUDABlasHandle``) takes a handle from a per-thread pool and, the first time that
+    handle meets a stream, allocates its workspace through the caching allocator into a static map
+    keyed by (handle, stream), freed only at exit. So a process that ran any matmul forward and
+    backward before (a warm-up, an earlier model, the recorded plain loops' earlier cases: their
+    ``base_allocated`` is these 64 MiB) holds both workspaces in segments of their own before the model
+    is built (True, the default); a fresh process allocates each at its thread's first matmul, the
+    autograd thread's from whatever block the cache has free at the first backward matmul (False).
     """
 
     name: str = "NVIDIA H200"
     allocator_rounding: int = 512
     cublas_workspace_bytes: int = 32 * MiB   # sm90 default CUBLAS_WORKSPACE_CONFIG :4096:8
     cublas_handles: int = 2                   # forward thread + autograd device thread
+    warm_process: bool = True                 # the cuBLAS workspaces exist before the model (see below)
     torch_version: str = "2.11"              # the torch whose kernel choices are reproduced
     sm: tuple[int, int] = (9, 0)              # compute capability
     cudnn_version: int = 92300                # cuDNN runtime: > 9.15 puts cuDNN attention first; > 9.22 allows head_dim 256
@@ -261,9 +272,33 @@ class CudaEmulator:
         self._tracker = tracker
         self._roles = roles
 
+    def start(self, tracker: Any, roles: Any) -> None:
+        """Before the model is built: in a warm process the cuBLAS workspaces already exist
+        (``CudaTarget.warm_process``), first on the allocator's books."""
+        self._roles = roles
+        if not (self.target.emulate_kernels and self.target.warm_process and self.target.cublas_workspace_bytes):
+            return
+        while self._workspaces < self.target.cublas_handles:
+            self._hold_workspace(tracker)
+        self._backward_thread_ws = True
+
     # -- tracker hooks -----------------------------------------------------------------------
     def before(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> tuple[tuple, dict]:
         return args, kwargs
+
+    @staticmethod
+    def _safe_softmax_inner(args: tuple, kwargs: dict, tracker: Any) -> None:
+        """``_safe_softmax`` (SDPA's math path) is one op to a dispatch mode, but its kernel is composite
+        (``_safe_softmax`` in ``aten/src/ATen/native/transformers/attention.cpp``): after the softmax
+        output it makes ``masked = self.eq(-inf)`` (bool, self's shape), ``masked_rows = all(masked, dim)``
+        and a scalar, freed on return. Measured on the H200 (torch 2.11, Mistral fp32: 1 GiB scores): the
+        result is the softmax output itself, followed by a 256 MiB, a 128 KiB and a 4-byte block."""
+        x = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+        dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+        n = x.numel()
+        rows = n // max(x.size(dim), 1) if x.dim() else n
+        tracker.transient_group([n, rows, torch.empty((), dtype=dtype or x.dtype).element_size()])
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         self.routing.observe(func, args, kwargs, out)
@@ -278,6 +313,8 @@ class CudaEmulator:
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
             self._sdpa_backward(args, kwargs, out, tracker)
 
+        elif base == "_safe_softmax":
+            self._safe_softmax_inner(args, kwargs, tracker)
         elif base in ("sum", "mean") and name.endswith(("dim_IntList", "default")):
             self._reduction(args, kwargs, out, tracker)
         elif base == "embedding_dense_backward":
@@ -290,12 +327,15 @@ class CudaEmulator:
     def _cublas(self, tracker: Any) -> None:
         in_backward = tracker.phases[-1] == "backward"
         if self._workspaces == 0 or (in_backward and not self._backward_thread_ws and self.target.cublas_handles > 1):
-            sid = tracker.hold(self.target.cublas_workspace_bytes)
-            if self._roles is not None:
-                self._roles.workspace.add(sid)
-            self._workspaces += 1
+            self._hold_workspace(tracker)
             if in_backward:
                 self._backward_thread_ws = True
+
+    def _hold_workspace(self, tracker: Any) -> None:
+        sid = tracker.hold(self.target.cublas_workspace_bytes)
+        if self._roles is not None:
+            self._roles.workspace.add(sid)
+        self._workspaces += 1
 
     def _sdpa_kind(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, is_causal: bool) -> str:
         """The GPU kernel for a CPU flash call that did not come through :class:`CudaFunctionRules`."""
@@ -329,7 +369,7 @@ class CudaEmulator:
 
     def _sdpa_backward(self, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         # Workspaces inside the backward kernels, measured on the H200 (torch 2.11) per op:
-        #   cuDNN: float32 dQ accumulator (B, H, T, D) + float32 (B, H, T) + a 512 B scalar;
+        #   cuDNN: one block (cudnn_backward_workspace);
         #   mem-efficient (float32): (B, H, T, D) float32 + two float32 (B, H, T padded to 32);
         #   flash (FlashAttention-2 source): dq_accum (B, T->128, H, D->32) + softmax_d (B, H, T->128), float32;
         #   with GQA flash also writes dK, dV for every query head before summing over each group.
@@ -340,7 +380,7 @@ class CudaEmulator:
         if kind is None:
             kind = self._sdpa_kind(q, k, args[3], kwargs.get("attn_mask"), args[7] if len(args) > 7 else False)
         if kind == "cudnn":
-            tracker.transient_group([B * H * T * D * 4, B * H * T * 4, 8])
+            tracker.transient(cudnn_backward_workspace(q, k, args[3]))
         elif kind == "flash":
             t_r = math.ceil(T / 128) * 128
             d_r = math.ceil(D / 32) * 32
@@ -481,6 +521,20 @@ class CudaEmulator:
             return 0.0
         raise LabkitError(refusal("aten._local_scalar_dense (an integer .item())", where,
                                   "its value decides what follows"))
+
+
+def cudnn_backward_workspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Bytes of the one workspace block cuDNN's SDPA backward takes (``run_cudnn_SDP_bprop`` allocates the
+    graph's ``get_workspace_size()`` at once). cudnn-frontend's ``CompositeSDPABackwardNode`` sizes it as a
+    float32 dQ accumulator (B, H, T, D) + the float32 softmax sum (B, H, T) + with GQA dK and dV for every
+    query head (B, H, S, D, in q's dtype, then summed per group); the backend adds 256 bytes. Measured on
+    the H200 (torch 2.11, cuDNN 9.19): GPT-2 b8 (12 heads, D 64) 25,559,296 B; Gemma 3 b2 (4 query heads,
+    1 kv head, D 256) 16,810,240 B, both exactly this."""
+    B, H, T, D = q.size(0), q.size(1), q.size(2), q.size(3)
+    n = B * H * T * D * 4 + B * H * T * 4 + 256
+    if k.size(1) != H:
+        n += B * H * k.size(2) * D * q.element_size() + B * H * v.size(2) * v.size(3) * q.element_size()
+    return n
 
 
 def _bmhk_like(t: torch.Tensor) -> torch.Tensor:

@@ -145,7 +145,8 @@ class MeasureReport:
     ``peak_bytes``: the highest total allocated (everything live, as the allocator counts it) during
     the last, steady-state step; ``storage_peak_bytes``: the same for tensor storages only;
     ``reserved_bytes``: what the caching allocator holds from the device at the end (measured on a
-    GPU, simulated in fake mode, None on the CPU).
+    GPU, simulated in fake mode, None on the CPU); in fake mode after step 4, the steady last step
+    replayed as often as needed (:mod:`labkit.memory.trace.reserved`: what a plain loop's steps 2-4 read).
     """
 
     device: str
@@ -344,6 +345,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     with _refusals(device, tracker, built, model), stack:
         with tracker:
             with on_phase("init"):
+                if emulator is not None:
+                    emulator.start(tracker, roles)
                 m = _build_model(model, device)
                 built.append(m)
                 dev_batch = move_batch(batch, to_device)
@@ -382,9 +385,10 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     reserved = None
     reserved_by_conf: dict[str, dict[str, int]] = {}
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
-        from labkit.memory.trace.reserved import replay_tracker
+        from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 
-        rp = replay_tracker(tracker)
+        step_starts = [tracker.phase_start_event[min(by_step[s])] for s in sorted(by_step) if s >= 1]
+        rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP)
         for p in phases:
             p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
         reserved = rp.reserved_end
@@ -392,7 +396,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
             from labkit.allocator import parse_alloc_conf
 
             for conf in alloc_confs:
-                r = replay_tracker(tracker, parse_alloc_conf(conf))
+                r = replay_tracker(tracker, parse_alloc_conf(conf), step_starts=step_starts,
+                                   through_step=MEASURED_THROUGH_STEP)
                 reserved_by_conf[conf] = {"reserved_peak": r.reserved_peak, "segments": r.segments,
                                           "peak_allocated": max(r.phase_peak_allocated, default=0)}
     elif is_cuda:

@@ -22,7 +22,7 @@ def test_smoke_mode_writes_one_file_per_run_and_a_summary(tmp_path):
     mod = _load()
     assert mod.main(["--out", str(tmp_path), "--smoke", "--cases", "gpt2-b8-bf16", "--cold", ""]) == 0
     runs = load_measurement(tmp_path / "summary.json")["data"]["runs"]
-    assert [r["run"] for r in runs] == ["gpt2-b8-bf16@tiny@warm"] and "error" not in runs[0]
+    assert [r["run"] for r in runs] == ["gpt2-b8-bf16@tiny__warm"] and "error" not in runs[0]
     doc = json.loads(gzip.decompress((tmp_path / runs[0]["file"]).read_bytes()))
     assert doc["trace"] == [] and "no CUDA" in doc["why"]
     assert [m[0] for m in doc["marks"]] == ["init", "step1", "step2", "end"]
