@@ -269,7 +269,8 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                            [max(0.0, r["seconds"] - r["dense_seconds"]) / r["groups"] for r in x["grouped_mm"]])
                        if x.get("grouped_mm") else None,
                        conv=_conv_tables(x.get("conv", []) + x2.get("conv", [])),
-                       per_byte=_per_byte_tables([r for k, v in x2.items() if k.startswith("norm_index") for r in v]))
+                       per_byte=_per_byte_tables([r for k, v in x2.items()
+                                                  if k.startswith("norm_index") and isinstance(v, list) for r in v]))
 
 
 @lru_cache(maxsize=1)
