@@ -108,6 +108,7 @@ class KernelTable:
     grouped_per_group_s: float | None = None     # bf16 grouped GEMM: seconds per group beyond the dense GEMM
     conv: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
     per_byte: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
+    batch_norm: list[dict] = field(default_factory=list)   # recorded rows: dtype, shape, seconds per byte
 
     # -- GEMM ---------------------------------------------------------------------------------
     def gemm_seconds(self, m: float, n: float, k: float, dtype: str, layout: str = "nn", align: int = 16) -> float:
@@ -151,6 +152,24 @@ class KernelTable:
         if min(per) <= 0:
             return None
         return nbytes * _interp_flat(xs, per, max(nbytes, 1.0))
+
+    def batch_norm_seconds(self, dtype: str, channels: int, per_channel: int, nbytes: float,
+                           backward: bool) -> float | None:
+        """Training batch norm (NCHW): the recorded seconds per byte of the recorded shape nearest in
+        (channels, elements per channel), log scale; its kernels reduce each channel over N x H x W,
+        so the rate follows that shape, not the bytes alone."""
+        d = "bf16" if dtype in ("bf16", "fp16") else "fp32"
+        rows = [r for r in self.batch_norm if r["dtype"] == d] or self.batch_norm
+        if not rows:
+            return None
+
+        def dist(r):
+            n, c, h, w = r["shape"]
+            return ((math.log(c) - math.log(max(channels, 1))) ** 2
+                    + (math.log(n * h * w) - math.log(max(per_channel, 1))) ** 2)
+
+        r = min(rows, key=dist)
+        return nbytes * ((r["bwd_s"] if backward else r["fwd_s"]) / r["bytes"])
 
     def conv_seconds(self, kind: str, dtype: str, flops: float, nbytes: float, backward: bool) -> float | None:
         """A cuDNN convolution of ``kind`` (:func:`conv_kind`): dense ones at the recorded
@@ -291,7 +310,9 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                        if x.get("grouped_mm") else None,
                        conv=_conv_tables(x.get("conv", []) + x2.get("conv", [])),
                        per_byte=_per_byte_tables([r for k, v in x2.items()
-                                                  if k.startswith("norm_index") and isinstance(v, list) for r in v]))
+                                                  if k.startswith("norm_index") and isinstance(v, list) for r in v]),
+                       batch_norm=[r for r in x2.get("norm_index_batch_norm", []) if r.get("fwd_s", 0) > 0
+                                   and r.get("bwd_s", 0) > 0])
 
 
 @lru_cache(maxsize=1)

@@ -279,7 +279,10 @@ class OpPricer:
             return None
         if not isinstance(x, torch.Tensor):
             return None
-        s = self.t.kernel_seconds(key, dtype_name(x.dtype), nb, back)
+        if key == "batch_norm" and x.dim() >= 2:
+            s = self.t.batch_norm_seconds(dtype_name(x.dtype), x.size(1), x.numel() // max(x.size(1), 1), nb, back)
+        else:
+            s = self.t.kernel_seconds(key, dtype_name(x.dtype), nb, back)
         return None if s is None else Price("memory", gpu_s=s, kernels=1 + back)
 
     def _grouped_mm(self, a: dict, out) -> Price:
