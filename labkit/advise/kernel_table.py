@@ -80,8 +80,12 @@ class GemmGrid:
                     log_s[(m, n, k)] = math.log(s)
         return cls(ms, ns, ks, log_s)
 
-    def seconds(self, m: float, n: float, k: float) -> float:
+    def seconds(self, m: float, n: float, k: float, extrapolate: bool = True) -> float:
+        """Seconds at (m, n, k); ``extrapolate=False`` clamps every dimension into the grid (for a
+        table of ratios rather than times)."""
         (im, wm, fm), (in_, wn, fn), (ik, wk, fk) = _axis(self.ms, m), _axis(self.ns, n), _axis(self.ks, k)
+        if not extrapolate:
+            fm = fn = fk = 1.0
         acc = 0.0
         for dm, cm in ((0, 1 - wm), (1, wm)):
             for dn, cn in ((0, 1 - wn), (1, wn)):
@@ -104,26 +108,30 @@ class KernelTable:
     grouped_per_group_s: float | None = None     # bf16 grouped GEMM: seconds per group beyond the dense GEMM
     conv: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
     per_byte: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
+    batch_norm: list[dict] = field(default_factory=list)   # recorded rows: dtype, shape, seconds per byte
 
     # -- GEMM ---------------------------------------------------------------------------------
     def gemm_seconds(self, m: float, n: float, k: float, dtype: str, layout: str = "nn", align: int = 16) -> float:
         """One (m x k) @ (k x n) GEMM; ``dtype`` bf16 / fp16 / fp32 / tf32; ``layout`` of a and b,
         't' = stored transposed; ``align``: the bytes every operand's leading dimension and offset are
         a multiple of (below 16 cuBLAS cannot use its fast kernels: the misaligned recording, at the
-        largest recorded alignment not above it). fp16 reads bf16's table (the same tensor-core rate)."""
+        largest recorded alignment not above it, as its recorded slowdown over the aligned GEMM at
+        the nearest recorded shape; none for a GEMM smaller than every recorded one). fp16 reads bf16's table (the same tensor-core rate)."""
         if min(m, n, k) <= 0:
             return 0.0
         d = "bf16" if dtype == "fp16" else dtype
+        grid = self.gemm.get((d, layout)) or self.gemm.get((d, "nn")) or next(
+            g for (dd, _), g in self.gemm.items() if dd == d)
+        s = grid.seconds(m, n, k)
         if align < 16:
             aligns = sorted({a for (dd, _, a) in self.gemm_misaligned if dd == d and a <= align})
             if aligns:
                 a = aligns[-1]
-                grid = self.gemm_misaligned.get((d, layout, a)) or next(
+                ratio = self.gemm_misaligned.get((d, layout, a)) or next(
                     g for (dd, _, aa), g in self.gemm_misaligned.items() if dd == d and aa == a)
-                return grid.seconds(m, n, k)
-        grid = self.gemm.get((d, layout)) or self.gemm.get((d, "nn")) or next(
-            g for (dd, _), g in self.gemm.items() if dd == d)
-        return grid.seconds(m, n, k)
+                if m >= ratio.ms[0] and n >= ratio.ns[0] and k >= ratio.ks[0]:   # not below the recorded shapes
+                    s *= ratio.seconds(m, n, k, extrapolate=False)
+        return s
 
     def grouped_gemm_seconds(self, groups: int, m: float, n: float, k: float) -> float:
         """The bf16 grouped GEMM (one kernel, ``m`` rows split over ``groups``): the dense GEMM of the
@@ -144,6 +152,24 @@ class KernelTable:
         if min(per) <= 0:
             return None
         return nbytes * _interp_flat(xs, per, max(nbytes, 1.0))
+
+    def batch_norm_seconds(self, dtype: str, channels: int, per_channel: int, nbytes: float,
+                           backward: bool) -> float | None:
+        """Training batch norm (NCHW): the recorded seconds per byte of the recorded shape nearest in
+        (channels, elements per channel), log scale; its kernels reduce each channel over N x H x W,
+        so the rate follows that shape, not the bytes alone."""
+        d = "bf16" if dtype in ("bf16", "fp16") else "fp32"
+        rows = [r for r in self.batch_norm if r["dtype"] == d] or self.batch_norm
+        if not rows:
+            return None
+
+        def dist(r):
+            n, c, h, w = r["shape"]
+            return ((math.log(c) - math.log(max(channels, 1))) ** 2
+                    + (math.log(n * h * w) - math.log(max(per_channel, 1))) ** 2)
+
+        r = min(rows, key=dist)
+        return nbytes * ((r["bwd_s"] if backward else r["fwd_s"]) / r["bytes"])
 
     def conv_seconds(self, kind: str, dtype: str, flops: float, nbytes: float, backward: bool) -> float | None:
         """A cuDNN convolution of ``kind`` (:func:`conv_kind`): dense ones at the recorded
@@ -230,6 +256,20 @@ def _conv_tables(rows: list[dict]) -> dict:
     return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
 
 
+def _slowdown_grid(rows: list[dict], aligned_rows: dict[tuple[str, str], list[dict]]) -> GemmGrid:
+    """Misaligned / aligned seconds at each misaligned recording's shape (a grid of ratios, >= 1)."""
+    r0 = rows[0]
+    aligned = GemmGrid.from_rows(aligned_rows[(r0["dtype"], r0["layout"])])
+    ratios = [dict(r, seconds=max(1.0, r["seconds"] / aligned.seconds(r["m"], r["n"], r["k"]))) for r in rows]
+    g = GemmGrid.from_rows(ratios)
+    missing = {(m, n, k) for m in g.ms for n in g.ns for k in g.ks} - {(r["m"], r["n"], r["k"]) for r in rows}
+    if missing:   # grid points above the recorded FLOP cap: the largest recorded slowdown on that layout
+        top = math.log(max(r["seconds"] for r in ratios))
+        for key in missing:
+            g.log_s[key] = top
+    return g
+
+
 def _per_byte_tables(rows: list[dict]) -> dict:
     out: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for r in rows:
@@ -264,12 +304,15 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                        memory=_memory_tables(data["memory"] + x.get("memory_paths", [])),
                        adamw=([b for b, _ in adamw], [s for _, s in adamw]),
                        sdpa=_sdpa_tables(data["sdpa"]), host=dict(data["host"]), source=src,
-                       gemm_misaligned={k: GemmGrid.from_rows(v) for k, v in mis.items()},
+                       gemm_misaligned={k: _slowdown_grid(v, gemm_rows) for k, v in mis.items()},
                        grouped_per_group_s=statistics.median(
                            [max(0.0, r["seconds"] - r["dense_seconds"]) / r["groups"] for r in x["grouped_mm"]])
                        if x.get("grouped_mm") else None,
                        conv=_conv_tables(x.get("conv", []) + x2.get("conv", [])),
-                       per_byte=_per_byte_tables([r for k, v in x2.items() if k.startswith("norm_index") for r in v]))
+                       per_byte=_per_byte_tables([r for k, v in x2.items()
+                                                  if k.startswith("norm_index") and isinstance(v, list) for r in v]),
+                       batch_norm=[r for r in x2.get("norm_index_batch_norm", []) if r.get("fwd_s", 0) > 0
+                                   and r.get("bwd_s", 0) > 0])
 
 
 @lru_cache(maxsize=1)

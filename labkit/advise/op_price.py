@@ -187,6 +187,11 @@ class OpPricer:
         if name in _ALLOC:
             return Price("alloc", host_s=self._host(phase, "alloc"))
         host = self._host(phase, "op")
+        if name == "_local_scalar_dense" and phase == "optimizer":
+            # fake mode keeps every tensor on the CPU; torch.optim's non-fused, non-capturable step
+            # counters really are host tensors (adam.py ``_init_group``: ``torch.tensor(0.0)``), so
+            # reading them waits for nothing
+            return Price("query", host_s=host)
         if name in _SYNC:
             p = Price("sync", host_s=host + self.host["item_s"], sync=True)
             if name != "_local_scalar_dense":       # a kernel computes the result before it is read
@@ -279,7 +284,10 @@ class OpPricer:
             return None
         if not isinstance(x, torch.Tensor):
             return None
-        s = self.t.kernel_seconds(key, dtype_name(x.dtype), nb, back)
+        if key == "batch_norm" and x.dim() >= 2:
+            s = self.t.batch_norm_seconds(dtype_name(x.dtype), x.size(1), x.numel() // max(x.size(1), 1), nb, back)
+        else:
+            s = self.t.kernel_seconds(key, dtype_name(x.dtype), nb, back)
         return None if s is None else Price("memory", gpu_s=s, kernels=1 + back)
 
     def _grouped_mm(self, a: dict, out) -> Price:

@@ -53,6 +53,8 @@ def step_time_check(checks) -> Section:
             sec.claim(f"Median |error| on {len(errs)} {split} case(s)", round(100 * statistics.median(errs), 1), "%",
                       name=f"advise_step_time_median_error_{split.replace('-', '_')}", direction="lower")
             sec.claim(f"Worst |error| on the {split} cases", round(100 * max(errs), 1), "%")
+            sec.claim(f"{split.capitalize()} cases predicted within 20%", sum(e <= 0.20 for e in errs),
+                      f"of {len(errs)}")
     sec.table(["case", "split", "H200 (ms)", "predicted (ms)", "error"],
               [[c.name, c.split, f"{c.measured_s * 1e3:.1f}", f"{c.predicted_s * 1e3:.1f}", f"{c.rel_error * 100:+.1f}%"]
                for c in checks])

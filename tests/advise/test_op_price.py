@@ -1,0 +1,76 @@
+"""The pricing rules of advise's op-by-op step time, each on the recorded H200 kernel table."""
+
+import torch
+
+from labkit.advise.kernel_table import recorded_table
+from labkit.advise.op_price import OpPricer, _iterator_path, align_bytes
+from labkit.advise.roofline import Roofline
+
+aten = torch.ops.aten
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _price(func, args, kwargs=None, phase="forward", out=None):
+    out = func(*args, **(kwargs or {})) if out is None else out
+    return OpPricer(recorded_table()).price(func, args, kwargs or {}, out, phase)
+
+
+def test_a_vocabulary_of_50257_misaligns_the_lm_head_gemm_and_costs_more():
+    x, w_odd, w_even = _meta(8192, 768), _meta(50257, 768), _meta(50264, 768)
+    assert align_bytes(x, w_odd.t(), _meta(8192, 50257)) == 2 and align_bytes(x, w_even.t(), _meta(8192, 50264)) == 16
+    odd = _price(aten.mm.default, (x, w_odd.t()))
+    even = _price(aten.mm.default, (x, w_even.t()))
+    assert odd.kind == even.kind == "gemm" and odd.gpu_s > 1.5 * even.gpu_s
+
+
+def test_elementwise_ops_take_the_tensor_iterator_path_their_operands_imply():
+    a, b = _meta(64, 1024), _meta(64, 1024)
+    assert _iterator_path([a, b], [a]) is None                                       # vectorized
+    assert _iterator_path([a, _meta(1024)], [a]) == "broadcast"
+    assert _iterator_path([a], [_meta(64, 1024, dtype=torch.float32)]) == "cast"
+    assert _iterator_path([a, _meta(64, 1024, dtype=torch.float32)], [_meta(64, 1024, dtype=torch.float32)]) == "mixed"
+    assert _iterator_path([a.t()], [_meta(1024, 64)]) == "strided"
+    fast = _price(aten.add.Tensor, (a, b))
+    slow = _price(aten.add.Tensor, (a.t().contiguous().t(), b))
+    assert fast.kind == slow.kind == "memory" and slow.gpu_s >= fast.gpu_s
+
+
+def test_grouped_gemm_runs_one_kernel_in_bf16_and_the_synchronising_fallback_in_fp32():
+    offs = torch.empty(8, dtype=torch.int32, device="meta")
+    bf = _price(aten._grouped_mm.default, (_meta(8192, 1024), _meta(8, 1024, 3584)), {"offs": offs})
+    f32 = _price(aten._grouped_mm.default, (_meta(8192, 1024, dtype=torch.float32),   # the meta kernel knows bf16 only
+                                            _meta(8, 1024, 3584, dtype=torch.float32)), {"offs": offs},
+                 out=_meta(8192, 3584, dtype=torch.float32))
+    assert (bf.kernels, bf.sync) == (1, False)
+    assert (f32.kernels, f32.sync) == (8, True) and f32.gpu_s > 3 * bf.gpu_s
+
+
+def test_attention_is_priced_as_the_backend_the_h200_picks():
+    from labkit.memory.trace.sdpa import select_backend
+
+    q = _meta(4, 16, 2048, 128)
+    kv = _meta(4, 4, 2048, 128)
+    assert select_backend(q, kv, kv, None, 0.0, True, True, grad=True).backend == "cudnn"
+    q32, kv32 = _meta(4, 16, 2048, 128, dtype=torch.float32), _meta(4, 4, 2048, 128, dtype=torch.float32)
+    assert select_backend(q32, q32, q32, None, 0.0, True, False, grad=True).backend == "efficient"
+    fwd16 = OpPricer(recorded_table())._attention("_scaled_dot_product_flash_attention_for_cpu",
+                                                  {"query": q, "key": q, "value": q, "is_causal": True})
+    fwd32 = OpPricer(recorded_table())._attention("_scaled_dot_product_flash_attention_for_cpu",
+                                                  {"query": q32, "key": q32, "value": q32, "is_causal": True})
+    assert fwd16.kind == "attention" and 3 < fwd32.gpu_s / fwd16.gpu_s < 30   # tensor cores vs float32
+
+
+def test_fake_mode_queries_cost_nothing_and_a_scalar_read_waits_for_the_gpu():
+    x = _meta(1024, 1024)
+    dev = OpPricer(recorded_table()).price(torch.ops.prim.device.default, (x,), {}, x.device, "forward")
+    assert dev.kind == "query" and dev.host_s == 0.0
+    rf = Roofline()
+    rf(aten.mm.default, (x, x), {}, aten.mm.default(x, x), "forward")
+    busy = rf._gpu_free
+    assert rf._host < busy                                       # the host ran ahead of the GPU
+    s = torch.empty((), device="meta")
+    rf(aten._local_scalar_dense.default, (s,), {}, 0.0, "forward")
+    assert rf._host >= busy and rf.describe()["syncs"] == 1      # .item() waited for the GEMM
