@@ -28,7 +28,6 @@ the CI size of one case on the CPU (no allocator to record: the files say so), t
 from __future__ import annotations
 
 import argparse
-import gc
 import gzip
 import json
 import sys
@@ -41,6 +40,9 @@ import torch
 
 from labkit.core.provenance import header, write_measurement
 from labkit.workloads.corpus import CASES, Case, plain_step, prepare_plain, tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record_plain import cleanup  # noqa: E402  (the same clean slate between cases as the corpus recording)
 
 DEFAULT_CASES = ("gpt2-b8-bf16", "mistral-b4-fp32", "gemma3-b2-amp-bf16")
 DEFAULT_COLD = "gpt2-b8-bf16"
@@ -93,14 +95,6 @@ def warm_up(device: str) -> None:
     lin(x).sum().backward()
     del lin, x
     cleanup(device == "cuda")
-
-
-def cleanup(cuda: bool) -> None:
-    gc.collect()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 def run(case: Case, mode: str, device: str, out: Path) -> dict[str, Any]:
