@@ -14,7 +14,9 @@ TORCH_INDEX_URL ?=
 CHROMIUM ?= /usr/bin/chromium
 
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check -q
+# --no-compile: pip does not byte-compile every file it installs (about 40 s of one core for torch,
+# transformers and the rest); Python compiles what is imported, once, on first use.
+PIP_INSTALL := $(PY) -m pip --disable-pip-version-check -q install --no-compile
 STAMP := $(VENV)/.labkit-installed
 TEST_STAMP := $(VENV)/.labkit-test-installed
 
@@ -32,19 +34,26 @@ $(VENV)/bin/python:
 	  $(PYTHON) -m venv $(VENV); \
 	fi
 
+define install_torch
+@$(PY) -c "import torch" 2>/dev/null || { echo "setup: installing $(TORCH_SPEC)"; \
+  $(PIP_INSTALL) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"; }
+endef
+
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	@$(PY) -c "import torch" 2>/dev/null || { echo "setup: installing $(TORCH_SPEC)"; \
-	  $(PIP) install $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"; }
-	$(PIP) install -e .
+	$(install_torch)
+	$(PIP_INSTALL) -e .
 	@touch $@
 
 # The test extra has torchvision, whose newest release asks for a newer torch: the installed torch is
 # pinned (a constraints file), so pip takes the torchvision built for it instead of replacing torch.
 # (Beside a CPU torch, PyPI's torchvision loads no compiled ops; labkit.workloads.vision handles that.)
-$(TEST_STAMP): $(STAMP) pyproject.toml
+# One pip run installs labkit with its test extra (one resolver pass, one editable build), so the
+# runtime install of `setup` is done too: its stamp is touched with this one.
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(install_torch)
 	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
-	$(PIP) install -c $(VENV)/torch-pin.txt -e ".[test]"
-	@touch $@
+	$(PIP_INSTALL) -c $(VENV)/torch-pin.txt -e ".[test]"
+	@touch $(STAMP) $@
 
 browser-deps:
 	@test -x $(CHROMIUM) || { echo "setup: installing Debian's chromium for the browser test"; \
@@ -53,8 +62,12 @@ browser-deps:
 report: $(STAMP)
 	$(VENV)/bin/labkit report --profile $(PROFILE) $(REPORT_ARGS)
 
+# Two pytest-xdist workers (CI has 2 cores); tests that share an expensive fixture (the JupyterLab
+# server, a recording script's smoke output) run on one worker, long ones first (tests/conftest.py).
+# TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) browser-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )

@@ -12,6 +12,16 @@ REPO = Path(__file__).resolve().parents[1]
 # through beside a CPU build of torch, as labkit does before it imports either (labkit.workloads.vision).
 prepare_torchvision()
 
+# Under pytest-xdist (`make test`: 2 workers on CI's 2 cores) each worker, and each process it starts
+# (recording scripts, notebook kernels, ranks), computes on one thread unless told otherwise: two
+# workers with two OpenMP threads each on two cores spin against each other and run several times
+# slower. What the tests check does not depend on the thread count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 @pytest.fixture
 def run_cli():
@@ -25,3 +35,90 @@ def run_cli():
                               cwd=REPO, env=e, timeout=timeout)
 
     return _run
+
+
+# ---- shared across test files, and the order under pytest-xdist -------------------------------------
+
+@pytest.fixture(scope="session")
+def record_comm_smoke(tmp_path_factory):
+    """``benchmarks/gpu/record_comm.py --smoke`` run once (2 gloo ranks; the CUDA-only parts are absent):
+    (output folder, CompletedProcess). Read-only for its users: tests/comm/test_record_script.py checks
+    the run, tests/lessons/test_critical_path.py reads the recordings (XDIST_GROUPS below keeps them on
+    one worker)."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("comm-smoke")
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_comm.py", "--out", str(out), "--smoke"],
+                       capture_output=True, text=True, timeout=240, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return out, r
+
+
+@pytest.fixture(scope="session")
+def smoke_report(tmp_path_factory):
+    """``smoke_report(name)``: notebook ``name`` executed once for the session by the report runner
+    (papermill, smoke profile) into its own folder; the ReportRun. tests/notebooks checks the run,
+    tests/browser opens its HTML offline (XDIST_GROUPS below keeps them on one worker)."""
+    from labkit.report.runner import run_report
+
+    runs = {}
+
+    def _run(name: str):
+        if name not in runs:
+            runs[name] = run_report(profile="smoke", out_dir=tmp_path_factory.mktemp(f"report-{name}"), only=[name],
+                                    say=lambda m: None)
+        return runs[name]
+
+    return _run
+
+
+# Tests that share an expensive session fixture, by node-id prefix -> the group they run in. Under
+# `-n N --dist loadgroup` (make test) a group is one unit of work on one worker, so a shared fixture is
+# made once. (pytest-xdist's own xdist_group mark does not reach its scheduler under pytest 9, whose
+# nodes keep their id elsewhere; this table is read by the scheduler below instead.)
+XDIST_GROUPS = (
+    # one JupyterLab and one Chromium serve every notebook (tests/browser/test_jupyterlab.py: `running`)
+    ("tests/browser/test_jupyterlab.py::test_jupyterlab_runs_the_notebook", "browser"),
+    # record_comm_smoke: the recording script run once, checked and read
+    ("tests/comm/test_record_script.py::test_record_comm_smoke", "record_comm"),
+    ("tests/lessons/test_critical_path.py::", "record_comm"),
+    # smoke_report("00_this_server"): one papermill run, checked, then its HTML opened offline
+    ("tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode[00_this_server]", "notebook-00"),
+    ("tests/browser/test_jupyterlab.py::test_report_html_renders_bokeh_offline", "notebook-00"),
+)
+
+# Tests that take long on a 2-core CI machine, longest first (the groups above included). Work is
+# handed out in collection order (make test passes --no-loadscope-reorder), so these go first: a long
+# one never starts last on one worker while the other sits idle. The order of the rest is pytest's.
+LONG_FIRST = (
+    "tests/browser/test_jupyterlab.py::test_jupyterlab_runs_the_notebook",
+    "tests/memory/trace/test_corpus_support.py::test_every_case_is_predicted_or_refused_in_one_line",
+    "tests/memory/trace/test_phases_cli.py::test_gpu_recording_script_dry_runs_on_cpu",
+    "tests/comm/test_record_script.py",
+    "tests/lessons/test_critical_path.py",
+    "tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode",
+    "tests/browser/test_jupyterlab.py::test_report_html_renders_bokeh_offline",
+    "tests/comm/test_launch_teardown.py::test_the_bucket_sweep_runs_three_times_without_an_abort",
+    "tests/memory/estimate/test_gpu_script.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within each rank is pytest's
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup with XDIST_GROUPS: each group one unit of work, every other test a unit of its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class TableGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = next((g for prefix, g in XDIST_GROUPS if nodeid.startswith(prefix)), None)
+            return group or super()._split_scope(nodeid)
+
+    return TableGroups(config, log)

@@ -23,7 +23,6 @@ import pytest
 
 from labkit.core.paths import NOTEBOOKS_DIR
 from labkit.report.notebooks import discover
-from labkit.report.runner import run_report
 
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
@@ -228,8 +227,8 @@ def test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw(jupyt
         _shutdown_kernel_of(base, token, name)
 
 
-def test_report_html_renders_bokeh_offline(browser, tmp_path):
-    run = run_report(profile="smoke", out_dir=tmp_path, only=["00_this_server"], say=lambda m: None)
+def test_report_html_renders_bokeh_offline(browser, smoke_report):
+    run = smoke_report("00_this_server")  # the papermill run tests/notebooks checks (tests/conftest.py: XDIST_GROUPS)
     assert run.notebooks[0].status == "passed"
     ctx = browser.new_context(offline=True)
     page = ctx.new_page()

@@ -43,6 +43,6 @@ def test_ranks_that_leave_gloo_work_in_flight_exit_cleanly(attempt):
     assert run_ranks(_leave_work_in_flight, 200, backend="gloo", world=2, timeout_s=60) == 2
 
 
-def test_the_bucket_sweep_runs_three_times_without_an_abort():
-    for _ in range(3):
-        assert run_ranks(_sweep, backend="gloo", world=2, timeout_s=120) == 3  # no_sync + 2 bucket sizes
+@pytest.mark.parametrize("attempt", range(3))  # three runs, each a test of its own (xdist spreads them)
+def test_the_bucket_sweep_runs_three_times_without_an_abort(attempt):
+    assert run_ranks(_sweep, backend="gloo", world=2, timeout_s=120) == 3  # no_sync + 2 bucket sizes

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from labkit.comm.timeline import load_trace
 from labkit.core.provenance import load_measurement
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def test_record_comm_smoke(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_comm.py", "--out", str(tmp_path), "--smoke"],
-                       capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+def test_record_comm_smoke(record_comm_smoke):
+    tmp_path, r = record_comm_smoke  # one run, read by tests/lessons/test_critical_path.py too (tests/conftest.py)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FAILED" not in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     assert "SKIP pinned vs pageable: needs a CUDA GPU" in r.stdout

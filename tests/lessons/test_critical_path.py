@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,16 +14,14 @@ from labkit.core.errors import LabkitError
 from labkit.core.provenance import write_measurement
 from labkit.lessons import critical_path as lesson
 
-REPO = Path(__file__).resolve().parents[2]
 RECORDED = ("collectives", "launch_overhead", "buckets", "ddp_timeline", "pinned_pageable", "dp_vs_ddp")
 
 
 @pytest.fixture(scope="module")
-def smoke_dir(tmp_path_factory) -> Path:
-    """The recording script's --smoke output (2 gloo ranks; the CUDA-only parts are absent)."""
-    out = tmp_path_factory.mktemp("comm-smoke")
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_comm.py", "--out", str(out), "--smoke"],
-                       capture_output=True, text=True, timeout=240, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+def smoke_dir(record_comm_smoke) -> Path:
+    """The recording script's --smoke output (2 gloo ranks; the CUDA-only parts are absent), run once
+    for the session and shared with tests/comm/test_record_script.py (tests/conftest.py)."""
+    out, r = record_comm_smoke
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return out
 

@@ -8,7 +8,6 @@ import pytest
 
 from labkit.core.paths import NOTEBOOKS_DIR
 from labkit.report.notebooks import discover, parameters
-from labkit.report.runner import run_report
 
 NOTEBOOKS = sorted(discover(NOTEBOOKS_DIR))
 
@@ -36,8 +35,8 @@ def test_notebook_is_committed_clean_with_smoke_parameter(name):
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_executes_in_smoke_mode(name, tmp_path):
-    run = run_report(profile="smoke", out_dir=tmp_path, only=[name], say=lambda m: None)
+def test_notebook_executes_in_smoke_mode(name, smoke_report):
+    run = smoke_report(name)  # the same run feeds tests/browser's offline HTML check (notebook 00)
     nb = run.notebooks[0]
     assert nb.status == "passed", f"{name} failed: {json.dumps(nb.error)}"
     assert nb.results, f"{name} recorded no key result through labkit.report.record"

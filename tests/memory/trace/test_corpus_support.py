@@ -7,9 +7,12 @@ from labkit.memory.trace.corpus_check import support, support_section
 from labkit.workloads.corpus import compat_cases
 
 
-@pytest.fixture(scope="module")
-def results():
-    return support()
+# The corpus in shards (every case in exactly one), so that under pytest-xdist both CI workers share it.
+SHARDS = 4
+
+
+def _shard(i: int) -> list:
+    return compat_cases()[i::SHARDS]
 
 
 def test_corpus_covers_what_engineers_bring():
@@ -23,8 +26,16 @@ def test_corpus_covers_what_engineers_bring():
     assert any(c.checkpoint_impl == "torch" and c.recompute != "none" and c.precision == "amp-bf16" for c in cases)
 
 
-def test_every_case_is_predicted_or_refused_in_one_line(results):
-    assert len(results) == len(compat_cases())
+def test_the_shards_hold_every_case_once():
+    names = [c.name for i in range(SHARDS) for c in _shard(i)]
+    assert sorted(names) == sorted(c.name for c in compat_cases()) and len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_case_is_predicted_or_refused_in_one_line(shard):
+    cases = _shard(shard)
+    results = support(cases)
+    assert [r.case for r in results] == [c.name for c in cases]
     for r in results:
         assert r.status in ("predicted", "refused"), (r.case, r.status, r.reason)   # unavailable: test extra missing
         if r.status == "predicted":
@@ -34,9 +45,7 @@ def test_every_case_is_predicted_or_refused_in_one_line(results):
             assert r.reason.startswith("fake mode cannot run ")
             assert " op " in r.reason or " in module " in r.reason, r.reason
             assert "--device cpu" in r.reason and "labkit estimate" in r.reason
-
-
-def test_support_section_lists_every_case(results):
+    # the support section lists every case it is given
     sec = support_section(results)
     assert sec.headers == ["case", "what", "status", "reason"] and len(sec.rows) == len(results)
     assert sec.value("fake_corpus_predicted") == sum(r.status == "predicted" for r in results)
