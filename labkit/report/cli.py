@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="exit 3 (after writing everything) when a result moved beyond its tolerance the bad way "
                         "against the last comparable run")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final summary")
+    p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                   help="fail a notebook whose code cell runs longer than this (default: 900 smoke, 3600 full)")
     p.set_defaults(func=run)
 
 
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             print(msg, flush=True)
 
     result = run_report(profile=args.profile, out_dir=args.out, only=args.only, params=args.params,
-                        say=say, progress=not args.quiet and sys.stderr.isatty())
+                        say=say, progress=not args.quiet and sys.stderr.isatty(), cell_timeout_s=args.cell_timeout)
     if result.failed:
         return 1
     return 3 if args.fail_on_regression and result.regressions else 0

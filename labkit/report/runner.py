@@ -34,6 +34,10 @@ from labkit.report.render import index_html, notebook_html
 
 KERNEL = "python3"
 START_TIMEOUT_S = 180
+# The longest one code cell may run before the notebook is failed (nbclient's ``timeout``): a cell
+# that hangs (a deadlocked kernel, a widget waiting for a browser that is not there) becomes a
+# failure naming the cell instead of a run that never ends. Per profile; ``--cell-timeout`` sets it.
+CELL_TIMEOUT_S = {"smoke": 900.0, "full": 3600.0}
 
 
 @dataclass
@@ -148,7 +152,8 @@ class _Heartbeat:
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
-def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, progress: bool = False) -> None:
+def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, progress: bool = False,
+             cell_timeout_s: float | None = None) -> None:
     import papermill
 
     old = os.environ.get(RESULTS_ENV)
@@ -157,7 +162,7 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, p
         papermill.execute_notebook(str(src), str(dst), parameters=params, kernel_name=KERNEL,
                                    start_timeout=START_TIMEOUT_S, cwd=str(src.parent),
                                    progress_bar=progress, log_output=False, report_mode=False,
-                                   extra_arguments=KERNEL_ARGS)
+                                   extra_arguments=KERNEL_ARGS, execution_timeout=cell_timeout_s)
     finally:
         if old is None:
             os.environ.pop(RESULTS_ENV, None)
@@ -175,10 +180,14 @@ def _error_info(exc: BaseException) -> dict:
 
 def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only: list[str] | None = None,
                params: list[str] | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
-               say: Callable[[str], None] = print, progress: bool = False) -> ReportRun:
+               say: Callable[[str], None] = print, progress: bool = False,
+               cell_timeout_s: float | None = None) -> ReportRun:
     """Run the selected notebooks. Bad names/parameters raise LabkitError before anything runs.
-    ``progress``: papermill's per-cell progress bar on stderr (cells done, elapsed time)."""
+    ``progress``: papermill's per-cell progress bar on stderr (cells done, elapsed time).
+    ``cell_timeout_s``: the longest a code cell may run before its notebook fails (default: the
+    profile's, :data:`CELL_TIMEOUT_S`)."""
     out_dir = _check_out_dir(out_dir)
+    cell_timeout_s = _cell_timeout(cell_timeout_s, profile)
     selected = nbs.select(only, notebooks_dir)
     per_nb = nbs.resolve(selected, nbs.parse_assignments(params or []), profile)
 
@@ -209,7 +218,7 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
             t0 = time.monotonic()
             try:
                 with _Heartbeat(say, nbr.name, dst):
-                    _execute(src, dst, nbr.parameters, Path(results_file), progress)
+                    _execute(src, dst, nbr.parameters, Path(results_file), progress, cell_timeout_s=cell_timeout_s)
                 nbr.status = "passed"
             except KeyboardInterrupt:
                 raise
@@ -248,6 +257,18 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
         if run.regressions:
             say(f"labkit report: {len(run.regressions)} result(s) regressed: {', '.join(run.regressions)}")
     return run
+
+
+def _cell_timeout(value: float | None, profile: str) -> float:
+    if value is None:
+        return CELL_TIMEOUT_S.get(profile, CELL_TIMEOUT_S["full"])
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise LabkitError(f"--cell-timeout {value!r}: expected a number of seconds") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise LabkitError(f"--cell-timeout {value!r}: must be a positive, finite number of seconds")
+    return v
 
 
 def _check_out_dir(out_dir: Path | str) -> Path:

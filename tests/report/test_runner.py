@@ -73,11 +73,11 @@ def test_interrupted_run_is_marked_incomplete(nbdir, tmp_path, monkeypatch):
     calls = []
     real = runner._execute
 
-    def flaky(src, dst, params, results_file, progress=False):
+    def flaky(src, dst, params, results_file, progress=False, **kw):
         calls.append(src.name)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        real(src, dst, params, results_file, progress)
+        real(src, dst, params, results_file, progress, **kw)
 
     monkeypatch.setattr(runner, "_execute", flaky)
     out = tmp_path / "reports"
@@ -89,6 +89,25 @@ def test_interrupted_run_is_marked_incomplete(nbdir, tmp_path, monkeypatch):
     assert [n["status"] for n in summary["notebooks"]] == ["passed", "interrupted", "not run"]
     assert "incomplete" in (folder / "index.html").read_text()
     assert not (out / "history.jsonl").exists()  # an interrupted run is not history
+
+
+def test_a_hanging_cell_fails_its_notebook_and_the_run_goes_on(tmp_path, notebook_writer):
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    notebook_writer(d / "a_hangs.ipynb", "import time\ntime.sleep(600)")
+    notebook_writer(d / "b_after.ipynb", "from labkit.report import record\nrecord('ran', 1, 'flag', source='measured here')")
+    run = run_report(out_dir=tmp_path / "r", notebooks_dir=d, say=_quiet, cell_timeout_s=3)
+    hung, after = run.notebooks
+    assert hung.status == "failed" and "timed out" in hung.error["evalue"].lower()
+    assert hung.duration_s < 120
+    assert after.status == "passed" and after.results["ran"]["value"] == 1
+    assert run.status == "failed"
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", float("nan")])
+def test_a_bad_cell_timeout_is_refused(nbdir, tmp_path, bad):
+    with pytest.raises(LabkitError, match="--cell-timeout"):
+        run_report(out_dir=tmp_path / "r", notebooks_dir=nbdir, say=_quiet, cell_timeout_s=bad)
 
 
 def test_html_report_loads_nothing_from_the_network(nbdir, tmp_path):
