@@ -486,7 +486,7 @@ COMPAT_EXTRA: dict[str, tuple[Task, dict[str, Any]]] = {
                                           architectures=["DeiTForImageClassification"])),
     "swin": ("image-classification", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
                                           window_size=4, num_labels=10)),
-    "convnext": ("image-classification", dict(image_size=32, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)),
+    "convnext": ("image-classification", dict(image_size=32, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)),
 }
 COMPAT_PRECISIONS = ("fp32", "amp-bf16", "bf16")
 

@@ -134,11 +134,10 @@ def test_step_time_op_by_op_against_the_h200_plain_loops(name):
     kernel times and host costs microbenchmarked on the H200 by benchmarks/gpu/record_kernels.py;
     nothing fitted to a training step) against the recorded plain loop. Two reference and two
     held-out cases cheap enough for CI. On the whole recorded corpus (benchmarks/bench_advise.py
-    --validate, 2026-12-01): reference 64 cases, median |error| 5.8%, 53 within 20%; held-out 29
-    cases, median |error| 3.9%, 26 within 20% (worst: mixtral-b4-bf16 -42%, tv-convnext_tiny-b96-fp32
-    -37%, gpt2-large-b4-keep-amp-bf16 -24%). Predictions err low on host-bound bf16 steps (the
-    model's Python outside ATen ops is not priced) and on torchvision's ViT under autocast the
-    fake trace runs nn.MultiheadAttention's projections in fp32 (+122%)."""
+    --validate on main 63c69ec, 2026-12-01): reference 65 cases, median |error| 5.9%, 55 within 20%;
+    held-out 30 cases, median |error| 4.3%, 27 within 20% (worst: mixtral-b4-bf16 -42%,
+    tv-convnext_tiny-b96-fp32 -37%, gpt2-large-b4-keep-amp-bf16 -24.5%). Predictions err low on
+    host-bound bf16 steps (the model's Python outside ATen ops is not priced)."""
     from labkit.advise.validate import check
 
     (c,) = check([name])
