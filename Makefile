@@ -62,10 +62,11 @@ browser-deps:
 report: $(STAMP)
 	$(VENV)/bin/labkit report --profile $(PROFILE) $(REPORT_ARGS)
 
-# Two pytest-xdist workers (CI has 2 cores); tests that share an expensive fixture (the JupyterLab
-# server, a recording script's smoke output) run on one worker, long ones first (tests/conftest.py).
-# TEST_WORKERS=0 runs in this process.
-TEST_WORKERS ?= 2
+# One process by default: under two pytest-xdist workers a papermill run hung in three of six full
+# runs (kernel idle, nbclient waiting for a reply; ipykernel 6.31 and 7.4 alike), a CI failure after the
+# per-cell timeout. TEST_WORKERS=2 runs two workers (tests sharing an expensive fixture on one worker,
+# long ones first: tests/conftest.py), about 25% faster where it does not hang.
+TEST_WORKERS ?= 0
 test: $(TEST_STAMP) browser-deps
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
