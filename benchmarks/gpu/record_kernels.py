@@ -181,21 +181,26 @@ def _memory_kernels(numel: int, dt: torch.dtype, device: str) -> dict[str, tuple
     }
 
 
-def record_memory(timer: Timer, device: str, smoke: bool) -> list[dict]:
+def _sweep_bytes(timer: Timer, device: str, smoke: bool, kernels, min_numel: int, what: str) -> list[dict]:
+    """Time each of ``kernels(numel, dtype, device)`` at every size of BYTES, in fp32 and bf16."""
     rows = []
     sizes = BYTES[:3] if smoke else BYTES
     for name in ("fp32", "bf16"):
         dt = DT[name]
         es = torch.empty((), dtype=dt).element_size()
         for nbytes in sizes:
-            numel = max(256, nbytes // (3 * es))         # the binary kernel's three tensors ~ nbytes
+            numel = max(min_numel, nbytes // (3 * es))   # the binary kernel's three tensors ~ nbytes
             numel = numel // 1024 * 1024 if numel >= 1024 else numel
-            for kind, (fn, moved) in _memory_kernels(numel, dt, device).items():
+            for kind, (fn, moved) in kernels(numel, dt, device).items():
                 r = timer(fn)
                 rows.append({"kind": kind, "dtype": name, "numel": numel, "bytes": moved, **r})
             gc.collect()
-        log(f"memory-bound kernels {name}: {len(rows)} rows")
+        log(f"{what} {name}: {len(rows)} rows")
     return rows
+
+
+def record_memory(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    return _sweep_bytes(timer, device, smoke, _memory_kernels, 256, "memory-bound kernels")
 
 
 def record_adamw(timer: Timer, device: str, smoke: bool) -> list[dict]:
@@ -279,19 +284,7 @@ def _path_kernels(numel: int, dt: torch.dtype, device: str) -> dict[str, tuple[C
 
 
 def record_memory_paths(timer: Timer, device: str, smoke: bool) -> list[dict]:
-    rows = []
-    sizes = BYTES[:3] if smoke else BYTES
-    for name in ("fp32", "bf16"):
-        dt = DT[name]
-        es = torch.empty((), dtype=dt).element_size()
-        for nbytes in sizes:
-            numel = max(1024, nbytes // (3 * es)) // 1024 * 1024
-            for kind, (fn, moved) in _path_kernels(numel, dt, device).items():
-                r = timer(fn)
-                rows.append({"kind": kind, "dtype": name, "numel": numel, "bytes": moved, **r})
-            gc.collect()
-        log(f"memory-bound paths {name}: {len(rows)} rows")
-    return rows
+    return _sweep_bytes(timer, device, smoke, _path_kernels, 1024, "memory-bound paths")
 
 
 CONVS = (  # (name, N, C_in, H, C_out, kernel, stride, groups): layers of ResNet, ConvNeXt, EfficientNet, ViT
