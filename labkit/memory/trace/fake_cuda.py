@@ -61,6 +61,7 @@ from torch.overrides import TorchFunctionMode
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
+from labkit.memory.trace.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.grad_accumulation import engine_accumulation
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 
@@ -435,13 +436,10 @@ class CudaEmulator:
                 tracker.transient(n)
 
     def _embedding_backward(self, args: tuple, tracker: Any) -> None:
-        # embedding_dense_backward on CUDA sorts the indices and reduces per segment: measured on the
-        # H200 as about (indices x dim) float32 partial sums plus ~350 B per index (sort buffers,
-        # segment offsets); the exact figure depends on how many distinct ids the batch holds.
-        grad, indices = args[0], args[1]
-        n_idx = indices.numel()
-        dim = grad.size(-1)
-        tracker.transient_group([n_idx * dim * 4, n_idx * 350])
+        """The sort-and-reduce buffers of CUDA's embedding backward (:mod:`.embedding_backward`)."""
+        grad, indices, num_weights = args[0], args[1], args[2]
+        scale = bool(args[4]) if len(args) > 4 else False
+        tracker.transient_group(embedding_backward_temporaries(grad, indices, num_weights, scale, self.target.sm_count))
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
@@ -462,9 +460,15 @@ class CudaEmulator:
             return self._scalar_read(args[0])
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                                                     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
-            return self._efficient_layout(func, args, kwargs, tracker)
+            return self._gpu_layout(func, args, kwargs, tracker)
         if self.target.emulate_kernels and func is torch.ops.aten.add.Tensor:
             return engine_accumulation(func, args, kwargs, tracker.phases[-1])
+        if self.target.emulate_kernels and func is torch.ops.aten.native_dropout.default:
+            # Dropout.cu (dropout_cuda) allocates the mask before the output; the CPU kernel the other way
+            out, mask = func(*args, **kwargs)
+            if mask is not None:
+                tracker.track(mask)
+            return out, mask
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
             self.routing.independent("the grouped expert matmul (torch._grouped_mm)",
@@ -474,34 +478,48 @@ class CudaEmulator:
                 return _grouped_mm_fallback_output(func, args, kwargs)
         return NotImplemented
 
-    def _efficient_layout(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
-        """The mem-efficient kernel's outputs in the layout it allocates them (attention.cu
-        ``_efficient_attention_forward``: the output ``at::empty({B, M, num_heads, Kv})``;
-        attention_backward.cu ``_efficient_attention_backward``: ``grad_out_.contiguous()``, then
-        ``grad_q/k/v = at::empty(query.sizes())``, all in (batch, seq, heads, dim) order, transposed back to
-        (B, H, S, D)). The CPU kernel's meta function returns ``empty_like(query)`` instead: the same for
-        q/k/v laid out (B, S, H, D) as Hugging Face models make them, but ``nn.MultiheadAttention``'s
-        views of its (S, B, E) projection are laid out (S, B, H, D), and there the GPU's output needs the
-        copy that MHA's ``permute(...).contiguous()`` makes (kept by the output projection for backward),
-        its gradients a copy for each ``view`` back, and the backward a contiguous copy of grad_out.
-        Other backends (flash: ``empty_like(q)``; cuDNN: ``alloc_with_matching_layout``) keep the
-        query's layout, as the meta function does. Returns ``NotImplemented`` unless the GPU runs
-        mem-efficient here."""
+    def _gpu_layout(self, func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
+        """The attention kernel's outputs in the layout the GPU allocates them. The CPU kernel's meta
+        function lays its output and all three gradients out (B, S, H, D) whatever its inputs are; the
+        GPU's kernels do not:
+
+        * mem-efficient (attention.cu ``_efficient_attention_forward``: ``at::empty({B, M, num_heads,
+          Kv})``; attention_backward.cu: ``grad_out_.contiguous()``, then ``grad_q/k/v =
+          at::empty(query.sizes())``): (B, S, H, D) for all, and a contiguous copy of a grad_out that is
+          not. ``nn.MultiheadAttention``'s views of its (S, B, E) projection are laid out (S, B, H, D):
+          there the output needs the copy MHA's ``permute(...).contiguous()`` makes, and each gradient a
+          copy for the ``view`` back;
+        * cuDNN (MHA.cpp ``alloc_with_matching_layout(q, o)``; its backward ``empty_like`` q, k, v) and
+          flash (``empty_like`` of the transposed q, k, v): the output in the query's layout, each
+          gradient in its input's. A key or value made contiguous (B, H, S, D), as Hugging Face's
+          ``DynamicCache.update`` concatenates them, gets a contiguous gradient, which the ``view`` back
+          to (B, S, E) must copy; a query made contiguous by a rotary embedding gets a contiguous
+          output, which ``transpose(1, 2).contiguous()`` must copy. cuDNN >= 9.5.1 copies a grad_out
+          only when its last dimension is strided.
+
+        Returns ``NotImplemented`` where the CPU kernel's layout is already the GPU's (or for math)."""
         backward = func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
         if backward:
             sid = tracker.storage_id(args[5]) if len(args) > 5 else None
             kind = self._sdpa_by_lse.get(sid) if sid is not None else None
         else:
             kind = self._pending_sdpa
-        if kind != "efficient":
+        if kind not in ("efficient", "cudnn", "flash"):
             return NotImplemented
         out = func(*args, **kwargs)
+        if kind == "efficient":
+            if backward:
+                grad_out = args[0]
+                if not grad_out.transpose(1, 2).is_contiguous():
+                    tracker.transient(grad_out.numel() * grad_out.element_size())
+                return tuple(_bmhk_like(g) for g in out)
+            return (_bmhk_like(out[0]), out[1])
         if backward:
             grad_out = args[0]
-            if not grad_out.transpose(1, 2).is_contiguous():
+            if kind == "cudnn" and grad_out.stride(-1) != 1:
                 tracker.transient(grad_out.numel() * grad_out.element_size())
-            return tuple(_bmhk_like(g) for g in out)
-        return (_bmhk_like(out[0]), out[1])
+            return tuple(_layout_like(g, ref) for g, ref in zip(out, args[1:4]))
+        return (_layout_like(out[0], args[0]),) + tuple(out[1:])
 
     def _scalar_read(self, x: torch.Tensor) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -543,6 +561,20 @@ def _bmhk_like(t: torch.Tensor) -> torch.Tensor:
         return t
     b, h, s, d = t.shape
     return torch.empty((b, s, h, d), dtype=t.dtype, device=t.device).transpose(1, 2)
+
+
+def _layout_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``t``, or a new tensor of its shape, dense in ``ref``'s dimension order (``alloc_with_matching_layout``:
+    the dimensions filled innermost first by ``ref``'s ascending strides)."""
+    order = sorted(range(ref.dim()), key=lambda i: ref.stride(i) or 1)
+    strides = [0] * t.dim()
+    step = 1
+    for i in order:
+        strides[i] = step
+        step *= t.size(i)
+    if list(t.stride()) == strides:
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
 
 
 def _all_ones_padding(batch: Any) -> bool:

@@ -77,5 +77,5 @@ def test_mem_efficient_output_layout_costs_multihead_attention_one_copy(monkeypa
         return f.end_bytes - f.start_bytes
 
     with_rule = kept()
-    monkeypatch.setattr(CudaEmulator, "_efficient_layout", lambda self, *a: NotImplemented)
+    monkeypatch.setattr(CudaEmulator, "_gpu_layout", lambda self, *a: NotImplemented)
     assert with_rule - kept() == 16 * 4 * 64 * 4

@@ -63,3 +63,71 @@ def test_recorded_safe_softmax_masks_one_bool_block_per_layer_and_no_second_resu
     scores = 4 * 16 * 2048 * 2048          # batch 4, 16 heads, 2048 x 2048
     assert sizes.count(scores) == 6                      # the bool mask, one per layer (6)
     assert sizes.count(4 * scores) == 6 * 2              # fp32 scores and softmax's own result: no where() copy
+
+
+# ---- embedding backward and attention layouts (OPT bf16, stream__opt-b4-bf16__*.json.gz)
+
+from labkit.memory.trace.embedding_backward import embedding_backward_temporaries  # noqa: E402
+
+
+def _opt_embedding_partials(num_weights: int) -> int:
+    grad = torch.empty(4, 1024, 2048, device="meta", dtype=torch.bfloat16)
+    ids = torch.empty(4, 1024, device="meta", dtype=torch.long)
+    return max(embedding_backward_temporaries(grad, ids, num_weights))
+
+
+def test_recorded_embedding_backward_takes_the_partial_sums_block_of_each_table():
+    token, position = _opt_embedding_partials(50272), _opt_embedding_partials(2050)
+    assert (token, position) == (4505 * 2048 * 4, 2459 * 2048 * 4)
+    for run in ("warm", "cold"):
+        doc = json.loads(gzip.decompress((STREAMS / f"stream__opt-b4-bf16__{run}.json.gz").read_bytes()))
+        alloc = doc["actions"].index("alloc")
+        sizes = [r[2] for r in doc["trace"] if r[0] == alloc]
+        assert sizes.count(token) == 4 and sizes.count(position) == 4     # one each per step, 4 steps
+
+
+def test_embedding_backward_takes_no_buffers_on_the_atomic_path_and_a_float32_copy_when_fused():
+    meta = dict(device="meta")
+    small = embedding_backward_temporaries(torch.empty(3072, 64, **meta), torch.empty(3072, dtype=torch.long, **meta), 100)
+    assert small == []
+    # few rows, narrow table: sum_and_scatter would launch < 4 blocks per SM, so the fused atomic kernel runs
+    g, ids = torch.empty(8192, 64, dtype=torch.bfloat16, **meta), torch.empty(8192, dtype=torch.long, **meta)
+    fused = embedding_backward_temporaries(g, ids, 16)
+    assert 16 * 64 * 4 in fused and (8192 // 10 + 16) * 64 * 4 not in fused
+
+
+class _Attention(torch.nn.Module):
+    """q, k, v projections viewed (B, H, S, D) as Hugging Face models make them; ``cat_kv``: k and v made
+    contiguous first, as OPT's ``DynamicCache.update`` does in the recorded H200 stream."""
+
+    def __init__(self, cat_kv: bool, e: int = 256, h: int = 4):
+        super().__init__()
+        self.cat_kv, self.h = cat_kv, h
+        self.q, self.k, self.v = (torch.nn.Linear(e, e) for _ in range(3))
+
+    def forward(self, x):
+        b, s, e = x.shape
+        q, k, v = (m(x).view(b, s, self.h, e // self.h).transpose(1, 2) for m in (self.q, self.k, self.v))
+        if self.cat_kv:
+            k, v = k.contiguous(), v.contiguous()
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.transpose(1, 2).reshape(b, s, e)
+
+
+def _backward_allocs(cat_kv: bool, block: int) -> tuple[int, dict]:
+    from labkit.memory.trace.step import measure_step
+
+    rep = measure_step(lambda: _Attention(cat_kv).bfloat16(), torch.randn(2, 1024, 256, dtype=torch.bfloat16), loss_fn=lambda out, b: out.float().sum(),
+                       precision="bf16", steps=1, op_log=True)
+    grew = [r for r in rep.op_log if r.phase == "backward" and r.out_bytes >= block]
+    return len(grew), rep.emulation["sdpa"]
+
+
+def test_cudnn_gradients_keep_each_inputs_layout_so_a_contiguous_key_and_value_cost_a_copy_each():
+    # cuDNN's backward allocates dq, dk, dv like q, k, v (the CPU kernel: (B, S, H, D) for all): gradients of
+    # a contiguous k and v must be copied for the view back to (B, S, E); a transposed view's need not
+    block = 2 * 1024 * 256 * 2
+    views, backend = _backward_allocs(False, block)
+    cat, _ = _backward_allocs(True, block)
+    assert [k.split(" ")[0] for k in backend] == ["cudnn"]
+    assert cat - views == 2
