@@ -62,11 +62,11 @@ browser-deps:
 report: $(STAMP)
 	$(VENV)/bin/labkit report --profile $(PROFILE) $(REPORT_ARGS)
 
-# One process by default: under two pytest-xdist workers a papermill run hung in three of six full
-# runs (kernel idle, nbclient waiting for a reply; ipykernel 6.31 and 7.4 alike), a CI failure after the
-# per-cell timeout. TEST_WORKERS=2 runs two workers (tests sharing an expensive fixture on one worker,
-# long ones first: tests/conftest.py), about 25% faster where it does not hang.
-TEST_WORKERS ?= 0
+# Two pytest-xdist workers on CI's two cores (TEST_WORKERS=0: one process). Tests sharing an expensive
+# fixture, and every test that starts a Jupyter kernel, run on one worker (tests/conftest.py: XDIST_GROUPS),
+# long ones first (LONG_FIRST). The papermill stalls earlier two-worker runs met were a missed socket
+# edge in the kernel client, fixed in labkit/report/kernel.py.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) browser-deps
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 

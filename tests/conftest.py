@@ -71,19 +71,22 @@ def smoke_report(tmp_path_factory):
     return _run
 
 
-# Tests that share an expensive session fixture, by node-id prefix -> the group they run in. Under
-# `-n N --dist loadgroup` (make test) a group is one unit of work on one worker, so a shared fixture is
-# made once. (pytest-xdist's own xdist_group mark does not reach its scheduler under pytest 9, whose
-# nodes keep their id elsewhere; this table is read by the scheduler below instead.)
+# Tests that share an expensive session fixture or must not overlap, by node-id prefix -> the group they
+# run in. Under `-n N --dist loadgroup` (make test TEST_WORKERS=2) a group is one unit of work on one
+# worker, so a shared fixture is made once. (pytest-xdist's own xdist_group mark does not reach its
+# scheduler under pytest 9, whose nodes keep their id elsewhere; this table is read by the scheduler below.)
 XDIST_GROUPS = (
-    # one JupyterLab and one Chromium serve every notebook (tests/browser/test_jupyterlab.py: `running`)
-    ("tests/browser/test_jupyterlab.py::test_jupyterlab_runs_the_notebook", "browser"),
+    # every test that starts a Jupyter kernel, on one worker, one kernel at a time: one JupyterLab and one
+    # Chromium serve every notebook (tests/browser/test_jupyterlab.py: `running`), smoke_report's papermill
+    # runs feed tests/browser's offline HTML check, and two kernels at once on two cores are where the
+    # kernel client's missed-edge stall showed (labkit/report/kernel.py)
+    ("tests/browser/", "kernels"),
+    ("tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode", "kernels"),
+    ("tests/report/test_runner.py", "kernels"),
+    ("tests/report/test_history.py", "kernels"),
     # record_comm_smoke: the recording script run once, checked and read
     ("tests/comm/test_record_script.py::test_record_comm_smoke", "record_comm"),
     ("tests/lessons/test_critical_path.py::", "record_comm"),
-    # smoke_report("00_this_server"): one papermill run, checked, then its HTML opened offline
-    ("tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode[00_this_server]", "notebook-00"),
-    ("tests/browser/test_jupyterlab.py::test_report_html_renders_bokeh_offline", "notebook-00"),
 )
 
 # Tests that take long on a 2-core CI machine, longest first (the groups above included). Work is

@@ -162,7 +162,8 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], results_file: Path, p
         papermill.execute_notebook(str(src), str(dst), parameters=params, kernel_name=KERNEL,
                                    start_timeout=START_TIMEOUT_S, cwd=str(src.parent),
                                    progress_bar=progress, log_output=False, report_mode=False,
-                                   extra_arguments=KERNEL_ARGS, execution_timeout=cell_timeout_s)
+                                   extra_arguments=KERNEL_ARGS, execution_timeout=cell_timeout_s,
+                                   kernel_manager_class="labkit.report.kernel.SlicedPollKernelManager")
     finally:
         if old is None:
             os.environ.pop(RESULTS_ENV, None)
