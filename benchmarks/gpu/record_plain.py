@@ -65,6 +65,16 @@ def cleanup(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def base_segments() -> list[dict[str, Any]]:
+    """The allocator's segments before a case: what the earlier cases left after ``empty_cache`` (the
+    segments that hold the cuBLAS workspaces, with their free remainders). Reserved memory is
+    path-dependent: a prediction of the case's reserved peak starts from this state
+    (``measure_step(allocator_state=...)``)."""
+    return [{"address": int(s["address"]), "total_size": int(s["total_size"]), "stream": int(s["stream"]),
+             "segment_type": s["segment_type"], "blocks": [[int(b["size"]), b["state"]] for b in s["blocks"]]}
+            for s in torch.cuda.memory_snapshot()]
+
+
 def versions() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mod in ("transformers", "torchvision", "peft", "timm"):
@@ -150,6 +160,8 @@ def run_case(case: Case, device: str) -> dict[str, Any]:
                            "describe": case.describe(), "device": device}
     t = time.perf_counter()
     row["base_allocated"] = torch.cuda.memory_allocated() if cuda else None   # e.g. cuBLAS workspaces kept
+    row["base_reserved"] = torch.cuda.memory_reserved() if cuda else None
+    row["base_segments"] = base_segments() if cuda else None
     model = opt = batch = None
     try:
         model, opt, batch = prepare_plain(case, device)
