@@ -56,25 +56,33 @@ def speed(repeats: int) -> int:
 
 
 def validate(only: list[str] | None = None, split: str | None = None) -> int:
-    from labkit.advise.validate import check, recorded_step_times
+    """Predicted step times against both H200 recordings of the plain loops (the same predictions): run 1,
+    which the pricing was built on and held out from, and run 2, recorded later the same way."""
+    from labkit.advise.validate import SECOND_RUN, check, recorded_step_times
 
     rec = recorded_step_times()
+    run2 = recorded_step_times(SECOND_RUN)
     todo = [n for n in sorted(rec) if (not only or any(o in n for o in only)) and (not split or rec[n].get("split") == split)]
     rows = []
-    print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s} {'gpu ms':>7s} {'host ms':>7s} syncs")
+    print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s} {'gpu ms':>7s} {'host ms':>7s} syncs"
+          f" {'run 2 ms':>8s} {'error':>7s}")
     for name in todo:
         got = check([name])
         if not got:
             continue
         r = got[0]
-        rows.append(r)
+        m2 = run2.get(name, {}).get("median_step_s")
+        e2 = r.predicted_s / m2 - 1 if m2 else None
+        rows.append((r, e2))
         print(f"{r.name:36s} {r.split:9s} {r.measured_s * 1e3:8.1f} {r.predicted_s * 1e3:8.1f} {r.rel_error * 100:+6.1f}% "
-              f"{r.gpu_busy_s * 1e3:7.1f} {r.host_s * 1e3:7.1f} {r.syncs:5d}", flush=True)
+              f"{r.gpu_busy_s * 1e3:7.1f} {r.host_s * 1e3:7.1f} {r.syncs:5d} "
+              + (f"{m2 * 1e3:8.1f} {e2 * 100:+6.1f}%" if m2 else f"{'-':>8s} {'-':>7s}"), flush=True)
     for part in ("reference", "held-out"):
-        e = [abs(r.rel_error) for r in rows if r.split == part]
-        if e:
-            print(f"{part}: {len(e)} cases, median |error| {statistics.median(e) * 100:.1f}%, worst {max(e) * 100:.1f}%, "
-                  f"within 20%: {sum(x <= 0.2 for x in e)}")
+        for label, errs in (("run 1", [abs(r.rel_error) for r, _ in rows if r.split == part]),
+                            ("run 2", [abs(e) for r, e in rows if r.split == part and e is not None])):
+            if errs:
+                print(f"{part} ({label}): {len(errs)} cases, median |error| {statistics.median(errs) * 100:.1f}%, "
+                      f"worst {max(errs) * 100:.1f}%, within 20%: {sum(x <= 0.2 for x in errs)}")
     return 0
 
 

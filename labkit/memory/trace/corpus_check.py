@@ -138,6 +138,7 @@ class PlainRecord:
     sdpa_backends: list[str]
     provenance: dict[str, Any] = field(default_factory=dict)
     attn_implementation: str | None = None   # the model config's, as the recorded transformers chose it
+    base_segments: list | None = None        # the allocator's segments when the case started (record_plain.py)
 
 
 @dataclass
@@ -196,7 +197,7 @@ def load_plain(path: str | Path | None = None) -> list[PlainRecord]:
             out.append(PlainRecord(r["name"], r["split"], case, int(r["peak_allocated"]),
                                    None if r.get("peak_reserved") is None else int(r["peak_reserved"]),
                                    r.get("median_step_s"), list(r.get("sdpa_backends") or []), doc["provenance"],
-                                   r.get("attn_implementation")))
+                                   r.get("attn_implementation"), r.get("base_segments")))
         except (KeyError, TypeError, ValueError) as exc:
             raise LabkitError(f"{path}: case {r.get('name', '?')!r} is malformed ({exc})") from None
         if case.split != r["split"]:
@@ -217,7 +218,8 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         notes: list[str] = []
         try:
             rep = predict(rec.case, prepare=lambda m: notes.append(
-                recorded_attention(m, rec.attn_implementation, rec.provenance.get("transformers"))))
+                recorded_attention(m, rec.attn_implementation, rec.provenance.get("transformers"))),
+                allocator_state=rec.base_segments)
             v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
         except FakeModeUnsupported as exc:
             v.status, v.reason = "refused", _short(str(exc))

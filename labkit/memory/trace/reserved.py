@@ -50,19 +50,26 @@ def steady_window(events: list[tuple[int, int, int]], start: int) -> bool:
 
 
 def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] | None = None,
-                   through_step: int = 0) -> AllocatorReplay:
+                   through_step: int = 0, state: Any = None, in_state: frozenset[int] = frozenset()) -> AllocatorReplay:
     """Run ``tracker.events`` (allocations and frees, in order) through the allocator simulator.
 
     ``step_starts``: the index of each traced step's first event. With ``through_step`` greater than
     the number of traced steps (at least two) and a steady last step (:func:`steady_window`), that
     step's events are replayed again, with fresh storage ids, until step ``through_step``.
+    ``state``: the segments the process holds before the step (:func:`labkit.allocator.state.seed_segments`);
+    their live blocks count in the allocated peaks, and the events of ``in_state`` storages (ones the
+    state already holds, e.g. the cuBLAS workspaces of a warm process) are not replayed again.
     """
     from labkit.allocator import CachingAllocatorSim
 
     sim = CachingAllocatorSim(config) if config is not None else CachingAllocatorSim()
+    cur = 0
+    if state is not None:
+        from labkit.allocator.state import seed_segments
+
+        cur = seed_segments(sim, state).allocated_bytes
     blocks: dict[Any, Any] = {}
     peaks = [0] * len(tracker.phases)
-    cur = 0
     malloc, free = sim.malloc, sim.free
     last = 0
     events = tracker.events
@@ -75,6 +82,8 @@ def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] |
             for p in range(last + 1, ph + 1):
                 peaks[p] = max(peaks[p], cur)
             last = ph
+        if sid in in_state:
+            continue
         if delta > 0 and sid not in blocks:
             b = malloc(delta)
             if b is None:  # the simulated device is full: count the request as is

@@ -212,7 +212,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  target: Any = None, op_log: bool = False, timing: bool = False,
                  rounding: int | None = None, alloc_confs: tuple[str, ...] = (),
                  observers: tuple = (), checkpointing: str | None = None,
-                 loop: str = "plain", moe_routing: Any = None) -> MeasureReport:
+                 loop: str = "plain", moe_routing: Any = None, allocator_state: Any = None) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -238,6 +238,10 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     :class:`~labkit.core.vocab.MoeRouting`); the report's ``emulation["moe_routing"]`` and assumptions say
     which was assumed and which modules used it (see :mod:`labkit.memory.trace.moe`). On ``cpu`` and
     ``cuda`` the batch's real routing decides, so it is refused there.
+    ``allocator_state`` (fake mode): the segments the process already holds when the step starts (a list
+    as ``torch.cuda.memory_snapshot()`` returns it); the reserved figure is replayed from there
+    (:mod:`labkit.allocator.state`), and a warm process's cuBLAS workspaces are taken to be in it. Reserved
+    memory is path-dependent: without it the replay starts from an empty cache plus the workspaces.
 
     In fake mode, a step that fake tensors cannot run (an op without a fake kernel, a data-dependent
     value, a kernel-specific check) raises :class:`FakeModeUnsupported`: one line naming the op, the
@@ -266,6 +270,9 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         if device != "fake-cuda":
             raise LabkitError(f"moe_routing applies to device 'fake-cuda' (on {device!r} the batch's real routing "
                               "decides); leave it out")
+    if allocator_state is not None and device != "fake-cuda":
+        raise LabkitError(f"allocator_state applies to device 'fake-cuda' (on {device!r} the real allocator's own "
+                          "state decides); leave it out")
     policy = StepPolicy(precision=precision, optimizer=optimizer, recompute=recompute, checkpointing=checkpointing)
     is_cuda = device == "cuda"
     if is_cuda and not torch.cuda.is_available():
@@ -388,7 +395,11 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 
         step_starts = [tracker.phase_start_event[min(by_step[s])] for s in sorted(by_step) if s >= 1]
-        rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP)
+        seeded: dict[str, Any] = {}
+        if allocator_state is not None:
+            ws = frozenset(emulator._roles.workspace) if emulator.target.warm_process and emulator._roles else frozenset()
+            seeded = {"state": allocator_state, "in_state": ws}
+        rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP, **seeded)
         for p in phases:
             p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
         reserved = rp.reserved_end
@@ -397,7 +408,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
 
             for conf in alloc_confs:
                 r = replay_tracker(tracker, parse_alloc_conf(conf), step_starts=step_starts,
-                                   through_step=MEASURED_THROUGH_STEP)
+                                   through_step=MEASURED_THROUGH_STEP, **seeded)
                 reserved_by_conf[conf] = {"reserved_peak": r.reserved_peak, "segments": r.segments,
                                           "peak_allocated": max(r.phase_peak_allocated, default=0)}
     elif is_cuda:
