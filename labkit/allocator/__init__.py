@@ -5,6 +5,7 @@ Public names (other chapters and notebooks use only these):
 * :func:`parse_alloc_conf`, :class:`AllocatorConfig`: ``PYTORCH_ALLOC_CONF`` strings.
 * :class:`CachingAllocatorSim`: the allocator itself, request by request.
 * :func:`read_snapshot`, :func:`compile_trace`, :func:`replay`, :func:`compare`: snapshot files and replays.
+* :func:`seed_segments`: a process's segments (a snapshot's) rebuilt in the simulator before a replay.
 * :func:`diagnose`, :func:`parse_oom_message`: the OOM doctor.
 * :func:`watch`, :class:`Watch`: capture an OOM in a user's own training loop (:mod:`labkit.allocator.capture`
   reads the folders).
@@ -18,6 +19,7 @@ from labkit.allocator.oom_message import OOMMessage, parse_oom_message
 from labkit.allocator.replay import ReplayResult, compare, load_trace, replay, replay_with_sim
 from labkit.allocator.simulator import CachingAllocatorSim
 from labkit.allocator.snapshot import Snapshot, read_snapshot
+from labkit.allocator.state import SeededState, seed_segments, state_summary
 from labkit.allocator.trace import Trace, TraceBuilder, compile_trace
 from labkit.allocator.watcher import Watch, watch
 
@@ -25,5 +27,6 @@ __all__ = [
     "AllocatorConfig", "CachingAllocatorSim", "Diagnosis", "Finding", "OOMMessage", "ReplayResult", "Snapshot",
     "Trace", "TraceBuilder", "compare", "compile_trace", "diagnose", "format_diagnosis", "load_trace",
     "parse_alloc_conf", "parse_oom_message", "read_snapshot", "replay", "replay_with_sim", "round_size",
+    "SeededState", "seed_segments", "state_summary",
     "Watch", "watch",
 ]

@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fake-cuda, mixture-of-experts models: how tokens are assumed to be routed where the memory "
                         "depends on it (an eager per-expert loop): balanced (the default) or each expert's share of "
                         "the tokens x top-k rows, e.g. 0.4,0.2,0.2,0.2; the report says which was assumed")
+    s.add_argument("--allocator-state", metavar="SNAPSHOT", default=None,
+                   help="fake-cuda: replay reserved from the segments a process already holds, from a memory snapshot "
+                        "of that process (torch.cuda.memory._dump_snapshot(): a .pickle, optionally gzip'd)")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
     p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
@@ -172,9 +175,20 @@ def _optimizer(args: argparse.Namespace):
     return OptimizerSpec.parse(args.optimizer, args.optimizer_impl)
 
 
+def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
+    """The segments of ``--allocator-state`` (device 0's, as the snapshot lists them)."""
+    if not args.allocator_state:
+        return None
+    from labkit.allocator import read_snapshot
+
+    segs = [s for s in read_snapshot(args.allocator_state).segments if s.get("device", 0) == 0]
+    return segs
+
+
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"optimizer": _optimizer(args), "precision": args.precision, "device": args.device, "steps": args.steps,
-            "loop": args.loop, "recompute": args.recompute, "moe_routing": args.moe_routing}
+            "loop": args.loop, "recompute": args.recompute, "moe_routing": args.moe_routing,
+            "allocator_state": _allocator_state(args)}
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
@@ -204,7 +218,8 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                                                                if task == "image-classification" else 512),
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
                 optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
-    rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing)
+    rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing,
+                  allocator_state=_allocator_state(args))
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
         ", LoRA on a bf16 base" if args.lora else "")
 
@@ -240,6 +255,9 @@ def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
     print(render(["category (at the peak)", "bytes"], [[k, fmt_bytes(v)] for k, v in rep.by_category.items() if v]))
     if rep.reserved_bytes is not None:
         how = "predicted by the allocator simulator" if args.device == "fake-cuda" else "torch.cuda.memory_stats"
+        if args.device == "fake-cuda":
+            how += (f", from the segments of {args.allocator_state}" if args.allocator_state
+                    else ", from an empty cache and the cuBLAS workspaces; --allocator-state for a process that holds more")
         print(f"\ntensor storages at their peak {fmt_bytes(rep.storage_peak_bytes)}; allocator reserved "
               f"{fmt_bytes(rep.reserved_bytes)} ({how})")
     emulation = rep.emulation or {}

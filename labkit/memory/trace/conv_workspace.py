@@ -38,9 +38,10 @@ them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the bat
 stem and the 4x4/4 patchify take none, the 7x7/2 stem's backward-data none), the 4x4/4 patchify's
 forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces),
 backward-filter up to ~8 MiB larger. The workspaces are transient: on the torchvision corpus they leave the predicted peaks where they were
-(within 0.1%) and move the replayed reserved bytes; for ResNet-50 the replay comes out lower with them than
-the H200's reserved, a gap the workspaces do not explain (the traced steady step allocates no segment: the
-GPU's reserved is set in the first steps). Not measured, assumed as stated in :data:`ASSUMPTIONS`: channels-last
+(within 0.1%) and move the replayed reserved bytes; for ResNet-50 at batch 128 the replay comes out 7-11%
+lower than the H200's reserved, and the recorded allocation stream of that step
+(``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*``) shows the heuristics taking other
+sizes than this rule there (e.g. 392 MiB where it gives 589 MiB, backward-filter 69 MiB where it gives 61). Not measured, assumed as stated in :data:`ASSUMPTIONS`: channels-last
 inputs, transposed, 1-D and 3-D convolutions, fp16 depthwise, ``cudnn.benchmark = True``.
 """
 

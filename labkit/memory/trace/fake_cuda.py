@@ -60,8 +60,8 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
-from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.embedding_backward import embedding_backward_temporaries
+from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.grad_accumulation import engine_accumulation
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
 

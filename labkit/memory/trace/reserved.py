@@ -65,7 +65,7 @@ def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] |
     sim = CachingAllocatorSim(config) if config is not None else CachingAllocatorSim()
     cur = 0
     if state is not None:
-        from labkit.allocator.state import seed_segments
+        from labkit.allocator import seed_segments
 
         cur = seed_segments(sim, state).allocated_bytes
     blocks: dict[Any, Any] = {}

@@ -92,6 +92,38 @@ def test_measure_cli_table_and_errors(run_cli, capsys):
     assert "divisible" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_measure_replays_reserved_from_a_snapshots_segments(tmp_path, capsys):
+    import json
+    import pickle
+
+    from labkit.cli import main
+
+    mib = 1 << 20
+    snap = {"segments": [{"device": 0, "address": 1 << 40, "total_size": 1024 * mib, "allocated_size": 512 * mib,
+                          "active_size": 512 * mib, "stream": 0, "segment_type": "large",
+                          "blocks": [{"size": 512 * mib, "state": "active_allocated"},
+                                     {"size": 512 * mib, "state": "inactive"}]}],
+            "device_traces": [[]]}
+    path = tmp_path / "held.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    args = ["measure", "--layers", "1", "--hidden", "64", "--heads", "2", "--seq", "32", "--vocab", "128",
+            "--micro-batch", "2", "--json"]
+    capsys.readouterr()
+    assert main(args) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert main(args + ["--allocator-state", str(path)]) == 0
+    held = json.loads(capsys.readouterr().out)
+    # the held 1 GiB stays reserved and the step's large blocks fit in its free half: only a small-pool segment
+    # is added (the workspaces are taken to be in the snapshot's process already)
+    assert bare["reserved_bytes"] == 66 * mib and held["reserved_bytes"] == 1024 * mib + 2 * mib
+    assert held["peak_bytes"] >= bare["peak_bytes"] + 512 * mib - 64 * mib
+    assert main(args[:-1] + ["--allocator-state", str(path)]) == 0
+    assert f"from the segments of {path}" in capsys.readouterr().out
+    assert main(args + ["--allocator-state", str(tmp_path / "none.pickle")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none.pickle" in err[0], err
+
+
 def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
     """benchmarks/gpu/record_measure.py --smoke: tiny cases on the CPU, the same files as on a GPU."""
     import subprocess
