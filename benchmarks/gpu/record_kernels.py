@@ -330,6 +330,48 @@ def record_convs(timer: Timer, device: str, smoke: bool, only_batch: int | None 
     return rows
 
 
+# Convolutions as ConvNeXt runs them: channels-last after its stem (its LayerNorm permutes give every later
+# activation and gradient NHWC strides), where cuDNN takes other kernels (NHWC depthwise forward, grouped
+# direct or implicit-GEMM weight gradients); plus the depthwise shapes of EfficientNet and MobileNet
+CONVS_CHANNELS_LAST = (
+    ("depthwise", 32, 96, 56, 96, 7, 1, 96), ("depthwise", 32, 192, 28, 192, 7, 1, 192),
+    ("depthwise", 32, 384, 14, 384, 7, 1, 384), ("depthwise", 32, 768, 7, 768, 7, 1, 768),
+    ("dense2x2", 32, 96, 56, 192, 2, 2, 1), ("dense2x2", 32, 192, 28, 384, 2, 2, 1),
+    ("dense2x2", 32, 384, 14, 768, 2, 2, 1),
+    ("depthwise", 32, 96, 112, 96, 3, 1, 96), ("depthwise", 32, 240, 28, 240, 5, 1, 240),
+    ("depthwise", 32, 672, 14, 672, 5, 1, 672),
+)
+
+
+def record_convs_channels_last(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    """:data:`CONVS_CHANNELS_LAST` with input, weight and output gradient in channels-last memory, at batch 32
+    and 128, forward and forward + backward (as :func:`record_convs`, which times NCHW)."""
+    rows = []
+    for name, n0, c, h, co, kk, st, g in (CONVS_CHANNELS_LAST[:1] if smoke else CONVS_CHANNELS_LAST):
+        for n in ((2,) if smoke else (n0, 128)):
+            hh = 16 if smoke else h
+            for dname in ("fp32", "bf16"):
+                dt = DT[dname]
+                cl = torch.channels_last
+                x = torch.randn(n, c, hh, hh, device=device, dtype=dt).to(memory_format=cl).requires_grad_()
+                w = torch.randn(co, c // g, kk, kk, device=device, dtype=dt).to(memory_format=cl).requires_grad_()
+                pad = kk // 2 if st == 1 else 0
+                y = F.conv2d(x, w, stride=st, padding=pad, groups=g)
+                go = torch.randn_like(y).contiguous(memory_format=cl)
+                fwd = timer(lambda: F.conv2d(x, w, stride=st, padding=pad, groups=g), max_reps=50)
+                both = timer(lambda: torch.autograd.grad(F.conv2d(x, w, stride=st, padding=pad, groups=g), (x, w), go),
+                             max_reps=30)
+                m = n * y.shape[2] * y.shape[3]
+                kdim = (c // g) * kk * kk
+                rows.append({"name": name, "layout": "channels_last", "dtype": dname, "n": n, "c_in": c, "h": hh,
+                             "c_out": co, "kernel": kk, "stride": st, "groups": g, "m": m, "gemm_n": co, "gemm_k": kdim,
+                             "flops": 2.0 * m * co * kdim, "bytes": float((x.numel() + w.numel() + y.numel()) * x.element_size()),
+                             "fwd_s": fwd["seconds"], "fwd_bwd_s": both["seconds"], "bwd_s": both["seconds"] - fwd["seconds"]})
+                del x, w, y, go
+    log(f"channels-last convolutions: {len(rows)} rows")
+    return rows
+
+
 BN_SHAPES = ((64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7), (32, 112), (96, 56), (240, 28), (672, 14))
 
 
@@ -634,11 +676,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a dry run of the script)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; the profiles stop once it is spent")
-    ap.add_argument("--only", choices=("base", "extra", "extra2"), default="base",
+    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3"), default="base",
                     help="base: kernel_rates.json (GEMM grid, memory kernels, AdamW, SDPA, host); extra: "
                          "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM); "
                          "extra2: kernel_rates_extra2.json (batch/layer norm, gather, embedding, index_put, convolutions "
-                         "at batch 128)")
+                         "at batch 128); extra3: kernel_rates_extra3.json (convolutions in channels-last memory)")
     ap.add_argument("--profile", default=",".join(PROFILE_CASES), help="comma-separated reference cases to profile")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -657,6 +699,9 @@ def main(argv: list[str] | None = None) -> int:
                  ("memory", lambda: record_memory(timer, device, args.smoke)),
                  ("adamw", lambda: record_adamw(timer, device, args.smoke)),
                  ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    elif args.only == "extra3":
+        fname = "kernel_rates_extra3.json"
+        parts = (("conv_channels_last", lambda: record_convs_channels_last(timer, device, args.smoke)),)
     elif args.only == "extra2":
         fname = "kernel_rates_extra2.json"
         parts = tuple((f"norm_index_{k}", lambda k=k: record_norm_index(timer, device, args.smoke, (k,)))

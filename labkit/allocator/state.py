@@ -89,12 +89,17 @@ def seed_segments(sim: CachingAllocatorSim, state: Any) -> SeededState:
     return SeededState(allocated_bytes=kept, reserved_bytes=st["reserved_bytes.all.current"], segments=n)
 
 
+def live_bytes(state: Any) -> int:
+    """Bytes of the blocks live (``active_allocated``) in ``state``."""
+    return sum(b for s in _segments(state) for b, st in s["blocks"] if st == "active_allocated")
+
+
 def state_summary(state: Iterable[dict]) -> str:
     """One line: how many segments, how much reserved and allocated."""
-    segs = _segments(list(state))
-    total = sum(s["total"] for s in segs)
-    live = sum(b for s in segs for b, st in s["blocks"] if st == "active_allocated")
-    return f"{len(segs)} segments, {total / 2**20:.0f} MiB reserved, {live / 2**20:.0f} MiB allocated"
+    state = list(state)
+    total = sum(s["total"] for s in _segments(state))
+    live = live_bytes(state)
+    return f"{len(_segments(state))} segments, {total / 2**20:.0f} MiB reserved, {live / 2**20:.0f} MiB allocated"
 
 
-__all__ = ["SeededState", "seed_segments", "state_summary"]
+__all__ = ["SeededState", "live_bytes", "seed_segments", "state_summary"]

@@ -440,6 +440,11 @@ def _cases() -> list[Case]:
             c.append(Case(f"tv-{arch}-b{b}-{p}", "torchvision", arch, "image-classification", {}, b, 224, p))
     c.append(Case("tv-resnet50-b128-bf16", "torchvision", "resnet50", "image-classification", {}, 128, 224, "bf16"))
     c.append(Case("tv-vit_b_16-b64-bf16", "torchvision", "vit_b_16", "image-classification", {}, 64, 224, "bf16"))
+    # ConvNeXt at two more sizes (both reference by their names' hash): the b96 cases above are held out
+    c.append(Case("tv-convnext_tiny-b64-fp32", "torchvision", "convnext_tiny", "image-classification", {}, 64, 224,
+                  "fp32"))
+    c.append(Case("tv-convnext_small-b96-fp32", "torchvision", "convnext_small", "image-classification", {}, 96, 224,
+                  "fp32"))
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -397,7 +397,12 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         step_starts = [tracker.phase_start_event[min(by_step[s])] for s in sorted(by_step) if s >= 1]
         seeded: dict[str, Any] = {}
         if allocator_state is not None:
+            # a warm process's cuBLAS workspaces are blocks of the state, where it holds that much
+            from labkit.allocator import live_bytes
+
             ws = frozenset(emulator._roles.workspace) if emulator.target.warm_process and emulator._roles else frozenset()
+            if live_bytes(allocator_state) < len(ws) * emulator.target.cublas_workspace_bytes:
+                ws = frozenset()
             seeded = {"state": allocator_state, "in_state": ws}
         rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP, **seeded)
         for p in phases:
