@@ -28,6 +28,7 @@ from labkit.core.errors import LabkitError
 KERNEL_FILE = "advise/kernel_rates.json"
 EXTRA_FILE = "advise/kernel_rates_extra.json"     # record_kernels.py --only extra
 EXTRA2_FILE = "advise/kernel_rates_extra2.json"   # record_kernels.py --only extra2
+EXTRA3_FILE = "advise/kernel_rates_extra3.json"   # record_kernels.py --only extra3 (channels-last convolutions)
 
 
 def _interp_loglog(xs: list[float], ys: list[float], x: float) -> float:
@@ -180,7 +181,7 @@ class KernelTable:
             return None
         xs, fwd, bwd = self.conv[key]
         per = bwd if backward else fwd
-        x = nbytes if kind == "depthwise" else flops
+        x = nbytes if kind.startswith("depthwise") else flops
         return x * _interp_flat(xs, per, max(x, 1.0))
 
     # -- memory-bound kernels -----------------------------------------------------------------
@@ -235,9 +236,14 @@ def _sdpa_tables(rows: list[dict]) -> dict:
     return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
 
 
-def conv_kind(c_in: int, groups: int, kernel_area: int) -> str:
+def conv_kind(c_in: int, groups: int, kernel_area: int, channels_last: bool = False) -> str:
     """depthwise (grouped), narrow (input channels per group not a multiple of 8, as an RGB stem or
-    patch embedding: no vectorised tensor-core path), dense1x1, dense."""
+    patch embedding: no vectorised tensor-core path), dense1x1, dense. In channels-last memory cuDNN takes
+    other kernels (NHWC depthwise, grouped-direct or implicit-GEMM weight gradients whose speed depends on
+    the filter size: a 7x7 float32 depthwise backward 2.3x its NCHW time, a 3x3 one a sixth): its
+    depthwise kinds are per filter area (``depthwise_cl_k49``), its dense ones ``dense_cl``."""
+    if channels_last:
+        return f"depthwise_cl_k{kernel_area}" if groups > 1 else "dense_cl"
     if groups > 1:
         return "depthwise"
     if c_in % 8:
@@ -250,8 +256,8 @@ def _conv_tables(rows: list[dict]) -> dict:
     for r in rows:
         if r.get("fwd_s", 0) <= 0 or r.get("bwd_s", 0) <= 0:
             continue
-        kind = conv_kind(r["c_in"], r["groups"], r["kernel"] ** 2)
-        x = r["bytes"] if kind == "depthwise" else r["flops"]
+        kind = conv_kind(r["c_in"], r["groups"], r["kernel"] ** 2, r.get("layout") == "channels_last")
+        x = r["bytes"] if kind.startswith("depthwise") else r["flops"]
         out.setdefault((kind, r["dtype"]), []).append((x, r["fwd_s"] / x, r["bwd_s"] / x))
     return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
 
@@ -280,7 +286,8 @@ def _per_byte_tables(rows: list[dict]) -> dict:
     return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
 
 
-def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = None) -> KernelTable:
+def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = None,
+                   extra3: dict | None = None) -> KernelTable:
     data, prov = doc["data"], doc["provenance"]
     src = f"kernel microbenchmarks recorded on {prov.get('gpu_count')} x {prov.get('gpu_name')}, {str(prov.get('date'))[:10]}"
     missing = [k for k in ("gemm", "memory", "adamw", "sdpa", "host") if not data.get(k)]
@@ -300,6 +307,9 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
     x2 = (extra2 or {}).get("data", {})
     if x2:
         src += f"; norms, gather, embedding, index_put {str(extra2['provenance'].get('date'))[:10]}"
+    x3 = (extra3 or {}).get("data", {})
+    if x3:
+        src += f"; channels-last convolutions {str(extra3['provenance'].get('date'))[:10]}"
     return KernelTable(gemm={k: GemmGrid.from_rows(v) for k, v in gemm_rows.items()},
                        memory=_memory_tables(data["memory"] + x.get("memory_paths", [])),
                        adamw=([b for b, _ in adamw], [s for _, s in adamw]),
@@ -308,7 +318,7 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                        grouped_per_group_s=statistics.median(
                            [max(0.0, r["seconds"] - r["dense_seconds"]) / r["groups"] for r in x["grouped_mm"]])
                        if x.get("grouped_mm") else None,
-                       conv=_conv_tables(x.get("conv", []) + x2.get("conv", [])),
+                       conv=_conv_tables(x.get("conv", []) + x2.get("conv", []) + x3.get("conv_channels_last", [])),
                        per_byte=_per_byte_tables([r for k, v in x2.items()
                                                   if k.startswith("norm_index") and isinstance(v, list) for r in v]),
                        batch_norm=[r for r in x2.get("norm_index_batch_norm", []) if r.get("fwd_s", 0) > 0
@@ -323,6 +333,6 @@ def recorded_table() -> KernelTable:
     p = paths.DATA_DIR / "measurements" / KERNEL_FILE
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")
-    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE)]
+    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE)]
     return table_from_doc(load_measurement(p, "kernel_rates"),
                           *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))

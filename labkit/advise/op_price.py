@@ -316,18 +316,26 @@ class OpPricer:
     def _conv_dtype(self, dt: torch.dtype) -> str:
         return "tf32" if dt == torch.float32 and torch.backends.cudnn.allow_tf32 else dtype_name(dt)
 
-    @staticmethod
-    def _conv_kind(w: torch.Tensor, groups: int) -> str:
+    def _conv_seconds(self, x: torch.Tensor, w: torch.Tensor, groups: int, flops: float, nbytes: float,
+                      backward: bool) -> float | None:
+        """The recorded convolution of this kind, in the input's memory layout where it was recorded in it
+        (cuDNN picks its kernels by the layout PyTorch suggests from the input and weight)."""
         from labkit.advise.kernel_table import conv_kind
 
-        return conv_kind(w.size(1) * groups, groups, math.prod(w.shape[2:]))
+        c_in, area = w.size(1) * groups, math.prod(w.shape[2:])
+        cl = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        s = self.t.conv_seconds(conv_kind(c_in, groups, area, True), dtype_name(x.dtype), flops, nbytes,
+                                backward) if cl else None
+        if s is None:
+            s = self.t.conv_seconds(conv_kind(c_in, groups, area), dtype_name(x.dtype), flops, nbytes, backward)
+        return s
 
     def _conv(self, a: dict, out, nbytes: float) -> Price:
         x, w, y = a.get("input"), a.get("weight"), _tensors(out)[0]
         g = int(a.get("groups") or 1)
         m, n, k = self._conv_dims(x, w, y, g)
         flops = 2.0 * m * n * k
-        s = self.t.conv_seconds(self._conv_kind(w, g), dtype_name(x.dtype), flops, nbytes, backward=False)
+        s = self._conv_seconds(x, w, g, flops, nbytes, backward=False)
         if s is None:   # no convolution recording: the implicit GEMM, never faster than its bytes
             s = max(self.t.gemm_seconds(m, n, k, self._conv_dtype(x.dtype), "nn"),
                     self.t.memory_seconds("binary", nbytes, x.element_size()))
@@ -339,7 +347,7 @@ class OpPricer:
         g = int(a.get("groups") or 1)
         m, n, k = self._conv_dims(x, w, gy, g)
         fwd_bytes = footprint(x) + footprint(w) + footprint(gy)
-        rec = self.t.conv_seconds(self._conv_kind(w, g), dtype_name(x.dtype), 2.0 * m * n * k, fwd_bytes, backward=True)
+        rec = self._conv_seconds(x, w, g, 2.0 * m * n * k, fwd_bytes, backward=True)
         if rec is not None and mask[0] and mask[1]:
             return Price("conv", gpu_s=rec, kernels=2 + bool(len(mask) > 2 and mask[2]), flops=4.0 * m * n * k)
         if rec is not None:   # one of the two gradients (the first layer's input needs none): half the backward

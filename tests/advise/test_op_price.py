@@ -74,3 +74,20 @@ def test_fake_mode_queries_cost_nothing_and_a_scalar_read_waits_for_the_gpu():
     s = torch.empty((), device="meta")
     rf(aten._local_scalar_dense.default, (s,), {}, 0.0, "forward")
     assert rf._host >= busy and rf.describe()["syncs"] == 1      # .item() waited for the GEMM
+
+
+def test_a_convolution_is_priced_in_its_inputs_memory_layout():
+    # ConvNeXt runs channels-last after its stem; there cuDNN's float32 7x7 depthwise backward takes 2.3x its
+    # NCHW time on the H200 (kernel_rates_extra3.json) and the bf16 one a fifth of it
+    def backward(dtype, channels_last):
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        x = _meta(32, 96, 56, 56, dtype=dtype).contiguous(memory_format=fmt)
+        w = _meta(96, 1, 7, 7, dtype=dtype).contiguous(memory_format=fmt)
+        gy = _meta(32, 96, 56, 56, dtype=dtype).contiguous(memory_format=fmt)
+        args = (gy, x, w, [96], [1, 1], [3, 3], [1, 1], False, [0, 0], 96, [True, True, False])
+        return _price(aten.convolution_backward.default, args, phase="backward").gpu_s
+
+    for dt in (torch.float32, torch.bfloat16):
+        assert backward(dt, False) > 0 and backward(dt, True) > 0
+    assert 2.0 < backward(torch.float32, True) / backward(torch.float32, False) < 2.8
+    assert backward(torch.bfloat16, True) < 0.35 * backward(torch.bfloat16, False)
