@@ -174,17 +174,20 @@ def measure_call(fn: Any, cuda: bool) -> dict[str, Any]:
     return row
 
 
-def conv_probe(geom: tuple, n: int, dtype_name: str, device: str, benchmark: bool = False) -> dict[str, Any]:
+def conv_probe(geom: tuple, n: int, dtype_name: str, device: str, benchmark: bool = False,
+               channels_last: bool = False) -> dict[str, Any]:
     label, cin, cout, hw, k, s, p, g = geom
     dt = DTYPES[dtype_name]
     cuda = device == "cuda"
-    x = torch.randn(n, cin, hw, hw, device=device, dtype=dt)
-    w = torch.randn(cout, cin // g, k, k, device=device, dtype=dt)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(n, cin, hw, hw, device=device, dtype=dt).contiguous(memory_format=fmt)
+    w = torch.randn(cout, cin // g, k, k, device=device, dtype=dt).contiguous(memory_format=fmt)
     b = torch.randn(cout, device=device, dtype=dt)
     stride, pad, dil = [s, s], [p, p], [1, 1]
     row: dict[str, Any] = {"geometry": label, "batch": n, "dtype": dtype_name, "in_channels": cin,
                            "out_channels": cout, "height": hw, "width": hw, "kernel": k, "stride": s, "padding": p,
-                           "dilation": 1, "groups": g, "memory_format": "contiguous", "cudnn_benchmark": benchmark,
+                           "dilation": 1, "groups": g, "memory_format": "channels_last" if channels_last else "contiguous",
+                           "cudnn_benchmark": benchmark,
                            "input_shape": list(x.shape), "weight_shape": list(w.shape)}
     try:
         row["backend"] = str(torch._C._select_conv_backend(x, w, b, stride, pad, dil, False, [0, 0], g))
@@ -195,7 +198,7 @@ def conv_probe(geom: tuple, n: int, dtype_name: str, device: str, benchmark: boo
     try:
         y = torch.nn.functional.conv2d(x, w, b, stride, pad, dil, g)
         row["output_shape"] = list(y.shape)
-        gy = torch.randn_like(y)
+        gy = torch.randn_like(y).contiguous(memory_format=fmt)
         conv = torch.nn.functional.conv2d
         bwd = torch.ops.aten.convolution_backward
 
@@ -336,13 +339,30 @@ def trace_section(name: str, device: str, smoke: bool) -> dict[str, Any]:
     return out
 
 
+def channels_last_section(device: str, smoke: bool) -> dict[str, Any]:
+    """``--part cl``: the geometry grid with input, weight and output gradient in channels-last memory (as
+    ConvNeXt runs after its stem), batch 8, 32, 64 and 128."""
+    geoms = [g for g in GEOMETRIES if not smoke or g[0] in SMOKE_GEOMETRIES]
+    rows = []
+    for geom in geoms:
+        for dtype_name in DTYPES:
+            for n in ((2,) if smoke else BATCHES + (128,)):
+                r = conv_probe(geom, n, dtype_name, device, channels_last=True)
+                rows.append(r)
+                log(f"conv channels-last {geom[0]} n={n} {dtype_name}: transient fwd "
+                    f"{(r.get('forward') or {}).get('transient_peak_bytes')}, bwd "
+                    f"{(r.get('backward') or {}).get('transient_peak_bytes')}{' ' + r['error'] if 'error' in r else ''}")
+    return {"device": device, "smoke": smoke, "method": "as conv_workspace.json, in channels-last memory", "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--smoke", action="store_true", help="a few geometries and the cases at CI size on the CPU")
     ap.add_argument("--part", default="plain,conv",
                     help="comma-separated: plain (the bf16 corpus cases), conv (the geometry grid), batch (some "
-                         "geometries at batch 96-256), trace (one step of --trace-case, allocator events)")
+                         "geometries at batch 96-256), cl (the grid in channels-last memory), trace (one step of "
+                         "--trace-case, allocator events)")
     ap.add_argument("--trace-case", default="tv-resnet50-b128-amp-bf16", help="a reference corpus case (--part trace)")
     args = ap.parse_args(argv)
     parts = set(args.part.split(","))
@@ -362,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         if "conv" in parts:
             conv = conv_section(device, args.smoke)
             write_measurement(args.out / "conv_workspace.json", "conv_workspace", conv, provenance=prov)
+        if "cl" in parts:
+            write_measurement(args.out / "conv_workspace_channels_last.json", "conv_workspace",
+                              channels_last_section(device, args.smoke), provenance=prov)
         if "batch" in parts:
             write_measurement(args.out / "conv_workspace_batch.json", "conv_workspace",
                               batch_section(device, args.smoke), provenance=prov)
