@@ -41,8 +41,16 @@ backward-filter up to ~8 MiB larger. The workspaces are transient: on the torchv
 (within 0.1%) and move the replayed reserved bytes; for ResNet-50 at batch 128 the replay comes out 7-11%
 lower than the H200's reserved, and the recorded allocation stream of that step
 (``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*``) shows the heuristics taking other
-sizes than this rule there (e.g. 392 MiB where it gives 589 MiB, backward-filter 69 MiB where it gives 61). Not measured, assumed as stated in :data:`ASSUMPTIONS`: channels-last
-inputs, transposed, 1-D and 3-D convolutions, fp16 depthwise, ``cudnn.benchmark = True``.
+sizes than this rule there (e.g. 392 MiB where it gives 589 MiB, backward-filter 69 MiB where it gives 61).
+
+**Channels-last** (ConvNeXt after its stem: its LayerNorm permutes leave every activation NHWC), measured on
+the same grid in channels-last memory (``conv_workspace_channels_last__h200.json``, ``record_vision.py --part
+cl``): depthwise convolutions run cuDNN's NHWC kernels, see :func:`_channels_last_depthwise` (ConvNeXt-tiny
+fp32's reserved: -7.4% -> 0.0% held-out); dense ones take at most 17 MB for most geometries and are assumed
+to take none.
+
+Not measured, assumed as stated in :data:`ASSUMPTIONS`: transposed, 1-D and 3-D convolutions, fp16
+depthwise in NCHW, ``cudnn.benchmark = True``.
 """
 
 from __future__ import annotations
@@ -56,10 +64,11 @@ _HALF = (torch.float16, torch.bfloat16)
 
 ASSUMPTIONS = {
     "other": "cuDNN convolution workspace for a transposed, 1-D or 3-D convolution: not measured, assumed none",
-    "channels_last": "cuDNN convolution workspace for a channels-last input: not modelled, assumed none "
-                     "(the rule's NHWC copies are of NCHW operands; the H200 stream of ConvNeXt-tiny fp32 at batch 64 "
-                     "shows float32 7x7 depthwise backward-filter workspaces of about 8x the input in its first two "
-                     "stages, so its reserved is predicted 7% low)",
+    "channels_last": "cuDNN convolution workspace for a dense channels-last convolution: not modelled, assumed "
+                     "none (measured on the H200 at most 17 MB for most geometries; the channels-last stem and patchify "
+                     "take several times their input)",
+    "channels_last_dw": "cuDNN workspace of a float32 channels-last depthwise convolution's weight gradient other "
+                        "than 7x7 at 28x28 or larger: assumed none (measured on the H200: at most 2.2 MB)",
 }
 
 
@@ -71,6 +80,30 @@ SMALL_SPATIAL = 49
 
 def _round(c: int, m: int) -> int:
     return -(-c // m) * m
+
+
+# a float32 7x7 channels-last depthwise weight gradient at 28x28 or larger runs cuDNN's implicit-GEMM wgrad
+# kernel, whose workspace is 8 float32 partials per input element plus a fixed part (measured on the H200:
+# 9.94 MB at 96 x 56 x 56, 10.24 MB at 192 x 28 x 28 in ConvNeXt-tiny's stream; taken as 10 MiB)
+CL_DW7_FIXED = 10 * 1024 * 1024
+
+
+def _channels_last_depthwise(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
+                             dtype: torch.dtype) -> tuple[int, str | None]:
+    """cuDNN's NHWC depthwise kernels (``conv_workspace_channels_last.json``, record_vision.py --part cl): no
+    workspace forward or for the input gradient; the weight gradient takes, in fp16/bf16, a float32 partial
+    per sample, filter tap and channel (channels padded to 32: N x ceil32(C) x K^2 x 32 B, exact on all 20
+    measured rows), and in float32 none but for 7x7 filters at 28x28 or larger (the implicit-GEMM kernel
+    ConvNeXt's first two stages run: N x C x H x W x 32 B + :data:`CL_DW7_FIXED`)."""
+    if pass_ != "backward_filter":
+        return 0, None
+    n, c = x_shape[0], x_shape[1]
+    taps = math.prod(w_shape[2:])
+    if dtype in _HALF:
+        return n * _round(c, 32) * taps * 32, None
+    if taps == 49 and min(x_shape[2:]) >= 28:
+        return n * c * math.prod(x_shape[2:]) * 32 + CL_DW7_FIXED, None
+    return 0, ASSUMPTIONS["channels_last_dw"]
 
 
 def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
@@ -86,6 +119,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return 0, None                                   # PyTorch's depthwise kernel, not cuDNN
     if transposed or len(x_shape) != 4:
         return 0, ASSUMPTIONS["other"]
+    if channels_last and groups == cin and groups > 1:
+        return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)
     if channels_last:
         return 0, ASSUMPTIONS["channels_last"]
     es = torch.empty((), dtype=dtype).element_size()

@@ -108,3 +108,48 @@ def test_rule_gives_the_workspaces_seen_in_a_traced_resnet50_step():
     # the first three stages block by block (stem 294 MiB, 98 MiB per 3x3 at 56x56, ...), then the total
     assert len(seen) >= 16 and all(abs(a - b) <= 0.01 * a for a, b in zip(seen[:16], rule[:16])), (seen, rule)
     assert abs(sum(rule) - sum(seen)) <= 0.1 * sum(seen)
+
+
+def _cl_rows():
+    doc = load_measurement(measure_dir() / "conv_workspace_channels_last__h200.json", kind="conv_workspace")
+    return [r for r in doc["data"]["rows"] if "error" not in r]
+
+
+def _cl_rule(r, p):
+    dt = torch.float32 if r["dtype"] == "fp32" else torch.bfloat16
+    return conv_workspace_bytes(p, r["input_shape"], r["weight_shape"], r["output_shape"], [r["stride"]] * 2,
+                                [r["padding"]] * 2, [1, 1], r["groups"], dt, channels_last=True)[0]
+
+
+def test_channels_last_depthwise_workspaces_as_the_h200_took_them():
+    # record_vision.py --part cl: cuDNN's NHWC depthwise kernels (ConvNeXt after its stem)
+    rows = [r for r in _cl_rows() if r["groups"] == r["in_channels"] > 1]
+    assert len(rows) == 48                               # 6 geometries x 2 dtypes x 4 batches
+    for r in rows:
+        for p in ("forward", "backward_data"):
+            assert _cl_rule(r, p) == 0 and _measured(r, p) <= 512, (r["geometry"], p)
+        got, rule = _measured(r, "backward_filter"), _cl_rule(r, "backward_filter")
+        if r["dtype"] == "bf16":                         # float32 partials, channels padded to 32: exact
+            assert rule == got, (r["geometry"], r["batch"], rule, got)
+        elif r["kernel"] == 7 and r["height"] >= 28:     # the implicit-GEMM weight gradient
+            assert abs(rule - got) < 0.6 * MiB, (r["geometry"], r["batch"], rule, got)
+        else:
+            assert rule == 0 and got < 2.5 * MiB, (r["geometry"], r["batch"], got)
+
+
+def test_convnext_in_fake_mode_takes_its_first_stages_depthwise_weight_gradient_workspaces():
+    # the H200's stream of a ConvNeXt-tiny fp32 step at batch 64 holds three 626.5 MB and three 318.5 MB blocks
+    # in backward: stage 1 (96 x 56 x 56) and stage 2 (192 x 28 x 28), three blocks each
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress((measure_dir() / "alloc_stream" / "stream__tv-convnext_tiny-b64-fp32__warm.json.gz")
+                                     .read_bytes()))
+    alloc = doc["actions"].index("alloc")
+    big = sorted({r[2] for r in doc["trace"] if r[0] == alloc and r[2] > 300 * MiB})
+    assert big == [318522127, 626501239]
+    stage1 = conv_workspace_bytes("backward_filter", [64, 96, 56, 56], [96, 1, 7, 7], [64, 96, 56, 56], [1, 1], [3, 3],
+                                  [1, 1], 96, torch.float32, channels_last=True)[0]
+    stage2 = conv_workspace_bytes("backward_filter", [64, 192, 28, 28], [192, 1, 7, 7], [64, 192, 28, 28], [1, 1],
+                                  [3, 3], [1, 1], 192, torch.float32, channels_last=True)[0]
+    assert abs(stage1 - 626501239) < 0.6 * MiB and abs(stage2 - 318522127) < 0.3 * MiB
