@@ -67,7 +67,13 @@ report: $(STAMP)
 # long ones first (LONG_FIRST). The papermill stalls earlier two-worker runs met were a missed socket
 # edge in the kernel client, fixed in labkit/report/kernel.py.
 TEST_WORKERS ?= 2
+# One process imports the heavy packages first, so that their bytecode is written once before the workers,
+# kernels and subprocesses start importing them at the same moment (pip installs with --no-compile).
+WARM_IMPORTS := from labkit.workloads.vision import prepare_torchvision; prepare_torchvision(); \
+  import torch, transformers, torchvision, bokeh.plotting, papermill, nbclient, ipykernel.kernelapp, ipywidgets, \
+  jupyterlab.labapp, labkit.cli
 test: $(TEST_STAMP) browser-deps
+	@$(PY) -c "$(WARM_IMPORTS)"
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 lab: $(STAMP)
