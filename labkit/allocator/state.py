@@ -5,7 +5,7 @@ every segment that still holds a live block (the cuBLAS workspaces, a model kept
 free space inside it, and the next job's requests are served from those free blocks first. On the H200
 corpus recording (``benchmarks/gpu/record_plain.py``) the cases started from 330 MiB of such segments
 (80 + 246 + 2 (+ 2) MiB holding 66 MiB of blocks), and OPT bf16's reserved peak came out 0.8 GB higher
-than a replay from two bare 32 MiB workspaces, 0.1% from the GPU's once the replay starts from the
+than a replay from two bare 32 MiB workspaces, within 0.1% of the GPU's once the replay starts from the
 recorded segments.
 
 :func:`seed_segments` rebuilds such a state through the simulator's own ``malloc`` and ``free``: each
