@@ -19,7 +19,7 @@ from labkit.allocator.oom_message import OOMMessage, parse_oom_message
 from labkit.allocator.replay import ReplayResult, compare, load_trace, replay, replay_with_sim
 from labkit.allocator.simulator import CachingAllocatorSim
 from labkit.allocator.snapshot import Snapshot, read_snapshot
-from labkit.allocator.state import SeededState, live_bytes, seed_segments, state_summary
+from labkit.allocator.state import SeededState, live_bytes, seed_segments
 from labkit.allocator.trace import Trace, TraceBuilder, compile_trace
 from labkit.allocator.watcher import Watch, watch
 
@@ -27,6 +27,6 @@ __all__ = [
     "AllocatorConfig", "CachingAllocatorSim", "Diagnosis", "Finding", "OOMMessage", "ReplayResult", "Snapshot",
     "Trace", "TraceBuilder", "compare", "compile_trace", "diagnose", "format_diagnosis", "load_trace",
     "parse_alloc_conf", "parse_oom_message", "read_snapshot", "replay", "replay_with_sim", "round_size",
-    "SeededState", "live_bytes", "seed_segments", "state_summary",
+    "SeededState", "live_bytes", "seed_segments",
     "Watch", "watch",
 ]

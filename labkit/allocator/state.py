@@ -19,7 +19,7 @@ most 1 MiB, or left as the segment's remainder at its end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from labkit.allocator.simulator import CachingAllocatorSim, kSmallSize
 from labkit.core.errors import LabkitError
@@ -94,12 +94,4 @@ def live_bytes(state: Any) -> int:
     return sum(b for s in _segments(state) for b, st in s["blocks"] if st == "active_allocated")
 
 
-def state_summary(state: Iterable[dict]) -> str:
-    """One line: how many segments, how much reserved and allocated."""
-    state = list(state)
-    total = sum(s["total"] for s in _segments(state))
-    live = live_bytes(state)
-    return f"{len(_segments(state))} segments, {total / 2**20:.0f} MiB reserved, {live / 2**20:.0f} MiB allocated"
-
-
-__all__ = ["SeededState", "live_bytes", "seed_segments", "state_summary"]
+__all__ = ["SeededState", "live_bytes", "seed_segments"]

@@ -181,8 +181,7 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
         return None
     from labkit.allocator import read_snapshot
 
-    segs = [s for s in read_snapshot(args.allocator_state).segments if s.get("device", 0) == 0]
-    return segs
+    return [s for s in read_snapshot(args.allocator_state).segments if s.get("device", 0) == 0]
 
 
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
