@@ -22,7 +22,9 @@ the sizes follow two mechanisms:
   PyTorch gives them): input + output + weight, channels padded to a multiple of 8 for 16-bit dtypes
   (e.g. bf16 3x3 64->64 at 56x56: 0.767 MiB per sample = 2 x 64 x 56 x 56 x 2 B; a bf16 16x16/16 patch
   embedding 3->768: 1.10 MiB per sample at batch 64 = 8 x 224^2 x 2 + 768 x 14^2 x 2, + the weight / 64).
-  The same for backward-data (dy + dx + w); backward-filter takes this or a little more.
+  The same for backward-data (dy + dx + w); backward-filter takes this plus its split-K partial weight
+  gradients (:func:`_split_k_partials`: up to 14 float32 copies of the weight gradient (13 in bf16)
+  within 8 MiB, e.g. 7.9 MiB for a 3x3 128->128 in float32).
 * **1x1 stride 1** is a GEMM on NCHW: forward and backward-data take none; backward-filter takes
   per-sample float32 partial weight gradients (batch x weight elements x 4 B) or the NHWC copies,
   whichever is smaller. At small spatial sizes (7x7 measured, e.g. ResNet's last stage) every pass takes
@@ -33,15 +35,19 @@ H200 (``record_vision.py --part trace``) shows these blocks, in this order, insi
 294.05 MiB in the stem, 98.07 MiB in each 3x3 of the first stage, 25.63 MiB at 14x14), as the rule gives
 them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the batch as the rule says.
 
-:func:`conv_workspace_bytes` applies these. Checked against all 522 measured passes: 411 within 10% (or
-0.6 MiB). Known misses (engines the heuristics pick otherwise): 3-channel stems in float32 (the 3x3/2
-stem and the 4x4/4 patchify take none, the 7x7/2 stem's backward-data none), the 4x4/4 patchify's
-forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces),
-backward-filter up to ~8 MiB larger. The workspaces are transient: on the torchvision corpus they leave the predicted peaks where they were
-(within 0.1%) and move the replayed reserved bytes; for ResNet-50 at batch 128 the replay comes out 7-11%
-lower than the H200's reserved, and the recorded allocation stream of that step
-(``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*``) shows the heuristics taking other
-sizes than this rule there (e.g. 392 MiB where it gives 589 MiB, backward-filter 69 MiB where it gives 61).
+:func:`conv_workspace_bytes` applies these. Checked against all 522 measured passes: 434 within 10% (or
+0.6 MiB); the backward-filter passes of both grids within 1%: float32 76 of 111 (43 without the split-K
+partials), bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): 3-channel
+stems in float32 (the 3x3/2 stem and the 4x4/4 patchify take none, the 7x7/2 stem's backward-data none),
+the 4x4/4 patchify's forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces),
+float32 forwards whose stride equals their kernel (1x1/2, 2x2/2) at larger batches (the input's copy
+only, e.g. 392 MiB where the rule gives 589), and the split-K misses listed at :func:`_split_k_partials`.
+The workspaces are transient: on the torchvision corpus they leave the predicted peaks where they were
+(within 0.1%) and move the replayed reserved bytes. In the recorded allocation streams of a ResNet-50 step
+at batch 128 (``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 59 of the 77
+backward workspace blocks in float32 are this rule's within 0.3 MiB (39 without the split-K partials), 54
+of 78 in amp-bf16 (42 without); the reference cases' predicted reserved peaks move from -7.4% to +0.2%
+(fp32) and from -10.6% to about -4% (amp-bf16).
 
 **Channels-last** (ConvNeXt after its stem: its LayerNorm permutes leave every activation NHWC), measured on
 the same grid in channels-last memory (``conv_workspace_channels_last__h200.json``, ``record_vision.py --part
@@ -106,6 +112,39 @@ def _channels_last_depthwise(pass_: str, x_shape: Sequence[int], w_shape: Sequen
     return 0, ASSUMPTIONS["channels_last_dw"]
 
 
+# the backward-filter's split-K partials on the NHWC engines (see _split_k_partials): per dtype, the most
+# float32 copies of the weight gradient, and the fewest output pixels over the batch that take them
+SPLIT_K_COPIES = {torch.float32: 14, torch.bfloat16: 13, torch.float16: 13}
+SPLIT_K_MIN_PIXELS = {torch.float32: 64 * 7 * 7, torch.bfloat16: 8 * 56 * 56, torch.float16: 8 * 56 * 56}
+SPLIT_K_CAP = 8 * 1024 * 1024
+
+
+def _split_k_partials(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
+                      dtype: torch.dtype) -> int:
+    """The backward-filter's split-K buffer on cuDNN's NHWC engines: the reduction over batch x output pixels
+    is cut into slices, each writing a float32 copy of the weight gradient, as many as fit
+    :data:`SPLIT_K_CAP` up to :data:`SPLIT_K_COPIES` (14 in float32, 13 in bf16), once the batch holds at
+    least :data:`SPLIT_K_MIN_PIXELS` output pixels (3136 in float32, 25088 in bf16).
+
+    Measured on the H200 (both grids and the ResNet-50 b128 streams, fp32 and amp-bf16): float32 takes 14
+    copies of a 3x3 64->64's and a 3x3 128->128's weight gradient at every batch from 32 to 256, 3 of a
+    3x3 256->256's (6.75 MiB), 8 MiB where one copy is larger than 8 MiB (8.25 measured for 3x3 512->512),
+    none for a 3x3 512->512 at 7x7 at batch 8; bf16 takes 13 (1.83 MiB for 3x3 64->64 at every batch,
+    7.31 MiB for 3x3 128->128 at batch 96 and more in the grid and in ResNet-50's stream, 6.75 MiB for
+    3x3 256->256 at 14x14 there). Known misses: bf16 takes 4 copies of 3x3 128->128's at 25088-50176
+    pixels, 0.5-3 MiB for strided 1x1 and 2x2 and for copies over 8 MiB (none in the rule); float16 is
+    not measured and taken as bf16."""
+    if pass_ != "backward_filter" or dtype not in SPLIT_K_COPIES or x_shape[1] <= 3:
+        return 0
+    if x_shape[0] * math.prod(y_shape[2:]) < SPLIT_K_MIN_PIXELS[dtype]:
+        return 0
+    w32 = math.prod(w_shape) * 4
+    copies = min(SPLIT_K_COPIES[dtype], SPLIT_K_CAP // w32)
+    if copies == 0:
+        return SPLIT_K_CAP if dtype == torch.float32 else 0
+    return copies * w32
+
+
 def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
                          dtype: torch.dtype, *, transposed: bool = False,
@@ -129,11 +168,12 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     nhwc = (n * _round(cin, pad) * math.prod(x_shape[2:]) + n * _round(cout, pad) * math.prod(y_shape[2:])
             + cout * _round(w_shape[1], pad) * math.prod(w_shape[2:])) * es
     pointwise = all(k == 1 for k in w_shape[2:]) and all(s == 1 for s in stride) and not any(padding)
+    split_k = _split_k_partials(pass_, x_shape, w_shape, y_shape, dtype)
     if not pointwise:
-        return nhwc, None
+        return nhwc + split_k, None
     if math.prod(y_shape[2:]) <= SMALL_SPATIAL:
-        return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es, None
+        return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
         return 0, None
     partials = n * math.prod(w_shape) * 4
-    return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es), None
+    return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k), None
