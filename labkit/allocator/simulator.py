@@ -38,6 +38,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from labkit.allocator.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
+from labkit.allocator.driver_va import DriverVA
 from labkit.allocator.inline import inline
 from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
 
@@ -218,7 +219,7 @@ class CachingAllocatorSim:
         self.pending: dict[int, Block] = {}  # blocks awaiting their stream events (cuda_events)
         self.ooms: list[OOMEvent] = []
         self.expandable_segments: list[ExpandableSegment] = []
-        self._next_va = 1 << 46  # synthetic addresses grow down from here, far from the recorded ones
+        self._va = DriverVA()  # synthetic addresses: the driver's placement, far below the recorded ones
         self._oracle: list[tuple[int, int]] | None = list(address_oracle or [])
         self._oracle_i = 0
         self._map_oracle = list(map_oracle or [])
@@ -387,20 +388,17 @@ class CachingAllocatorSim:
             self._record("segment_alloc", addr, alloc_size, stream)
         return b
 
-    def _new_address(self, size: int, align: int = kSmallBuffer) -> int:
+    def _new_address(self, size: int) -> int:
         """The address cudaMalloc returns: the recorded one while the replay follows the recording, else
-        synthetic. It matters only to break ties between equal-size cached blocks (best fit orders by address);
-        in the recorded H200 traces the driver handed addresses out mostly top-down, and doing the same made
-        every recorded configuration's replay exact."""
+        synthetic (:mod:`labkit.allocator.driver_va`). It matters only to break ties between equal-size cached
+        blocks (best fit orders by address)."""
         if self._oracle is not None and self._oracle_i < len(self._oracle):
             osize, oaddr = self._oracle[self._oracle_i]
             if osize == size and oaddr not in self.by_addr:
                 self._oracle_i += 1
                 return oaddr
             self._oracle = None  # diverged from the recording: synthetic addresses from here on
-        a = (self._next_va - size) // align * align
-        self._next_va = a - align
-        return a
+        return self._va.place(size)
 
     def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
         """``release_available_cached_blocks`` (max_split_size set): free the smallest oversize block that covers
@@ -468,6 +466,7 @@ class CachingAllocatorSim:
             self.oversize_segments[0] -= 1
         block.pool.erase(block)
         del self.by_addr[block.addr]
+        self._va.release(block.addr, block.size)
 
     def _out_of_memory(self, orig_size: int, size: int, alloc_size: int, index: int) -> None:
         """malloc's failure branch: ``num_ooms`` and the OutOfMemoryError message's numbers."""
@@ -641,7 +640,7 @@ class CachingAllocatorSim:
             if not any(e.base <= a < e.base + e.size for e in self.expandable_segments) and a not in self.by_addr:
                 return a
         self._map_oracle = []
-        return self._new_address(size, page)
+        return self._va.reserve(size, page)
 
     def _map_block(self, to_map: Block, size: int) -> bool:
         """``map_block``: map whole pages covering size at the start of an unmapped block; merge with free

@@ -14,6 +14,11 @@ segments before it are full, and at the end the blocks that were free in the sta
 large-pool block of 1 MiB or less cannot be carved on its own (the allocator would not have split it off):
 it is folded into the block before it; free space in a small (2 MiB) segment is carved in requests of at
 most 1 MiB, or left as the segment's remainder at its end.
+
+The segments are rebuilt from the highest recorded address down, so that the simulator's own addresses
+(handed out top-down, :mod:`labkit.allocator.driver_va`) keep the recorded order: best fit breaks ties
+between equal-size free blocks by address. In the recorded order GPT-2 medium bf16's predicted reserved
+peak is within 0.1% of the H200's; rebuilt in the opposite order it came out 7.5% high.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def _segments(state: Any) -> list[dict]:
             raise LabkitError(f"allocator state: segment {i}: its blocks do not add up to its total_size {total}")
         out.append({"total": total, "small": s.get("segment_type") == "small", "stream": int(s.get("stream", 0)),
                     "address": int(s.get("address", i)), "blocks": blocks})
-    return sorted(out, key=lambda s: (s["small"], s["address"]))
+    return sorted(out, key=lambda s: (s["small"], -s["address"]))
 
 
 def seed_segments(sim: CachingAllocatorSim, state: Any) -> SeededState:

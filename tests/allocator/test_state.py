@@ -36,6 +36,26 @@ def test_the_free_space_in_a_held_segment_serves_the_next_request():
     assert sim.memory_stats()["segment.all.current"] == 3
 
 
+@pytest.mark.parametrize("one_live_block_at, two_live_blocks_at, lands_in", [
+    (0x7F2000000000, 0x7F1000000000, [16 * MiB, 16 * MiB]),
+    (0x7F1000000000, 0x7F2000000000, [32 * MiB]),
+])
+def test_the_rebuilt_segments_keep_the_recorded_address_order(one_live_block_at, two_live_blocks_at, lands_in):
+    # best fit takes the lowest address among equal-size free blocks: each segment has a free 32 MiB half
+    # before its live blocks, and the request must land in the segment recorded lower
+    def seg(address, live):
+        return {"address": address, "total_size": 64 * MiB, "stream": 0, "segment_type": "large",
+                "blocks": [[32 * MiB, "inactive"]] + [[n * MiB, "active_allocated"] for n in live]}
+
+    sim = CachingAllocatorSim()
+    seed_segments(sim, [seg(one_live_block_at, [32]), seg(two_live_blocks_at, [16, 16])])
+    b, after = sim.malloc(32 * MiB), []
+    while b.next is not None:
+        b = b.next
+        after.append(b.size)
+    assert after == lands_in
+
+
 def test_an_unsplittable_remainder_is_folded_into_the_block_before_it():
     state = [{"total_size": 20 * MiB, "segment_type": "large",
               "blocks": [[19 * MiB + 512 * 1024, "active_allocated"], [512 * 1024, "inactive"]]}]

@@ -1,0 +1,87 @@
+"""The driver's placement of new segments (labkit.allocator.driver_va), against the H200's recorded streams."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit.allocator import CachingAllocatorSim
+from labkit.allocator.driver_va import RANGE, DriverVA
+
+MiB = 1 << 20
+STREAMS = Path(__file__).resolve().parents[2] / "data/measurements/measure/alloc_stream"
+
+
+def test_ranges_are_rounded_to_32_mib_and_handed_out_top_down():
+    va = DriverVA(top=1 << 40)
+    a = va.place(1960 * MiB)
+    b = va.place(1960 * MiB)
+    assert RANGE == 32 * MiB and a - b == 1984 * MiB and (1 << 40) - a == 1984 * MiB
+
+
+def test_a_segment_that_fits_the_unused_end_of_a_range_goes_there_lowest_first():
+    va = DriverVA(top=1 << 40)
+    hi = va.place(36 * MiB)           # range of 64 MiB: 28 MiB unused above it
+    lo = va.place(36 * MiB)           # the next range below, 28 MiB unused too
+    assert va.place(20 * MiB) == lo + 36 * MiB       # the lower of the two holes
+    assert va.place(28 * MiB) == hi + 36 * MiB
+    assert va.place(8 * MiB) == lo + 56 * MiB        # what the 20 MiB left
+    assert va.place(30 * MiB) == lo - 32 * MiB       # nothing fits: a new range
+
+
+def test_a_freed_segment_is_reused():
+    va = DriverVA(top=1 << 40)
+    a = va.place(64 * MiB)
+    va.place(64 * MiB)
+    va.release(a, 64 * MiB)
+    assert va.place(64 * MiB) == a
+
+
+def _replay(doc, sim):
+    acts = doc["actions"]
+    alloc, done = acts.index("alloc"), acts.index("free_completed")
+    live = {}
+    for act, addr, size, stream, _, _ in doc["trace"]:
+        if act == alloc:
+            live[addr] = sim.malloc(size, stream)
+        elif act == done and addr in live:
+            sim.free(live.pop(addr))
+    return sim.memory_stats()["reserved_bytes.all.peak"]
+
+
+def _load(name):
+    return json.loads(gzip.decompress((STREAMS / f"stream__{name}.json.gz").read_bytes()))
+
+
+def _recorded_addresses(doc):
+    seg = doc["actions"].index("segment_alloc")
+    return [(r[2], r[1]) for r in doc["trace"] if r[0] == seg]
+
+
+class _TopDown(DriverVA):
+    """Every segment below the last, no reuse of a range's unused end (the simulator before this model)."""
+
+    def place(self, size):
+        return self.reserve(size, 2 * MiB)
+
+
+def test_bloom_reserves_what_the_h200_reserved_with_the_drivers_placement_and_11_percent_less_without():
+    # best fit breaks ties between equal-size free blocks by address: BLOOM amp-bf16's recorded requests
+    # (a cold process) reserve the H200's 19.80 GB with the driver's addresses and with the model's;
+    # with plain top-down addresses, 2 GB less
+    doc = _load("bloom-b2-amp-bf16__cold")
+    recorded = doc["case"]["step_peaks_reserved"][-1]
+    assert _replay(doc, CachingAllocatorSim(address_oracle=_recorded_addresses(doc))) == recorded == 19_799_212_032
+    assert _replay(doc, CachingAllocatorSim()) == recorded
+    plain = CachingAllocatorSim()
+    plain._va = _TopDown()
+    assert (recorded - _replay(doc, plain)) / recorded > 0.10
+
+
+@pytest.mark.parametrize("name", sorted(p.name[len("stream__"):-len(".json.gz")] for p in STREAMS.glob("stream__*.json.gz")))
+def test_every_recorded_stream_replays_as_with_the_drivers_own_addresses(name):
+    doc = _load(name)
+    real = _replay(doc, CachingAllocatorSim(address_oracle=_recorded_addresses(doc)))
+    model = _replay(doc, CachingAllocatorSim())
+    assert abs(model - real) <= 0.005 * real, (name, model, real)
