@@ -405,6 +405,17 @@ def _cases() -> list[Case]:
                   "amp-bf16", recompute="every-2"))
     c.append(Case("gpt2-medium-b8-ckpt-amp-bf16", "transformers", "gpt2", "causal-lm", dict(GPT2["gpt2-medium"]),
                   8, 1024, "amp-bf16", recompute="full"))
+    # every k layers, in other models, batches and precisions (recorded 2026-12-01; names' hash decides the split)
+    for name, arch, cfg, b, s, p, every in (
+            ("llama-gqa-b4-ckpt2-amp-bf16", "llama", LLAMA_GQA, 4, 2048, "amp-bf16", 2),
+            ("llama-mha-b8-ckpt2-amp-bf16", "llama", LLAMA_MHA, 8, 2048, "amp-bf16", 2),
+            ("llama-gqa-b8-ckpt3-amp-bf16", "llama", LLAMA_GQA, 8, 2048, "amp-bf16", 3),
+            ("llama-gqa-b8-ckpt2-bf16", "llama", LLAMA_GQA, 8, 2048, "bf16", 2),
+            ("llama-gqa-b8-ckpt2-fp32", "llama", LLAMA_GQA, 8, 2048, "fp32", 2),
+            ("mistral-b4-ckpt2-amp-bf16", "mistral", MISTRAL, 4, 2048, "amp-bf16", 2),
+            ("qwen2-b4-ckpt2-amp-bf16", "qwen2", QWEN2, 4, 1024, "amp-bf16", 2),
+            ("gpt2-medium-b8-ckpt2-amp-bf16", "gpt2", GPT2["gpt2-medium"], 8, 1024, "amp-bf16", 2)):
+        c.append(Case(name, "transformers", arch, "causal-lm", dict(cfg), b, s, p, recompute=f"every-{every}"))
     # the optimizer implementation and the loop
     c.append(Case("llama-gqa-b4-foreach-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 4, 2048,
                   "amp-bf16", optimizer_impl="foreach"))
