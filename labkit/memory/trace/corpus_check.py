@@ -14,11 +14,12 @@ recorded plain loops on the H200.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from labkit.core.errors import LabkitError
 
@@ -216,10 +217,13 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         t = time.perf_counter()
         v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
         notes: list[str] = []
+        version = rec.provenance.get("transformers")
         try:
-            rep = predict(rec.case, prepare=lambda m: notes.append(
-                recorded_attention(m, rec.attn_implementation, rec.provenance.get("transformers"))),
-                allocator_state=rec.base_segments)
+            with recorded_cache_dtype(version) as note:
+                rep = predict(rec.case, prepare=lambda m: notes.append(
+                    recorded_attention(m, rec.attn_implementation, version)), allocator_state=rec.base_segments,
+                    **recorded_process(rec.base_segments))
+            notes.append(note())
             v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
         except FakeModeUnsupported as exc:
             v.status, v.reason = "refused", _short(str(exc))
@@ -258,6 +262,75 @@ def recorded_attention(model: Any, impl: str | None, recorded_version: str | Non
             m.attn_logit_softcapping = None
     return (f"attention {impl} as recorded (transformers {recorded_version or '?'}); "
             f"the installed {transformers.__version__} runs {now}")
+
+
+def recorded_process(base_segments: list | None) -> dict[str, Any]:
+    """The fake target for a recording's process: a recording that started with no segments at all ran in a
+    fresh process, whose cuBLAS workspaces are allocated at the first matmuls, inside the step
+    (``CudaTarget.warm_process`` False); one that started from segments, or says nothing, ran warm."""
+    if base_segments is None or base_segments:
+        return {}
+    from labkit.memory.trace.fake_cuda import CudaTarget
+
+    return {"target": CudaTarget(warm_process=False)}
+
+
+# the first transformers release whose DynamicLayer gives the cached values their own dtype (5.23.0 and earlier:
+# the keys' dtype for both, cache_utils.py ``DynamicLayer.lazy_initialization``)
+CACHE_VALUES_OWN_DTYPE = (5, 24)
+
+
+@contextlib.contextmanager
+def recorded_cache_dtype(recorded_version: str | None) -> Iterator[Callable[[], str]]:
+    """Run ``transformers``' KV cache as the recording's version ran it, where the installed version differs.
+
+    Up to 5.23 ``DynamicLayer.lazy_initialization`` starts the cached keys and values as empty tensors of the
+    *keys'* dtype, so under autocast, where Llama-style rotary embeddings leave the keys float32 and the values
+    bf16, ``torch.cat`` promotes the cached values to float32; 5.24 starts them in their own dtype. A training
+    forward still fills the cache (``use_cache`` defaults on), and ``torch.utils.checkpoint`` keeps it alive
+    through backward as an input of each checkpointed layer, whose recomputation appends to it again. The
+    H200's stream of ``llama-gqa-b4-ckpt2-amp-bf16`` (transformers 5.17) shows the float32 blocks: 16 MiB per
+    layer in forward where 5.24 takes 8, 32 MiB per recomputed layer. Yields a function giving the note
+    ("" when nothing was changed)."""
+    changed = False
+    try:
+        from transformers import cache_utils
+    except ImportError:
+        cache_utils = None
+    layer = getattr(cache_utils, "DynamicLayer", None)
+    original = getattr(layer, "lazy_initialization", None)
+    if (original is not None and (0,) < _version(recorded_version) < CACHE_VALUES_OWN_DTYPE
+            <= _version(_installed_transformers())):
+        def keys_dtype(self: Any, key_states: Any, value_states: Any) -> None:
+            original(self, key_states, key_states)
+
+        layer.lazy_initialization = keys_dtype
+        changed = True
+    try:
+        yield lambda: (f"KV cache values in the keys' dtype as recorded (transformers {recorded_version})"
+                       if changed else "")
+    finally:
+        if changed:
+            layer.lazy_initialization = original
+
+
+def _installed_transformers() -> str | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.__version__
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    """``"5.17.0"`` as (5, 17, 0); unknown or unparsable as (0,)."""
+    out = []
+    for part in (text or "").split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out) or (0,)
 
 
 def summary(vals: list[Validation]) -> dict[str, Any]:

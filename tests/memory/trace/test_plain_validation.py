@@ -85,3 +85,46 @@ def test_an_allocator_state_is_for_fake_mode_only():
     with pytest.raises(LabkitError, match="allocator_state applies to device 'fake-cuda'"):
         measure_step(lambda: torch.nn.Linear(4, 4), torch.randn(2, 4), loss_fn=lambda o, b: o.sum(), device="cpu",
                      allocator_state=[])
+
+
+def test_the_kv_cache_runs_as_the_recorded_transformers_ran_it():
+    # up to 5.23 DynamicLayer starts the cached values in the keys' dtype (float32 under autocast after a
+    # Llama rotary embedding), 5.24 in their own; the recording ran 5.17
+    import torch
+    import transformers
+    from transformers.cache_utils import DynamicLayer
+
+    from labkit.memory.trace.corpus_check import _version, recorded_cache_dtype
+
+    k, v = torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4, dtype=torch.bfloat16)
+
+    def cached_values_dtype():
+        layer = DynamicLayer()
+        layer.update(k, v)
+        return layer.values.dtype
+
+    installed = cached_values_dtype()
+    assert installed == (torch.bfloat16 if _version(transformers.__version__) >= (5, 24) else torch.float32)
+    with recorded_cache_dtype("5.17.0") as note:
+        assert cached_values_dtype() == torch.float32
+    assert (note() != "") == (installed == torch.bfloat16)
+    for version in ("5.24.0", None, "dev"):
+        with recorded_cache_dtype(version) as note:
+            assert cached_values_dtype() == installed and note() == ""
+    assert cached_values_dtype() == installed                    # restored
+    assert _version("5.17.0") == (5, 17, 0) and _version("5.24.0.dev0") == (5, 24, 0) and _version(None) == (0,)
+
+
+def test_a_recording_from_a_fresh_process_is_predicted_with_its_workspaces_allocated_in_the_step():
+    # the held-out llama-gqa-b8-ckpt2-amp-bf16 recorded again as the first case of a fresh process (no
+    # segments before it): the same peak, reserved 22.61 GB where the corpus run had 20.48; the cuBLAS
+    # workspaces are then allocated at the step's first matmuls (CudaTarget.warm_process False)
+    from labkit.memory.trace.corpus_check import recorded_process
+    from labkit.memory.trace.recorded import measure_dir
+
+    (rec,) = load_plain(measure_dir() / "plain__repeat_llama_ckpt2.json")
+    assert rec.base_segments == [] and recorded_process([])["target"].warm_process is False
+    assert recorded_process(None) == {} and recorded_process([{"total_size": 1}]) == {}
+    (v,) = validate([rec])
+    assert v.peak_error_pct == pytest.approx(0.0, abs=0.5)
+    assert abs(v.reserved_error_pct) <= 2.0, v.reserved_error_pct
