@@ -186,7 +186,8 @@ class CachingAllocatorSim:
 
     def __init__(self, config: AllocatorConfig = DEFAULT, *, cap_bytes: int | None = None,
                  device_bytes: int | None = None, device_total_bytes: int = 150_000_000_000,
-                 address_oracle: list[tuple[int, int]] | None = None, map_oracle: list[int] | None = None) -> None:
+                 address_oracle: list[tuple[int, int]] | None = None, map_oracle: list[int] | None = None,
+                 address_space: DriverVA | None = None) -> None:
         self.config = config
         self.expandable = config.expandable_segments
         self.max_split = config.max_split_size
@@ -219,7 +220,8 @@ class CachingAllocatorSim:
         self.pending: dict[int, Block] = {}  # blocks awaiting their stream events (cuda_events)
         self.ooms: list[OOMEvent] = []
         self.expandable_segments: list[ExpandableSegment] = []
-        self._va = DriverVA()  # synthetic addresses: the driver's placement, far below the recorded ones
+        # synthetic addresses: the driver's placement (far below the recorded ones), or the one given
+        self._va = address_space if address_space is not None else DriverVA()
         self._oracle: list[tuple[int, int]] | None = list(address_oracle or [])
         self._oracle_i = 0
         self._map_oracle = list(map_oracle or [])

@@ -75,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--allocator-state", metavar="SNAPSHOT", default=None,
                    help="fake-cuda: replay reserved from the segments a process already holds, from a memory snapshot "
                         "of that process (torch.cuda.memory._dump_snapshot(): a .pickle, optionally gzip'd)")
+    s.add_argument("--reserved-placements", type=int, default=0, metavar="N",
+                   help="fake-cuda: also replay reserved under N other orders of the segments' addresses and print "
+                        "the range (where the driver puts segments depends on the process's history)")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
     p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
@@ -187,7 +190,7 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"optimizer": _optimizer(args), "precision": args.precision, "device": args.device, "steps": args.steps,
             "loop": args.loop, "recompute": args.recompute, "moe_routing": args.moe_routing,
-            "allocator_state": _allocator_state(args)}
+            "allocator_state": _allocator_state(args), "reserved_placements": args.reserved_placements}
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
@@ -218,7 +221,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
                 optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
     rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing,
-                  allocator_state=_allocator_state(args))
+                  allocator_state=_allocator_state(args), reserved_placements=args.reserved_placements)
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
         ", LoRA on a bf16 base" if args.lora else "")
 
@@ -259,6 +262,9 @@ def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
                     else ", from an empty cache and the cuBLAS workspaces; --allocator-state for a process that holds more")
         print(f"\ntensor storages at their peak {fmt_bytes(rep.storage_peak_bytes)}; allocator reserved "
               f"{fmt_bytes(rep.reserved_bytes)} ({how})")
+        if rep.reserved_range:
+            lo, hi = rep.reserved_range
+            print(f"reserved over {args.reserved_placements + 1} segment placements: {fmt_bytes(lo)} to {fmt_bytes(hi)}")
     emulation = rep.emulation or {}
     routing = emulation.get("moe_routing") or {}
     if routing.get("used_by") or routing.get("not_needed_by"):

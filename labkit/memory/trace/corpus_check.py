@@ -291,8 +291,8 @@ def recorded_cache_dtype(recorded_version: str | None) -> Iterator[Callable[[], 
     through backward as an input of each checkpointed layer, whose recomputation appends to it again. The
     H200's stream of ``llama-gqa-b4-ckpt2-amp-bf16`` (transformers 5.17) shows the float32 blocks: 16 MiB per
     layer in forward where 5.24 takes 8, 32 MiB per recomputed layer. Yields a function giving the note
-    ("" when nothing was changed)."""
-    changed = False
+    ("" when no cache started with keys and values of different dtypes)."""
+    patched, differed = False, []
     try:
         from transformers import cache_utils
     except ImportError:
@@ -302,15 +302,17 @@ def recorded_cache_dtype(recorded_version: str | None) -> Iterator[Callable[[], 
     if (original is not None and (0,) < _version(recorded_version) < CACHE_VALUES_OWN_DTYPE
             <= _version(_installed_transformers())):
         def keys_dtype(self: Any, key_states: Any, value_states: Any) -> None:
+            if key_states.dtype != value_states.dtype and not differed:
+                differed.append(f"{key_states.dtype} keys, {value_states.dtype} values")
             original(self, key_states, key_states)
 
         layer.lazy_initialization = keys_dtype
-        changed = True
+        patched = True
     try:
-        yield lambda: (f"KV cache values in the keys' dtype as recorded (transformers {recorded_version})"
-                       if changed else "")
+        yield lambda: (f"KV cache values started in the keys' dtype as recorded (transformers {recorded_version}; "
+                       f"{differed[0]})" if differed else "")
     finally:
-        if changed:
+        if patched:
             layer.lazy_initialization = original
 
 

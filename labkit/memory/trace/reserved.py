@@ -50,7 +50,8 @@ def steady_window(events: list[tuple[int, int, int]], start: int) -> bool:
 
 
 def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] | None = None,
-                   through_step: int = 0, state: Any = None, in_state: frozenset[int] = frozenset()) -> AllocatorReplay:
+                   through_step: int = 0, state: Any = None, in_state: frozenset[int] = frozenset(),
+                   address_space: Any = None) -> AllocatorReplay:
     """Run ``tracker.events`` (allocations and frees, in order) through the allocator simulator.
 
     ``step_starts``: the index of each traced step's first event. With ``through_step`` greater than
@@ -59,10 +60,13 @@ def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] |
     ``state``: the segments the process holds before the step (:func:`labkit.allocator.state.seed_segments`);
     their live blocks count in the allocated peaks, and the events of ``in_state`` storages (ones the
     state already holds, e.g. the cuBLAS workspaces of a warm process) are not replayed again.
+    ``address_space``: where new segments are placed (:mod:`labkit.allocator.driver_va`; default the
+    driver's placement in a fresh process).
     """
     from labkit.allocator import CachingAllocatorSim
+    from labkit.allocator.config import DEFAULT
 
-    sim = CachingAllocatorSim(config) if config is not None else CachingAllocatorSim()
+    sim = CachingAllocatorSim(DEFAULT if config is None else config, address_space=address_space)
     cur = 0
     if state is not None:
         from labkit.allocator import seed_segments

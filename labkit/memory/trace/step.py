@@ -166,6 +166,7 @@ class MeasureReport:
     step_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
     reserved_by_conf: dict[str, dict[str, int]] = field(default_factory=dict)
+    reserved_range: tuple[int, int] | None = None   # fake mode, reserved_placements: lowest and highest
 
     @property
     def phase_peaks(self) -> dict[str, int]:
@@ -212,7 +213,8 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
                  target: Any = None, op_log: bool = False, timing: bool = False,
                  rounding: int | None = None, alloc_confs: tuple[str, ...] = (),
                  observers: tuple = (), checkpointing: str | None = None,
-                 loop: str = "plain", moe_routing: Any = None, allocator_state: Any = None) -> MeasureReport:
+                 loop: str = "plain", moe_routing: Any = None, allocator_state: Any = None,
+                 reserved_placements: int = 0) -> MeasureReport:
     """Run ``steps`` training steps and report per-phase, per-category memory.
 
     ``model``: an ``nn.Module`` or a zero-argument callable returning one (built on the meta device
@@ -242,6 +244,11 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     as ``torch.cuda.memory_snapshot()`` returns it); the reserved figure is replayed from there
     (:mod:`labkit.allocator.state`), and a warm process's cuBLAS workspaces are taken to be in it. Reserved
     memory is path-dependent: without it the replay starts from an empty cache plus the workspaces.
+    ``reserved_placements`` (fake mode): also replay under that many other orders of the segments' addresses
+    (:class:`labkit.allocator.driver_va.ShuffledVA`); the report's ``reserved_range`` is the lowest and
+    highest reserved figure, the point one among them. Best fit breaks ties between equal-size free blocks by
+    address, and where the driver puts a segment depends on what the process did before, so the same loop
+    can reserve one of several figures (on the H200 a Llama checkpointing step: 21.58 or 23.63 GB).
 
     In fake mode, a step that fake tensors cannot run (an op without a fake kernel, a data-dependent
     value, a kernel-specific check) raises :class:`FakeModeUnsupported`: one line naming the op, the
@@ -273,6 +280,11 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     if allocator_state is not None and device != "fake-cuda":
         raise LabkitError(f"allocator_state applies to device 'fake-cuda' (on {device!r} the real allocator's own "
                           "state decides); leave it out")
+    if reserved_placements and device != "fake-cuda":
+        raise LabkitError(f"reserved_placements applies to device 'fake-cuda' (on {device!r} the driver places the "
+                          "segments); leave it out")
+    if reserved_placements < 0:
+        raise LabkitError(f"reserved_placements must be 0 or more, got {reserved_placements}")
     policy = StepPolicy(precision=precision, optimizer=optimizer, recompute=recompute, checkpointing=checkpointing)
     is_cuda = device == "cuda"
     if is_cuda and not torch.cuda.is_available():
@@ -390,6 +402,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         acts = tuple(i for i in by_step[p.step] if tracker.phases[i] in ("forward", "loss"))
         p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
     reserved = None
+    reserved_range: tuple[int, int] | None = None
     reserved_by_conf: dict[str, dict[str, int]] = {}
     if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
         from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
@@ -408,6 +421,13 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         for p in phases:
             p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
         reserved = rp.reserved_end
+        if reserved_placements:
+            from labkit.allocator.driver_va import ShuffledVA
+
+            spread = [reserved] + [replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP,
+                                                  address_space=ShuffledVA(seed), **seeded).reserved_end
+                                   for seed in range(reserved_placements)]
+            reserved_range = (min(spread), max(spread))
         if alloc_confs:
             from labkit.allocator import parse_alloc_conf
 
@@ -449,6 +469,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
         step_time_s=(sorted(t_steps)[len(t_steps) // 2] if timing and t_steps else None),
     )
     rep.reserved_by_conf = reserved_by_conf
+    rep.reserved_range = reserved_range
     rep.policy["loop"] = loop
     if op_log:
         rep.op_log = tracker.op_log  # type: ignore[attr-defined]

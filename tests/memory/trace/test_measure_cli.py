@@ -159,3 +159,15 @@ def test_fake_mode_refusal_is_one_line_naming_op_and_module(tmp_path, capsys):
 def test_bad_input_is_one_line(capsys, args, msg):
     rc, out, err = run(capsys, *args)
     assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_reserved_over_other_segment_placements(capsys):
+    rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "bf16", "--reserved-placements", "3")
+    assert rc == 0, err
+    assert "reserved over 4 segment placements:" in out
+    rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "bf16", "--reserved-placements", "3", "--json")
+    doc = json.loads(out)
+    lo, hi = doc["reserved_range"]
+    assert lo <= doc["reserved_bytes"] <= hi
+    rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "bf16", "--json")
+    assert json.loads(out)["reserved_range"] is None

@@ -108,6 +108,12 @@ def test_the_kv_cache_runs_as_the_recorded_transformers_ran_it():
     with recorded_cache_dtype("5.17.0") as note:
         assert cached_values_dtype() == torch.float32
     assert (note() != "") == (installed == torch.bfloat16)
+    if note():
+        assert "torch.float32 keys, torch.bfloat16 values" in note()
+    with recorded_cache_dtype("5.17.0") as note:
+        layer = DynamicLayer()
+        layer.update(k, k)                                          # same dtypes: nothing to note
+        assert note() == ""
     for version in ("5.24.0", None, "dev"):
         with recorded_cache_dtype(version) as note:
             assert cached_values_dtype() == installed and note() == ""

@@ -83,3 +83,15 @@ def test_a_warm_process_has_both_cublas_workspaces_before_the_model():
     init = next(p for p in cold.all_phases if p.phase == "init")
     assert init.peak_bytes < ws // 2 and cold.emulation["cublas_workspaces"] == 2
     assert warm.peak_bytes == cold.peak_bytes   # the steady step holds both either way
+
+
+def test_reserved_placements_are_for_fake_mode_and_not_negative():
+    import pytest
+
+    from labkit.core.errors import LabkitError
+
+    args = (lambda: nn.Linear(4, 4), torch.randn(2, 4))
+    with pytest.raises(LabkitError, match="reserved_placements applies to device 'fake-cuda'"):
+        measure_step(*args, loss_fn=lambda o, b: o.sum(), device="cpu", reserved_placements=2)
+    with pytest.raises(LabkitError, match="reserved_placements must be 0 or more"):
+        measure_step(*args, loss_fn=lambda o, b: o.sum(), reserved_placements=-1)
