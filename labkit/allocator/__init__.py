@@ -3,7 +3,8 @@
 Public names (other chapters and notebooks use only these):
 
 * :func:`parse_alloc_conf`, :class:`AllocatorConfig`: ``PYTORCH_ALLOC_CONF`` strings.
-* :class:`CachingAllocatorSim`: the allocator itself, request by request.
+* :class:`CachingAllocatorSim`: the allocator itself, request by request; :class:`DriverVA` /
+  :class:`ShuffledVA`: where its new segments are placed (the driver's placement, or a random order).
 * :func:`read_snapshot`, :func:`compile_trace`, :func:`replay`, :func:`compare`: snapshot files and replays.
 * :func:`seed_segments`: a process's segments (a snapshot's) rebuilt in the simulator before a replay.
 * :func:`diagnose`, :func:`parse_oom_message`: the OOM doctor.
@@ -14,6 +15,7 @@ Public names (other chapters and notebooks use only these):
 """
 
 from labkit.allocator.config import AllocatorConfig, parse_alloc_conf, round_size
+from labkit.allocator.driver_va import DriverVA, ShuffledVA
 from labkit.allocator.doctor import Diagnosis, Finding, diagnose, format_diagnosis
 from labkit.allocator.oom_message import OOMMessage, parse_oom_message
 from labkit.allocator.replay import ReplayResult, compare, load_trace, replay, replay_with_sim
@@ -27,6 +29,6 @@ __all__ = [
     "AllocatorConfig", "CachingAllocatorSim", "Diagnosis", "Finding", "OOMMessage", "ReplayResult", "Snapshot",
     "Trace", "TraceBuilder", "compare", "compile_trace", "diagnose", "format_diagnosis", "load_trace",
     "parse_alloc_conf", "parse_oom_message", "read_snapshot", "replay", "replay_with_sim", "round_size",
-    "SeededState", "live_bytes", "seed_segments",
+    "SeededState", "live_bytes", "seed_segments", "DriverVA", "ShuffledVA",
     "Watch", "watch",
 ]

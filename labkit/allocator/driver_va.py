@@ -22,7 +22,7 @@ libraries calling ``cudaMalloc`` directly) that sit between the ranges, and the 
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 
 RANGE = 32 * 1024 * 1024        # the granularity of the driver's ranges (observed, see above)
 
@@ -57,8 +57,15 @@ class DriverVA:
         return self.top
 
     def release(self, addr: int, size: int) -> None:
-        """``cudaFree``: the segment's range can be handed out again."""
-        insort(self.holes, (addr, size))
+        """``cudaFree``: the segment's range can be handed out again (merged with free neighbours)."""
+        i = bisect_left(self.holes, (addr, size))
+        if i < len(self.holes) and self.holes[i][0] == addr + size:          # the hole right after it
+            size += self.holes.pop(i)[1]
+        if i and sum(self.holes[i - 1]) == addr:                              # the hole right before it
+            addr, size = self.holes[i - 1][0], self.holes[i - 1][1] + size
+            del self.holes[i - 1]
+            i -= 1
+        self.holes.insert(i, (addr, size))
 
 
 class ShuffledVA(DriverVA):

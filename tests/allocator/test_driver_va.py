@@ -30,6 +30,16 @@ def test_a_segment_that_fits_the_unused_end_of_a_range_goes_there_lowest_first()
     assert va.place(30 * MiB) == lo - 32 * MiB       # nothing fits: a new range
 
 
+def test_freed_neighbours_merge_into_one_hole():
+    va = DriverVA(top=1 << 40)
+    a, b, c = (va.place(64 * MiB) for _ in range(3))          # c < b < a, adjacent
+    va.release(a, 64 * MiB)
+    va.release(c, 64 * MiB)
+    va.release(b, 64 * MiB)
+    assert va.holes == [(c, 192 * MiB)]
+    assert va.place(192 * MiB) == c
+
+
 def test_a_freed_segment_is_reused():
     va = DriverVA(top=1 << 40)
     a = va.place(64 * MiB)

@@ -64,9 +64,8 @@ def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] |
     driver's placement in a fresh process).
     """
     from labkit.allocator import CachingAllocatorSim
-    from labkit.allocator.config import DEFAULT
 
-    sim = CachingAllocatorSim(DEFAULT if config is None else config, address_space=address_space)
+    sim = CachingAllocatorSim(*(() if config is None else (config,)), address_space=address_space)
     cur = 0
     if state is not None:
         from labkit.allocator import seed_segments

@@ -245,7 +245,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     (:mod:`labkit.allocator.state`), and a warm process's cuBLAS workspaces are taken to be in it. Reserved
     memory is path-dependent: without it the replay starts from an empty cache plus the workspaces.
     ``reserved_placements`` (fake mode): also replay under that many other orders of the segments' addresses
-    (:class:`labkit.allocator.driver_va.ShuffledVA`); the report's ``reserved_range`` is the lowest and
+    (:class:`labkit.allocator.ShuffledVA`); the report's ``reserved_range`` is the lowest and
     highest reserved figure, the point one among them. Best fit breaks ties between equal-size free blocks by
     address, and where the driver puts a segment depends on what the process did before, so the same loop
     can reserve one of several figures (on the H200 a Llama checkpointing step: 21.58 or 23.63 GB).
@@ -422,7 +422,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
             p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
         reserved = rp.reserved_end
         if reserved_placements:
-            from labkit.allocator.driver_va import ShuffledVA
+            from labkit.allocator import ShuffledVA
 
             spread = [reserved] + [replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP,
                                                   address_space=ShuffledVA(seed), **seeded).reserved_end
