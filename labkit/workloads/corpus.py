@@ -416,6 +416,13 @@ def _cases() -> list[Case]:
             ("qwen2-b4-ckpt2-amp-bf16", "qwen2", QWEN2, 4, 1024, "amp-bf16", 2),
             ("gpt2-medium-b8-ckpt2-amp-bf16", "gpt2", GPT2["gpt2-medium"], 8, 1024, "amp-bf16", 2)):
         c.append(Case(name, "transformers", arch, "causal-lm", dict(cfg), b, s, p, recompute=f"every-{every}"))
+    # the same with the KV cache off (``use_cache=False``): under torch.utils.checkpoint a training forward's
+    # DynamicCache is an input of every checkpointed layer, kept through backward and grown by recomputation
+    for name, arch, cfg, b, s in (("llama-gqa-b8-ckpt2-nocache-amp-bf16", "llama", LLAMA_GQA, 8, 2048),
+                                  ("mistral-b4-ckpt2-nocache-amp-bf16", "mistral", MISTRAL, 4, 2048),
+                                  ("gpt2-medium-b8-ckpt2-nocache-amp-bf16", "gpt2", GPT2["gpt2-medium"], 8, 1024)):
+        c.append(Case(name, "transformers", arch, "causal-lm", dict(cfg, use_cache=False), b, s, "amp-bf16",
+                      recompute="every-2"))
     # the optimizer implementation and the loop
     c.append(Case("llama-gqa-b4-foreach-amp-bf16", "transformers", "llama", "causal-lm", dict(LLAMA_GQA), 4, 2048,
                   "amp-bf16", optimizer_impl="foreach"))
