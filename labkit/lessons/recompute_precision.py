@@ -472,6 +472,30 @@ def moe_routing(*, smoke: bool = False) -> Section:
     return routing_section(smoke=smoke)
 
 
+def kv_cache_under_checkpointing() -> Section:
+    """Recorded on the H200: the same torch.utils.checkpoint step with transformers' KV cache on (the default)
+    and off (``use_cache=False``)."""
+    from labkit.memory.trace import corpus_check
+    from labkit.memory.trace.recorded import recorded_label
+
+    pairs = corpus_check.cache_pairs()
+    sec = Section("The KV cache under activation checkpointing",
+                  source=recorded_label(pairs[0][1].provenance) if pairs else None)
+    if not pairs:
+        return sec.note("No use_cache=False cases are recorded here.")
+    rows = []
+    for on, off in pairs:
+        saved = on.peak_allocated - off.peak_allocated
+        rows.append([on.case.describe(), fmt_bytes(on.peak_allocated),
+                     fmt_bytes(off.peak_allocated), fmt_bytes(saved), f"{100 * saved / on.peak_allocated:.0f}%"])
+    sec.table(["case (torch.utils.checkpoint)", "peak, use_cache on (default)", "use_cache=False", "saved", "saved %"],
+              rows, caption="plain training loops on the H200, peak of steps 2-4 by torch.cuda.max_memory_allocated")
+    on, off = max(pairs, key=lambda p: (p[0].peak_allocated - p[1].peak_allocated) / p[0].peak_allocated)
+    sec.claim(f"Peak saved by use_cache=False on {on.case.describe()}",
+              round(100 * (on.peak_allocated - off.peak_allocated) / on.peak_allocated), "%", name="kv_cache_saving_pct")
+    return sec
+
+
 def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True) -> Section:
     """Fake mode against the H200's plain, untraced training loops, reference and held-out apart
     (``validate_all=False``: the transformers cases of at most 6 layers, those CI checks)."""

@@ -99,3 +99,25 @@ def test_supported_models_and_plain_loop_validation_in_smoke():
     assert 0 <= val.value("fake_plain_held_out_within") <= lesson.SMOKE_VALIDATION // 2
     sup.record()  # what the report records: each named claim states a source the report accepts
     val.record()
+
+
+def test_the_kv_cache_section_pairs_each_use_cache_false_recording_with_its_default():
+    from labkit.memory.trace.corpus_check import cache_pairs, load_plain
+
+    records = load_plain()
+    pairs = cache_pairs(records)
+    assert {(on.name, off.name) for on, off in pairs} == {
+        ("llama-gqa-b8-ckpt2-amp-bf16", "llama-gqa-b8-ckpt2-nocache-amp-bf16"),
+        ("mistral-b4-ckpt2-amp-bf16", "mistral-b4-ckpt2-nocache-amp-bf16"),
+        ("gpt2-medium-b8-ckpt2-amp-bf16", "gpt2-medium-b8-ckpt2-nocache-amp-bf16")}
+    for on, off in pairs:       # the same step but for the cache
+        assert on.case.overrides.get("use_cache", True) and off.case.overrides["use_cache"] is False
+        assert (on.case.micro_batch, on.case.seq, on.case.recompute) == (off.case.micro_batch, off.case.seq,
+                                                                         off.case.recompute)
+        assert off.peak_allocated < on.peak_allocated
+    sec = lesson.kv_cache_under_checkpointing()
+    (claim,) = sec.claims
+    best = max((on.peak_allocated - off.peak_allocated) / on.peak_allocated for on, off in pairs)
+    assert claim.value == round(100 * best) and "use_cache=False" in claim.text
+    assert len(sec.rows) == 3 and sec.headers[2] == "use_cache=False"
+    assert cache_pairs([r for r in records if "nocache" not in r.name]) == []

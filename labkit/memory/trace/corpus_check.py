@@ -264,6 +264,20 @@ def recorded_attention(model: Any, impl: str | None, recorded_version: str | Non
             f"the installed {transformers.__version__} runs {now}")
 
 
+def cache_pairs(records: list[PlainRecord] | None = None) -> list[tuple[PlainRecord, PlainRecord]]:
+    """The recorded cases run with the KV cache off (``NAME-nocache-PRECISION``) beside the same case with it
+    on (``NAME-PRECISION``, transformers' default ``use_cache=True``)."""
+    records = records if records is not None else load_plain()
+    by_name = {r.name: r for r in records}
+    out = []
+    for r in records:
+        if "-nocache-" in r.name:
+            with_cache = by_name.get(r.name.replace("-nocache-", "-"))
+            if with_cache is not None:
+                out.append((with_cache, r))
+    return out
+
+
 def recorded_process(base_segments: list | None) -> dict[str, Any]:
     """The fake target for a recording's process: a recording that started with no segments at all ran in a
     fresh process, whose cuBLAS workspaces are allocated at the first matmuls, inside the step
@@ -398,5 +412,5 @@ def validation_section(vals: list[Validation] | None = None) -> Any:
 
 
 __all__ = ["PEAK_TOLERANCE_PCT", "RESERVED_TOLERANCE_PCT", "PlainRecord", "Support", "Validation", "check_case",
-           "load_plain", "recorded_attention", "summary", "support", "support_markdown", "support_section", "validate",
+           "load_plain", "cache_pairs", "recorded_attention", "summary", "support", "support_markdown", "support_section", "validate",
            "validation_section"]
