@@ -12,7 +12,10 @@ RECORDS = load_plain()
 CHEAP = [r for r in RECORDS if r.case.family == "transformers" and layer_count(r.case) <= 6]
 
 # case -> why fake mode is off on it today (from the recordings: which kernels the H200 ran)
-KNOWN_GAPS: dict[str, str] = {}
+KNOWN_GAPS: dict[str, str] = {
+    "mistral-b4-ckpt2-nocache-amp-bf16": "reserved -5.1%: the recorded 11.53 GB lies above the 10.94-11.46 GB that "
+                                         "25 segment-address orders give for fake mode's requests (peak +0.0%)",
+}
 
 
 def test_split_is_recorded_and_a_third_is_held_out():
