@@ -171,3 +171,17 @@ def test_reserved_over_other_segment_placements(capsys):
     assert lo <= doc["reserved_bytes"] <= hi
     rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "bf16", "--json")
     assert json.loads(out)["reserved_range"] is None
+
+
+def test_checkpointing_a_causal_lm_points_at_its_kv_cache_and_no_kv_cache_drops_it(capsys):
+    rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "amp-bf16", "--recompute", "every-1", "--seq", "256")
+    assert rc == 0, err
+    assert "note: the model builds its KV cache in every training forward" in out and "--no-kv-cache" in out
+    rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "amp-bf16", "--recompute", "every-1", "--seq", "256", "--json")
+    with_cache = json.loads(out)
+    rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "amp-bf16", "--recompute", "every-1", "--seq", "256",
+                       "--no-kv-cache", "--json")
+    without = json.loads(out)
+    assert without["notes"] == [] and without["peak_bytes"] < with_cache["peak_bytes"]
+    rc, out, err = run(capsys, "--no-kv-cache")
+    assert rc == 2 and "--no-kv-cache applies to a Hugging Face model" in err
