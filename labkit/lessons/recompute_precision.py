@@ -492,7 +492,8 @@ def kv_cache_under_checkpointing() -> Section:
               rows, caption="plain training loops on the H200, peak of steps 2-4 by torch.cuda.max_memory_allocated")
     on, off = max(pairs, key=lambda p: (p[0].peak_allocated - p[1].peak_allocated) / p[0].peak_allocated)
     sec.claim(f"Peak saved by use_cache=False on {on.case.describe()}",
-              round(100 * (on.peak_allocated - off.peak_allocated) / on.peak_allocated), "%", name="kv_cache_saving_pct")
+              round(100 * (on.peak_allocated - off.peak_allocated) / on.peak_allocated), "%",
+              name="kv_cache_saving_pct")
     return sec
 
 

@@ -276,7 +276,8 @@ def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
               f"{fmt_bytes(rep.reserved_bytes)} ({how})")
         if rep.reserved_range:
             lo, hi = rep.reserved_range
-            print(f"reserved over {args.reserved_placements + 1} segment placements: {fmt_bytes(lo)} to {fmt_bytes(hi)}")
+            print(f"reserved over {args.reserved_placements + 1} segment placements: {fmt_bytes(lo)} to "
+                  f"{fmt_bytes(hi)}")
     emulation = rep.emulation or {}
     routing = emulation.get("moe_routing") or {}
     if routing.get("used_by") or routing.get("not_needed_by"):

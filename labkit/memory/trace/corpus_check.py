@@ -411,6 +411,6 @@ def validation_section(vals: list[Validation] | None = None) -> Any:
     return sec
 
 
-__all__ = ["PEAK_TOLERANCE_PCT", "RESERVED_TOLERANCE_PCT", "PlainRecord", "Support", "Validation", "check_case",
-           "load_plain", "cache_pairs", "recorded_attention", "summary", "support", "support_markdown", "support_section", "validate",
-           "validation_section"]
+__all__ = ["PEAK_TOLERANCE_PCT", "RESERVED_TOLERANCE_PCT", "PlainRecord", "Support", "Validation", "cache_pairs",
+           "check_case", "load_plain", "recorded_attention", "recorded_cache_dtype", "recorded_process", "summary",
+           "support", "support_markdown", "support_section", "validate", "validation_section"]
