@@ -85,8 +85,14 @@ class ShuffledVA(DriverVA):
         self._taken: dict[int, int] = {}
 
     def place(self, size: int) -> int:
+        return self._random_free(size, RANGE)
+
+    def reserve(self, size: int, align: int) -> int:
+        return self._random_free(size, align)
+
+    def _random_free(self, size: int, align: int) -> int:
         while True:
-            a = self._rng.randrange(1 << 32, self.top - size) // RANGE * RANGE
+            a = self._rng.randrange(1 << 32, self.top - size) // align * align
             if not any(b < a + size and a < b + n for b, n in self._taken.items()):
                 self._taken[a] = size
                 return a

@@ -108,6 +108,10 @@ def test_the_same_requests_reserve_either_figure_two_recordings_measured_dependi
     doc = _load("llama-gqa-b8-ckpt3-amp-bf16__after-cold")
     rec = next(r for r in load_plain() if r.name == "llama-gqa-b8-ckpt3-amp-bf16")
     assert (doc["case"]["step_peaks_reserved"][-1], rec.peak_reserved) == (21_581_791_232, 23_626_514_432)
+    for tag in "BC":                                        # record_plain.py's repeats: the same 23.63 GB
+        (again,) = [r for r in load_plain(STREAMS.parent / f"plain__repeat_ckpt_every_k_{tag}.json") if r.name == rec.name]
+        layout = [[(s["total_size"], [tuple(b) for b in s["blocks"]]) for s in r.base_segments] for r in (again, rec)]
+        assert again.peak_reserved == rec.peak_reserved and layout[0] == layout[1]     # addresses are per process
 
     def replay(va=None):
         sim = CachingAllocatorSim(address_space=va)
@@ -124,4 +128,13 @@ def test_shuffled_segments_never_overlap():
 
     va = ShuffledVA(0, top=1 << 40)
     spans = sorted((va.place(s), s) for s in [2 * MiB, 64 * MiB, 1960 * MiB] * 20)
+    assert all(a + s <= b for (a, s), (b, _) in zip(spans, spans[1:]))
+
+
+def test_a_shuffled_reservation_never_overlaps_a_placed_segment():
+    from labkit.allocator.driver_va import ShuffledVA
+
+    va = ShuffledVA(1, top=1 << 38)
+    spans = [(va.place(64 * MiB), 64 * MiB) for _ in range(50)] + [(va.reserve(4 << 30, 2 * MiB), 4 << 30)]
+    spans.sort()
     assert all(a + s <= b for (a, s), (b, _) in zip(spans, spans[1:]))

@@ -339,14 +339,13 @@ def _installed_transformers() -> str | None:
 
 
 def _version(text: str | None) -> tuple[int, ...]:
-    """``"5.17.0"`` as (5, 17, 0); unknown or unparsable as (0,)."""
-    out = []
-    for part in (text or "").split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out) or (0,)
+    """``"5.17.0"`` as (5, 17) (:func:`labkit.memory.trace.sdpa.parse_version`); unknown or unparsable as (0,)."""
+    from labkit.memory.trace.sdpa import parse_version
+
+    try:
+        return parse_version(text) if text else (0,)
+    except (ValueError, IndexError):
+        return (0,)
 
 
 def summary(vals: list[Validation]) -> dict[str, Any]:
