@@ -432,6 +432,13 @@ def _cases() -> list[Case]:
                   "amp-bf16", loop="keep-output"))
     c.append(Case("gpt2-large-b4-keep-amp-bf16", "transformers", "gpt2", "causal-lm", dict(GPT2["gpt2-large"]), 4,
                   1024, "amp-bf16", loop="keep-output"))
+    # the output kept in more GPT-2 sizes and in Mistral (recorded 2026-12-01; names' hash decides the split)
+    for name, spec, b in (("gpt2-b8", GPT2["gpt2"], 8), ("gpt2-b16", GPT2["gpt2"], 16),
+                          ("gpt2-medium-b4", GPT2["gpt2-medium"], 4), ("gpt2-xl-b2", GPT2["gpt2-xl"], 2)):
+        c.append(Case(f"{name}-keep-amp-bf16", "transformers", "gpt2", "causal-lm", dict(spec), b, 1024, "amp-bf16",
+                      loop="keep-output"))
+    c.append(Case("mistral-b4-keep-amp-bf16", "transformers", "mistral", "causal-lm", dict(MISTRAL), 4, 2048,
+                  "amp-bf16", loop="keep-output"))
     c += _hf("mistral-b4", "mistral", "causal-lm", MISTRAL, 4, 2048, ALL3)
     c += _hf("qwen2-b4", "qwen2", "causal-lm", QWEN2, 4, 1024, ALL3)
     c += _hf("qwen3-b4", "qwen3", "causal-lm", QWEN3, 4, 1024, AMP_BF16)
