@@ -1,20 +1,22 @@
 """Host and GPU apart: for each corpus case, how long the host takes to issue one plain training step,
 and how long the GPU takes to run its kernels back to back, measured separately on the GPU server.
 
-A step's wall time is neither: the GPU waits where the host falls behind, the host waits where a
-kernel queue is full or an op synchronises. To take them apart, each measured step is issued while
-the GPU is held busy by ``torch.cuda._sleep`` (a spin kernel queued just before the step):
+A step's wall time is neither: the GPU waits where the host falls behind, the host waits where the
+launch queue is full (about a thousand kernels ahead) or an op synchronises. To take them apart, the
+step is issued in chunks, each behind a spin kernel (``torch.cuda._sleep``) that keeps the GPU busy
+while the host issues the chunk, so the host never waits and the chunk's kernels run without gaps:
 
-* ``host_s``: the wall time of the step's Python call (``plain_step``), ended before any
-  synchronisation, so every kernel is issued while the GPU still sleeps;
-* ``gpu_s``: CUDA events recorded after the sleep and after the step: the step's kernels ran with no
-  gaps, because all were queued when the sleep ended.
+* chunk boundaries: before each block of the model (every child of an ``nn.ModuleList`` or
+  ``nn.Sequential``: decoder layers, ResNet stages' blocks) and, in backward, when the gradient of that
+  block's output arrives (a tensor hook; no autograd node is added);
+* at a boundary: the host clock stops, a CUDA event closes the chunk, the host synchronises, queues
+  a sleep, opens the next chunk's event and starts its clock again;
+* ``host_s``: the host's time issuing the step's chunks (the hooks' own few microseconds included);
+  ``gpu_s``: the sum of the chunks' CUDA-event times; ``chunks``: how many.
 
-The sleep is at least three times the step's plain wall time. Where the host could not issue the whole
-step during the sleep (an op that synchronises, or a full launch queue), ``host_blocked`` is true and
-neither figure is a clean split. Each case also gets its plain step time (synchronised wall time, as
-``record_plain.py`` measures it) in the same process. Three steps warm up; the figures are medians
-of three.
+A chunk whose issue outlasted its sleep is counted in ``chunks_blocked`` (its host time then includes
+waiting). Each case also gets its plain step time (synchronised wall time, as ``record_plain.py``
+measures it) in the same process. Three steps warm up; the figures are medians of three.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--smoke]
 
@@ -56,18 +58,76 @@ def sleep_cycles_per_s() -> float:
     return 50_000_000 / (a.elapsed_time(b) * 1e-3)
 
 
-def split_step(step: Any, cycles_per_s: float, sleep_s: float) -> dict[str, float]:
-    """One step issued behind a ``sleep_s`` spin kernel: host issue time and GPU time apart."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(sleep_s * cycles_per_s))
-    start.record()
-    t = time.perf_counter()
-    step()
-    host = time.perf_counter() - t
-    end.record()
-    torch.cuda.synchronize()
-    return {"host_s": host, "gpu_s": start.elapsed_time(end) * 1e-3}
+class Chunker:
+    """Issues a step in chunks, each behind a sleep (see the module's docstring)."""
+
+    def __init__(self, model: torch.nn.Module, cycles_per_s: float, sleep_s: float = 0.015) -> None:
+        self.cycles = int(sleep_s * cycles_per_s)
+        self.sleep_s = sleep_s
+        self.handles = []
+        for parent in model.modules():
+            if isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)):
+                for child in parent.children():
+                    self.handles.append(child.register_forward_pre_hook(self._pre))
+                    self.handles.append(child.register_forward_hook(self._post))
+
+    def _pre(self, module: Any, args: Any) -> None:
+        self.boundary()
+
+    def _post(self, module: Any, args: Any, out: Any) -> None:
+        t = _first_grad_tensor(out)
+        if t is not None:
+            t.register_hook(self._grad)
+
+    def _grad(self, grad: torch.Tensor) -> None:
+        self.boundary()
+
+    def begin(self) -> None:
+        self.host, self.chunks, self.blocked, self.pairs = 0.0, 0, 0, []
+        torch.cuda.synchronize()
+        self._open()
+
+    def _open(self) -> None:
+        torch.cuda._sleep(self.cycles)
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.start.record()
+        self.t = time.perf_counter()
+
+    def _close(self) -> None:
+        dt = time.perf_counter() - self.t
+        self.host += dt
+        self.chunks += 1
+        self.blocked += dt > 0.8 * self.sleep_s
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pairs.append((self.start, end))
+        torch.cuda.synchronize()
+
+    def boundary(self) -> None:
+        self._close()
+        self._open()
+
+    def finish(self) -> dict[str, float]:
+        self._close()
+        return {"host_s": self.host, "gpu_s": sum(a.elapsed_time(b) for a, b in self.pairs) * 1e-3,
+                "chunks": self.chunks, "chunks_blocked": self.blocked}
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _first_grad_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out if out.requires_grad else None
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            t = _first_grad_tensor(o)
+            if t is not None:
+                return t
+    return None
 
 
 def run_case(case: Case, device: str, cycles_per_s: float) -> dict[str, Any]:
@@ -96,14 +156,20 @@ def run_case(case: Case, device: str, cycles_per_s: float) -> dict[str, Any]:
         row["step_times_s"] = walls
         row["median_step_s"] = statistics.median(walls)
         if cuda:
-            sleep_s = max(0.25, 3 * max(walls))
-            splits = [split_step(step, cycles_per_s, sleep_s) for _ in range(REPEATS)]
-            row["sleep_s"] = sleep_s
-            row["host_times_s"] = [s["host_s"] for s in splits]
-            row["gpu_times_s"] = [s["gpu_s"] for s in splits]
-            row["host_s"] = statistics.median(row["host_times_s"])
-            row["gpu_s"] = statistics.median(row["gpu_times_s"])
-            row["host_blocked"] = max(row["host_times_s"]) > 0.8 * sleep_s
+            chunker = Chunker(model, cycles_per_s)
+            splits = []
+            try:
+                for _ in range(REPEATS):
+                    chunker.begin()
+                    step()
+                    splits.append(chunker.finish())
+            finally:
+                chunker.remove()
+            for key in ("host_s", "gpu_s"):
+                row[key.replace("_s", "_times_s")] = [s[key] for s in splits]
+                row[key] = statistics.median(row[key.replace("_s", "_times_s")])
+            row["chunks"] = splits[0]["chunks"]
+            row["chunks_blocked"] = max(s["chunks_blocked"] for s in splits)
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         row["traceback_tail"] = traceback.format_exc()[-1500:]
@@ -127,13 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     prov = header(cmd)
     prov.update(versions())
     todo = [tiny(c) for c in CASES if c.name in SMOKE_CASES] if args.smoke else list(CASES)
+    todo.sort(key=lambda c: c.precision == "fp32")    # host time matters most where the GPU is fast: those first
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     cps = sleep_cycles_per_s() if cuda else 0.0
     log(f"device {device}; {prov.get('gpu_name')}; {len(todo)} cases; sleep {cps:.3g} cycles/s")
-    note = ("host_s: wall time of issuing one plain step while the GPU sleeps; gpu_s: CUDA-event time of the "
-            "step's kernels run back to back after the sleep; median_step_s: the synchronised plain step, same "
-            "process. host_blocked: the host could not issue the step within the sleep (a sync or a full queue).")
+    note = ("host_s: the host's time issuing one plain step in chunks, each behind a sleep of the GPU; gpu_s: the "
+            "chunks' CUDA-event times summed (kernels back to back); median_step_s: the synchronised plain step, "
+            "same process; chunks_blocked: chunks whose issue outlasted their sleep (see record_host.py)")
     rows: list[dict] = []
     for case in todo:
         if args.budget - (time.perf_counter() - T0) < 8:
@@ -145,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{case.name}: {row['error']}")
         else:
             log(f"{case.name}: step {row['median_step_s'] * 1e3:.1f} ms"
-                + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms"
-                   + (" (host blocked)" if row["host_blocked"] else "") if cuda else ""))
+                + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms in {row['chunks']} chunks"
+                   + (f" ({row['chunks_blocked']} blocked)" if row["chunks_blocked"] else "") if cuda else ""))
         write_measurement(args.out / "host_split.json", "host_split",
                           {"note": note, "sleep_cycles_per_s": cps, "cases": rows}, provenance=prov)
     (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
