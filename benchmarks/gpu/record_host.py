@@ -11,8 +11,13 @@ while the host issues the chunk, so the host never waits and the chunk's kernels
   block's output arrives (a tensor hook; no autograd node is added);
 * at a boundary: the host clock stops, a CUDA event closes the chunk, the host synchronises, queues
   a sleep, opens the next chunk's event and starts its clock again;
-* ``host_s``: the host's time issuing the step's chunks (the hooks' own few microseconds included);
-  ``gpu_s``: the sum of the chunks' CUDA-event times; ``chunks``: how many.
+* a boundary every few blocks, so that a chunk holds about 400 kernels (the step's launches counted once
+  by ``torch.profiler``), well inside the launch queue;
+* each synchronised boundary makes the host slower for a while after it (0.4-0.9 ms a boundary in a
+  first trial of this script, against the same steps issued whole where they fit the queue), so the
+  step is issued twice, with n and about n/2 chunks, and the host time extrapolated linearly to no
+  boundary: ``host_s``, with ``host_per_boundary_s`` the cost of one boundary;
+* ``gpu_s``: the sum of the finer run's chunk CUDA-event times (kernels back to back).
 
 A chunk whose issue outlasted its sleep is counted in ``chunks_blocked`` (its host time then includes
 waiting). Each case also gets its plain step time (synchronised wall time, as ``record_plain.py``
@@ -45,6 +50,17 @@ from record_plain import LOG, SMOKE_CASES, cleanup, log, versions  # noqa: E402
 
 T0 = time.perf_counter()
 WARMUP, REPEATS = 3, 3
+CHUNK_KERNELS = 400
+
+
+def kernel_launches(step: Any) -> int:
+    """CUDA kernels (and memcpys/memsets) one step launches, counted by ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
 
 
 def sleep_cycles_per_s() -> float:
@@ -61,9 +77,10 @@ def sleep_cycles_per_s() -> float:
 class Chunker:
     """Issues a step in chunks, each behind a sleep (see the module's docstring)."""
 
-    def __init__(self, model: torch.nn.Module, cycles_per_s: float, sleep_s: float = 0.015) -> None:
+    def __init__(self, model: torch.nn.Module, cycles_per_s: float, sleep_s: float = 0.04) -> None:
         self.cycles = int(sleep_s * cycles_per_s)
         self.sleep_s = sleep_s
+        self.every, self.calls, self.counting = 1, 0, False
         self.handles = []
         for parent in model.modules():
             if isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -82,8 +99,9 @@ class Chunker:
     def _grad(self, grad: torch.Tensor) -> None:
         self.boundary()
 
-    def begin(self) -> None:
+    def begin(self, every: int = 1) -> None:
         self.host, self.chunks, self.blocked, self.pairs = 0.0, 0, 0, []
+        self.every, self.calls = every, 0
         torch.cuda.synchronize()
         self._open()
 
@@ -104,6 +122,9 @@ class Chunker:
         torch.cuda.synchronize()
 
     def boundary(self) -> None:
+        self.calls += 1
+        if self.counting or self.calls % self.every:
+            return
         self._close()
         self._open()
 
@@ -156,20 +177,36 @@ def run_case(case: Case, device: str, cycles_per_s: float) -> dict[str, Any]:
         row["step_times_s"] = walls
         row["median_step_s"] = statistics.median(walls)
         if cuda:
+            row["kernels"] = kernel_launches(step)
             chunker = Chunker(model, cycles_per_s)
-            splits = []
             try:
-                for _ in range(REPEATS):
-                    chunker.begin()
-                    step()
-                    splits.append(chunker.finish())
+                chunker.counting = True
+                step()
+                chunker.counting = False
+                row["blocks"] = chunker.calls      # hook calls per step, forward and backward
+                # about CHUNK_KERNELS kernels a chunk (block boundaries spread the kernels roughly evenly)
+                every = max(1, round(chunker.calls * CHUNK_KERNELS / max(row["kernels"], 1)))
+                for label, k in (("fine", every), ("coarse", 2 * every)):
+                    splits = []
+                    for _ in range(REPEATS):
+                        chunker.begin(k)
+                        step()
+                        splits.append(chunker.finish())
+                    row[label] = {"every": k, "chunks": splits[0]["chunks"],
+                                  "chunks_blocked": max(x["chunks_blocked"] for x in splits),
+                                  "host_times_s": [x["host_s"] for x in splits],
+                                  "gpu_times_s": [x["gpu_s"] for x in splits]}
             finally:
                 chunker.remove()
-            for key in ("host_s", "gpu_s"):
-                row[key.replace("_s", "_times_s")] = [s[key] for s in splits]
-                row[key] = statistics.median(row[key.replace("_s", "_times_s")])
-            row["chunks"] = splits[0]["chunks"]
-            row["chunks_blocked"] = max(s["chunks_blocked"] for s in splits)
+            fine, coarse = row["fine"], row["coarse"]
+            hf, hc = statistics.median(fine["host_times_s"]), statistics.median(coarse["host_times_s"])
+            nf, nc = fine["chunks"], coarse["chunks"]
+            # each synchronised boundary costs the host extra time; extrapolated to no boundary at all
+            per = (hf - hc) / (nf - nc) if nf > nc else 0.0
+            row["host_s"] = hc - per * nc
+            row["host_per_boundary_s"] = per
+            row["gpu_s"] = statistics.median(fine["gpu_times_s"])
+            row["chunks_blocked"] = max(fine["chunks_blocked"], coarse["chunks_blocked"])
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         row["traceback_tail"] = traceback.format_exc()[-1500:]
@@ -212,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{case.name}: {row['error']}")
         else:
             log(f"{case.name}: step {row['median_step_s'] * 1e3:.1f} ms"
-                + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms in {row['chunks']} chunks"
+                + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms in {row['fine']['chunks']}/{row['coarse']['chunks']} chunks"
                    + (f" ({row['chunks_blocked']} blocked)" if row["chunks_blocked"] else "") if cuda else ""))
         write_measurement(args.out / "host_split.json", "host_split",
                           {"note": note, "sleep_cycles_per_s": cps, "cases": rows}, provenance=prov)
