@@ -2,26 +2,23 @@
 and how long the GPU takes to run its kernels back to back, measured separately on the GPU server.
 
 A step's wall time is neither: the GPU waits where the host falls behind, the host waits where the
-launch queue is full (about a thousand kernels ahead) or an op synchronises. To take them apart, the
-step is issued in chunks, each behind a spin kernel (``torch.cuda._sleep``) that keeps the GPU busy
-while the host issues the chunk, so the host never waits and the chunk's kernels run without gaps:
+launch queue is full (about a thousand kernels ahead) or an op synchronises. Two measurements:
 
-* chunk boundaries: before each block of the model (every child of an ``nn.ModuleList`` or
-  ``nn.Sequential``: decoder layers, ResNet stages' blocks) and, in backward, when the gradient of that
-  block's output arrives (a tensor hook; no autograd node is added);
-* at a boundary: the host clock stops, a CUDA event closes the chunk, the host synchronises, queues
-  a sleep, opens the next chunk's event and starts its clock again;
-* a boundary every few blocks, so that a chunk holds about 400 kernels (the step's launches counted once
-  by ``torch.profiler``), well inside the launch queue;
-* each synchronised boundary makes the host slower for a while after it (0.4-0.9 ms a boundary in a
-  first trial of this script, against the same steps issued whole where they fit the queue), so the
-  step is issued twice, with n and about n/2 chunks, and the host time extrapolated linearly to no
-  boundary: ``host_s``, with ``host_per_boundary_s`` the cost of one boundary;
-* ``gpu_s``: the sum of the finer run's chunk CUDA-event times (kernels back to back).
+* whole step (``host_s``, ``host_blocked``): the step issued while the GPU is held busy by one spin
+  kernel (``torch.cuda._sleep``, at least 0.25 s and three plain steps): the wall time of the step's
+  Python call, before any synchronisation. Where the step fits the launch queue, that is the host's
+  issue time with no waiting; where it does not (``host_blocked``: the call outlasted 80% of the
+  sleep), it is not a host time.
+* chunks (``gpu_s``, ``chunks``, ``chunks_blocked``): the step issued in chunks of about 400 kernels
+  (the step's launches counted once by ``torch.profiler``; boundaries before every few blocks, a block
+  being a child of an ``nn.ModuleList``/``nn.Sequential``, and when a block's output gradient arrives,
+  by a tensor hook), each behind its own sleep after a synchronisation: the chunks' CUDA-event times
+  summed are the GPU's kernel time with no gaps. The chunked issue does not measure the host: each
+  synchronised boundary slows the host after it (two chunks added 17 ms to a 28 ms issue in the
+  recording of 2026-12-01).
 
-A chunk whose issue outlasted its sleep is counted in ``chunks_blocked`` (its host time then includes
-waiting). Each case also gets its plain step time (synchronised wall time, as ``record_plain.py``
-measures it) in the same process. Three steps warm up; the figures are medians of three.
+Each case also gets its plain step time (synchronised wall time, as ``record_plain.py`` measures it)
+in the same process. Three steps warm up; the figures are medians of three.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--smoke]
 
@@ -72,6 +69,17 @@ def sleep_cycles_per_s() -> float:
     b.record()
     torch.cuda.synchronize()
     return 50_000_000 / (a.elapsed_time(b) * 1e-3)
+
+
+def whole_step(step: Any, cycles_per_s: float, sleep_s: float) -> float:
+    """The host's wall time issuing ``step`` behind one ``sleep_s`` spin kernel."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(sleep_s * cycles_per_s))
+    t = time.perf_counter()
+    step()
+    host = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return host
 
 
 class Chunker:
@@ -186,27 +194,22 @@ def run_case(case: Case, device: str, cycles_per_s: float) -> dict[str, Any]:
                 row["blocks"] = chunker.calls      # hook calls per step, forward and backward
                 # about CHUNK_KERNELS kernels a chunk (block boundaries spread the kernels roughly evenly)
                 every = max(1, round(chunker.calls * CHUNK_KERNELS / max(row["kernels"], 1)))
-                for label, k in (("fine", every), ("coarse", 2 * every)):
-                    splits = []
-                    for _ in range(REPEATS):
-                        chunker.begin(k)
-                        step()
-                        splits.append(chunker.finish())
-                    row[label] = {"every": k, "chunks": splits[0]["chunks"],
-                                  "chunks_blocked": max(x["chunks_blocked"] for x in splits),
-                                  "host_times_s": [x["host_s"] for x in splits],
-                                  "gpu_times_s": [x["gpu_s"] for x in splits]}
+                splits = []
+                for _ in range(REPEATS):
+                    chunker.begin(every)
+                    step()
+                    splits.append(chunker.finish())
             finally:
                 chunker.remove()
-            fine, coarse = row["fine"], row["coarse"]
-            hf, hc = statistics.median(fine["host_times_s"]), statistics.median(coarse["host_times_s"])
-            nf, nc = fine["chunks"], coarse["chunks"]
-            # each synchronised boundary costs the host extra time; extrapolated to no boundary at all
-            per = (hf - hc) / (nf - nc) if nf > nc else 0.0
-            row["host_s"] = hc - per * nc
-            row["host_per_boundary_s"] = per
-            row["gpu_s"] = statistics.median(fine["gpu_times_s"])
-            row["chunks_blocked"] = max(fine["chunks_blocked"], coarse["chunks_blocked"])
+            row["gpu_times_s"] = [x["gpu_s"] for x in splits]
+            row["gpu_s"] = statistics.median(row["gpu_times_s"])
+            row["chunks"] = splits[0]["chunks"]
+            row["chunks_blocked"] = max(x["chunks_blocked"] for x in splits)
+            sleep_s = max(0.25, 3 * max(walls))
+            row["sleep_s"] = sleep_s
+            row["host_times_s"] = [whole_step(step, cycles_per_s, sleep_s) for _ in range(REPEATS)]
+            row["host_s"] = statistics.median(row["host_times_s"])
+            row["host_blocked"] = max(row["host_times_s"]) > 0.8 * sleep_s
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         row["traceback_tail"] = traceback.format_exc()[-1500:]
@@ -235,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     cps = sleep_cycles_per_s() if cuda else 0.0
     log(f"device {device}; {prov.get('gpu_name')}; {len(todo)} cases; sleep {cps:.3g} cycles/s")
-    note = ("host_s: the host's time issuing one plain step in chunks, each behind a sleep of the GPU; gpu_s: the "
-            "chunks' CUDA-event times summed (kernels back to back); median_step_s: the synchronised plain step, "
-            "same process; chunks_blocked: chunks whose issue outlasted their sleep (see record_host.py)")
+    note = ("host_s: the host's time issuing one plain step whole behind a sleep of the GPU (a host time only where "
+            "host_blocked is false); gpu_s: the step issued in chunks, each behind a sleep, the chunks' CUDA-event "
+            "times summed (kernels back to back); median_step_s: the synchronised plain step, same process")
     rows: list[dict] = []
     for case in todo:
         if args.budget - (time.perf_counter() - T0) < 8:
@@ -249,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{case.name}: {row['error']}")
         else:
             log(f"{case.name}: step {row['median_step_s'] * 1e3:.1f} ms"
-                + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms in {row['fine']['chunks']}/{row['coarse']['chunks']} chunks"
-                   + (f" ({row['chunks_blocked']} blocked)" if row["chunks_blocked"] else "") if cuda else ""))
+                + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms in {row['chunks']} chunks"
+                   + (" (host blocked)" if row["host_blocked"] else "") if cuda else ""))
         write_measurement(args.out / "host_split.json", "host_split",
                           {"note": note, "sleep_cycles_per_s": cps, "cases": rows}, provenance=prov)
     (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
