@@ -1,8 +1,10 @@
 """The GPU's kernel times and eager PyTorch's host costs, as microbenchmarks recorded them on the
 target GPU (``benchmarks/gpu/record_kernels.py`` -> ``data/measurements/advise/kernel_rates.json``).
 
-Nothing here is fitted to a training step: every figure is one kernel (or one host call) timed alone,
-and a query between recorded points is interpolated:
+The kernel times are not fitted to a training step: every figure is one kernel timed alone, and a
+query between recorded points is interpolated. The host costs are one host call timed alone too,
+then (``recorded_table()``, by default) scaled by one factor measured on whole reference steps issued
+on the GPU's host (:mod:`labkit.advise.host_calibration`):
 
 * GEMM: seconds on a log grid of (m, n, k) per dtype and operand layout, interpolated trilinearly in
   log space; beyond the grid's largest size the time grows linearly with that dimension (the rate has
@@ -325,14 +327,22 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                                    and r.get("bwd_s", 0) > 0])
 
 
-@lru_cache(maxsize=1)
-def recorded_table() -> KernelTable:
-    """The table recorded under ``data/measurements/advise/kernel_rates.json`` (and ``kernel_rates_extra*.json``)."""
+@lru_cache(maxsize=2)
+def recorded_table(host_calibrated: bool = True) -> KernelTable:
+    """The table recorded under ``data/measurements/advise/kernel_rates.json`` (and ``kernel_rates_extra*.json``);
+    with ``host_calibrated`` its host costs scaled to whole steps issued on the GPU's host
+    (:mod:`labkit.advise.host_calibration`)."""
+    from labkit.advise.host_calibration import host_scale
     from labkit.core.provenance import load_measurement
 
     p = paths.DATA_DIR / "measurements" / KERNEL_FILE
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")
     extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE)]
-    return table_from_doc(load_measurement(p, "kernel_rates"),
-                          *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))
+    t = table_from_doc(load_measurement(p, "kernel_rates"),
+                       *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))
+    scale = host_scale() if host_calibrated else 1.0
+    if scale != 1.0:
+        t.host = {k: v * scale if k.endswith("_s") else v for k, v in t.host.items()}
+        t.source += f"; host costs x{scale:.2f} (whole steps issued on the H200's host, host_scale.json)"
+    return t

@@ -2,8 +2,9 @@
 
 Every ATen op the tracer sees is priced by :class:`labkit.advise.op_price.OpPricer` (rules from what
 PyTorch's CUDA build runs for it, with kernel times and host costs microbenchmarked on the GPU by
-``benchmarks/gpu/record_kernels.py``; nothing fitted to a training step), then placed on two
-timelines:
+``benchmarks/gpu/record_kernels.py``; the kernel times fitted to no training step, the host costs
+scaled once to whole steps issued on the GPU's host, :mod:`labkit.advise.host_calibration`), then
+placed on two timelines:
 
 * the host issues op i after op i-1, paying the op's host cost;
 * the GPU runs op i's kernels once they are issued and the previous kernel is done;
@@ -13,7 +14,7 @@ timelines:
 
 The step ends when the last kernel does (the plain loop's only sync). What this leaves out, and is
 said: Python work outside ATen ops and module calls (the model's own Python code, the optimizer's
-Python loop), cuBLAS heuristics at shapes between the recorded grid points, kernels whose time depends
+Python loop) except as the host scale's average, cuBLAS heuristics at shapes between the recorded grid points, kernels whose time depends
 on data (embedding backward's sort, expert routing: the tokens are split evenly), and overlap of
 kernels on several streams (the plain loop uses one).
 """
