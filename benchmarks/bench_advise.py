@@ -4,6 +4,7 @@
                                                              # on 8 GPUs with the fake-mode trace (< 90 s)
     .venv/bin/python benchmarks/bench_advise.py --validate   # predicted vs recorded H200 step times
                                  [--only NAME ...] [--split reference|held-out]
+    .venv/bin/python benchmarks/bench_advise.py --calibrate-host   # the host scale from the whole-step issues
 
 Medians of --repeats runs, in one process, after a reproducibility header.
 """
@@ -56,33 +57,69 @@ def speed(repeats: int) -> int:
 
 
 def validate(only: list[str] | None = None, split: str | None = None) -> int:
-    """Predicted step times against both H200 recordings of the plain loops (the same predictions): run 1,
-    which the pricing was built on and held out from, and run 2, recorded later the same way."""
-    from labkit.advise.validate import SECOND_RUN, check, recorded_step_times
+    """Predicted step times against every H200 recording of the plain loops (the same predictions): run 1,
+    which the pricing was built on and held out from, run 2, and the median of all recordings (run 1, run 2
+    and the three host-split runs); and the predicted GPU time against the kernels' time recorded back to
+    back (host_split__chunks400.json, where no chunk outlasted its sleep)."""
+    from labkit.advise.host_calibration import recorded_gpu_times
+    from labkit.advise.validate import SECOND_RUN, check, recorded_runs, recorded_step_times
 
     rec = recorded_step_times()
     run2 = recorded_step_times(SECOND_RUN)
+    runs = recorded_runs()
+    gpu = recorded_gpu_times()
     todo = [n for n in sorted(rec) if (not only or any(o in n for o in only)) and (not split or rec[n].get("split") == split)]
     rows = []
-    print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s} {'gpu ms':>7s} {'host ms':>7s} syncs"
-          f" {'run 2 ms':>8s} {'error':>7s}")
+    print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s} {'run 2':>7s} {'median':>7s} {'runs':>4s}"
+          f" {'gpu ms':>7s} {'H200 gpu':>8s} {'error':>7s} {'host ms':>7s} syncs")
     for name in todo:
         got = check([name])
         if not got:
             continue
         r = got[0]
         m2 = run2.get(name, {}).get("median_step_s")
-        e2 = r.predicted_s / m2 - 1 if m2 else None
-        rows.append((r, e2))
+        med = statistics.median(runs[name]) if runs.get(name) else None
+        g = gpu.get(name)
+        e = {"run2": r.predicted_s / m2 - 1 if m2 else None, "median": r.predicted_s / med - 1 if med else None,
+             "gpu": r.gpu_busy_s / g - 1 if g else None}
+        rows.append((r, e))
+        pct = (lambda x: f"{x * 100:+6.1f}%" if x is not None else f"{'-':>7s}")
         print(f"{r.name:36s} {r.split:9s} {r.measured_s * 1e3:8.1f} {r.predicted_s * 1e3:8.1f} {r.rel_error * 100:+6.1f}% "
-              f"{r.gpu_busy_s * 1e3:7.1f} {r.host_s * 1e3:7.1f} {r.syncs:5d} "
-              + (f"{m2 * 1e3:8.1f} {e2 * 100:+6.1f}%" if m2 else f"{'-':>8s} {'-':>7s}"), flush=True)
+              f"{pct(e['run2'])} {pct(e['median'])} {len(runs.get(name, [])):4d} {r.gpu_busy_s * 1e3:7.1f} "
+              + (f"{g * 1e3:8.1f}" if g else f"{'-':>8s}") + f" {pct(e['gpu'])} {r.host_s * 1e3:7.1f} {r.syncs:5d}",
+              flush=True)
     for part in ("reference", "held-out"):
         for label, errs in (("run 1", [abs(r.rel_error) for r, _ in rows if r.split == part]),
-                            ("run 2", [abs(e) for r, e in rows if r.split == part and e is not None])):
+                            ("run 2", [abs(e["run2"]) for r, e in rows if r.split == part and e["run2"] is not None]),
+                            ("median of runs", [abs(e["median"]) for r, e in rows if r.split == part and e["median"] is not None]),
+                            ("GPU time", [abs(e["gpu"]) for r, e in rows if r.split == part and e["gpu"] is not None])):
             if errs:
                 print(f"{part} ({label}): {len(errs)} cases, median |error| {statistics.median(errs) * 100:.1f}%, "
                       f"worst {max(errs) * 100:.1f}%, within 20%: {sum(x <= 0.2 for x in errs)}")
+    return 0
+
+
+def calibrate_host() -> int:
+    """Recompute the host scale (labkit.advise.host_calibration) from the whole-step issues recorded
+    on the H200's host and write data/measurements/advise/host_scale.json."""
+    from labkit.advise import host_calibration as hc
+    from labkit.advise.kernel_table import recorded_table
+    from labkit.advise.validate import predict_step_time
+    from labkit.core.provenance import load_measurement, write_measurement
+    from labkit.workloads import corpus
+
+    measured = hc.whole_step_issues()
+    raw = recorded_table(host_calibrated=False)
+    priced = {n: predict_step_time(corpus.get_case(n), table=raw)["host_s"] for n in measured}
+    d = hc.derive(priced, measured)
+    for r in d["cases"]:
+        print(f"{r['name']:28s} measured {r['measured_host_s'] * 1e3:6.1f} ms  priced {r['priced_host_s'] * 1e3:6.1f} ms"
+              f"  ratio {r['ratio']:.2f}")
+    print(f"host scale (median of {len(d['cases'])}): {d['scale']:.3f}")
+    src = load_measurement(hc.HOST_SPLIT_FILE)["provenance"]
+    d["source"] = {"file": str(hc.HOST_SPLIT_FILE.relative_to(hc.paths.REPO_ROOT)), "provenance": src}
+    write_measurement(hc.SCALE_FILE, "host_scale", d, command="benchmarks/bench_advise.py --calibrate-host")
+    print(f"wrote {hc.SCALE_FILE}")
     return 0
 
 
@@ -92,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validate", action="store_true")
     ap.add_argument("--only", action="append", help="with --validate: cases whose name contains this (repeatable)")
     ap.add_argument("--split", choices=("reference", "held-out"), help="with --validate: one split only")
+    ap.add_argument("--calibrate-host", action="store_true", help="recompute data/measurements/advise/host_scale.json")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
+    if args.calibrate_host:
+        return calibrate_host()
     return validate(args.only, args.split) if args.validate else speed(args.repeats)
 
 

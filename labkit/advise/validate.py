@@ -44,12 +44,35 @@ def recorded_step_times(path: Path | str = PLAIN_FILE) -> dict[str, dict]:
     return {c["name"]: c for c in doc["data"]["cases"] if c.get("median_step_s")}
 
 
-def predict_step_time(case) -> dict:
+# Every recording of the plain loops' step times: the two corpus runs and the three host-split runs
+# (record_host.py times the plain step too, in its own process). A host-bound step's time varies between
+# runs on the same kind of machine (mixtral-b4-bf16: 24.7 to 37.9 ms in five runs), so each case is also
+# compared with the median of its recordings.
+STEP_TIME_FILES = (PLAIN_FILE, SECOND_RUN) + tuple(
+    paths.DATA_DIR / "measurements" / "advise" / f"host_split__{tag}.json" for tag in ("whole", "per_block", "chunks400"))
+
+
+def recorded_runs(files: tuple[Path | str, ...] = STEP_TIME_FILES) -> dict[str, list[float]]:
+    """Each case's median step time in every recording that has it: name -> seconds, one per run."""
+    from labkit.core.provenance import load_measurement
+
+    out: dict[str, list[float]] = {}
+    for f in files:
+        p = Path(f)
+        if not p.exists():
+            continue
+        for c in load_measurement(p)["data"]["cases"]:
+            if c.get("median_step_s"):
+                out.setdefault(c["name"], []).append(c["median_step_s"])
+    return out
+
+
+def predict_step_time(case, table=None) -> dict:
     """The priced steady step of one corpus case on the target GPU (:meth:`Roofline.describe`)."""
     from labkit.advise.roofline import Roofline
     from labkit.workloads import corpus
 
-    with Roofline() as rf:
+    with Roofline(table=table) as rf:
         corpus.predict(case, observers=(rf,))
     return rf.describe()
 

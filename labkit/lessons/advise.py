@@ -38,10 +38,14 @@ def advice(adv, *, title: str | None = None) -> Section:
     return sec
 
 
-def step_time_check(checks) -> Section:
-    """Predicted against recorded single-GPU step times, reference and held-out cases apart."""
+def step_time_check(checks, gpu: dict[str, float] | None = None, host_scale: float | None = None,
+                    runs: dict[str, list[float]] | None = None) -> Section:
+    """Predicted against recorded single-GPU step times, reference and held-out cases apart; with
+    ``gpu`` (case -> the H200's kernel time back to back) the GPU side of the model alone too, and with
+    ``runs`` (case -> its step time in every recording) how much the recordings disagree."""
     import statistics
 
+    gpu, runs = gpu or {}, runs or {}
     sec = Section("Step time: advise's op-by-op model against the H200's plain loops",
                   source="recorded on 1 x NVIDIA H200 (plain loops) vs model")
     if not checks:
@@ -55,9 +59,24 @@ def step_time_check(checks) -> Section:
             sec.claim(f"Worst |error| on the {split} cases", round(100 * max(errs), 1), "%")
             sec.claim(f"{split.capitalize()} cases predicted within 20%", sum(e <= 0.20 for e in errs),
                       f"of {len(errs)}")
-    sec.table(["case", "split", "H200 (ms)", "predicted (ms)", "error"],
-              [[c.name, c.split, f"{c.measured_s * 1e3:.1f}", f"{c.predicted_s * 1e3:.1f}", f"{c.rel_error * 100:+.1f}%"]
-               for c in checks])
+    gerrs = [abs(c.gpu_busy_s / gpu[c.name] - 1) for c in checks if gpu.get(c.name)]
+    if gerrs:
+        sec.claim(f"GPU time alone (kernels back to back): median |error| on {len(gerrs)} case(s)",
+                  round(100 * statistics.median(gerrs), 1), "%", name="advise_gpu_time_median_error",
+                  direction="lower")
+    spread = [(max(runs[c.name]) / min(runs[c.name]) - 1, c.name) for c in checks if len(runs.get(c.name, [])) > 1]
+    if spread:
+        worst = max(spread)
+        sec.claim(f"Widest spread of one loop's step time over its recordings ({worst[1]})", round(100 * worst[0], 1),
+                  "%")
+    if host_scale:
+        sec.claim("Host costs scaled from the per-op microbenchmarks by (whole steps issued on the H200's host)",
+                  round(host_scale, 2), "x")
+    sec.table(["case", "split", "H200 (ms)", "predicted (ms)", "error", "H200 GPU (ms)", "predicted GPU (ms)",
+               "predicted host (ms)"],
+              [[c.name, c.split, f"{c.measured_s * 1e3:.1f}", f"{c.predicted_s * 1e3:.1f}", f"{c.rel_error * 100:+.1f}%",
+                f"{gpu[c.name] * 1e3:.1f}" if gpu.get(c.name) else "-", f"{c.gpu_busy_s * 1e3:.1f}",
+                f"{c.host_s * 1e3:.1f}"] for c in checks])
     return sec
 
 
@@ -134,7 +153,7 @@ STEP_TIME_CASES = ("opt-b4-bf16", "gpt-neox-b4-bf16", "gpt2-b8-amp-bf16", "llama
 
 def step_time_validation(smoke: bool) -> Section:
     """Re-predict recorded H200 steps op by op here (fake mode) and compare (a progress bar: ~10 s a case)."""
-    from labkit.advise import validate
+    from labkit.advise import host_calibration, validate
     from labkit.core.errors import LabkitError
     from labkit.viz.display import progress
 
@@ -144,4 +163,5 @@ def step_time_validation(smoke: bool) -> Section:
         return step_time_check([]).note(str(exc))
     names = [n for n in STEP_TIME_CASES if n in rec][: 2 if smoke else None]
     checks = [c for n in progress(names, "predicting recorded steps") for c in validate.check([n])]
-    return step_time_check(checks)
+    return step_time_check(checks, host_calibration.recorded_gpu_times(), host_calibration.host_scale(),
+                           validate.recorded_runs())
