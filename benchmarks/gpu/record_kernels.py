@@ -468,21 +468,27 @@ def record_grouped_mm(timer: Timer, device: str, smoke: bool) -> list[dict]:
 # Attention
 
 
-def record_sdpa(timer: Timer, device: str, smoke: bool) -> list[dict]:
+def record_sdpa(timer: Timer, device: str, smoke: bool, batch_heads: tuple[int, ...] | None = None) -> list[dict]:
+    """Attention forward and forward+backward per backend, dtype, sequence, head dimension and causality:
+    at 32k tokens x 16 heads (the base recording), or with ``batch_heads`` at these batch x heads
+    products (16 heads): fewer work tiles than the GPU has SMs' worth, as small models run."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
     rows = []
-    seqs = (32, 64) if smoke else SDPA_SEQ
-    for (bname, backend), dname, seq, hd, causal in itertools.product(
-            backends.items(), ("bf16", "fp32"), seqs, (64,) if smoke else (64, 128), (True,) if smoke else (True, False)):
+    seqs = (32, 64) if smoke else (SDPA_SEQ if batch_heads is None else (512, 1024, 2048))
+    shapes = [(seq, max(1, (32768 if not smoke else 64) // seq)) for seq in seqs] if batch_heads is None else [
+        (seq, max(1, bh // 16)) for seq in seqs for bh in batch_heads]
+    for (bname, backend), dname, (seq, batch), hd, causal in itertools.product(
+            backends.items(), ("bf16", "fp32"), shapes, (64,) if smoke else (64, 128), (True,) if smoke else (True, False)):
         if device != "cuda" and bname != "math":
             continue
         if bname in ("flash", "cudnn") and dname == "fp32":
             continue                                      # no fp32 kernels: the dispatcher never picks them
+        if batch_heads is not None and bname == "math":
+            continue
         heads = 16
-        batch = max(1, (32768 if not smoke else 64) // seq)   # 32k tokens x 16 heads
         if bname == "math" and seq * seq * batch * heads * 4 > 8 << 30:
             continue
         q, k, v = (torch.randn(batch, heads, seq, hd, device=device, dtype=DT[dname], requires_grad=True)
@@ -676,11 +682,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a dry run of the script)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; the profiles stop once it is spent")
-    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3"), default="base",
+    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3", "extra4"), default="base",
                     help="base: kernel_rates.json (GEMM grid, memory kernels, AdamW, SDPA, host); extra: "
                          "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM); "
                          "extra2: kernel_rates_extra2.json (batch/layer norm, gather, embedding, index_put, convolutions "
-                         "at batch 128); extra3: kernel_rates_extra3.json (convolutions in channels-last memory)")
+                         "at batch 128); extra3: kernel_rates_extra3.json (convolutions in channels-last memory); extra4: "
+                         "kernel_rates_extra4.json (attention at 64-512 batch x heads)")
     ap.add_argument("--profile", default=",".join(PROFILE_CASES), help="comma-separated reference cases to profile")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -699,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
                  ("memory", lambda: record_memory(timer, device, args.smoke)),
                  ("adamw", lambda: record_adamw(timer, device, args.smoke)),
                  ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    elif args.only == "extra4":
+        fname = "kernel_rates_extra4.json"
+        parts = (("sdpa_small", lambda: record_sdpa(timer, device, args.smoke, batch_heads=(64, 128, 256))),)
     elif args.only == "extra3":
         fname = "kernel_rates_extra3.json"
         parts = (("conv_channels_last", lambda: record_convs_channels_last(timer, device, args.smoke)),)
