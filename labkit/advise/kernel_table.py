@@ -31,6 +31,7 @@ KERNEL_FILE = "advise/kernel_rates.json"
 EXTRA_FILE = "advise/kernel_rates_extra.json"     # record_kernels.py --only extra
 EXTRA2_FILE = "advise/kernel_rates_extra2.json"   # record_kernels.py --only extra2
 EXTRA3_FILE = "advise/kernel_rates_extra3.json"   # record_kernels.py --only extra3 (channels-last convolutions)
+EXTRA4_FILE = "advise/kernel_rates_extra4.json"   # record_kernels.py --only extra4 (attention at small batch x heads)
 
 
 def _interp_loglog(xs: list[float], ys: list[float], x: float) -> float:
@@ -104,7 +105,7 @@ class KernelTable:
     gemm: dict[tuple[str, str], GemmGrid]
     memory: dict[tuple[str, str], tuple[list[float], list[float]]]
     adamw: tuple[list[float], list[float]]
-    sdpa: dict[tuple[str, str, bool, int], tuple[list[float], list[float], list[float]]]
+    sdpa: dict[tuple[str, str, bool, int], list[tuple[float, list[tuple[float, float, float]]]]]
     host: dict[str, float]
     source: str
     gemm_misaligned: dict[tuple[str, str, int], GemmGrid] = field(default_factory=dict)
@@ -197,9 +198,13 @@ class KernelTable:
 
     # -- attention ----------------------------------------------------------------------------
     def sdpa_seconds(self, backend: str, dtype: str, causal: bool, head_dim: int, seq: float, flops: float,
-                     backward: bool) -> float:
+                     backward: bool, batch_heads: float | None = None) -> float:
         """``flops`` (the flop counter's count, causal not halved) at the recorded seconds per FLOP
-        of ``backend`` at this sequence length; the nearest recorded head dimension."""
+        of ``backend`` at this sequence length; the nearest recorded head dimension. With
+        ``batch_heads`` (batch x heads), the rate at that many (b, h) pairs, interpolated in log-log
+        between the recordings at this sequence length (kernel_rates_extra4.json adds 64-256 to the
+        base recording's 32k tokens x 16 heads: fewer pairs run fewer tiles, at a lower rate per
+        FLOP); without, or beyond the largest recorded, the largest's rate."""
         d = "bf16" if dtype == "fp16" else dtype
         for b in (backend, "efficient", "math"):     # a backend the recording lacks: the next that takes any dtype
             hds = sorted({hd for (bb, dd, c, hd) in self.sdpa if bb == b and dd == d and c == causal})
@@ -209,15 +214,27 @@ class KernelTable:
         else:
             raise LabkitError(f"kernel table: no recorded attention for backend {backend!r} in {d}")
         hd = min(hds, key=lambda h: abs(math.log(h) - math.log(max(head_dim, 1))))
-        seqs, fwd, bwd = self.sdpa[(backend, d, causal, hd)]
-        per_flop = bwd if backward else fwd
-        i = min(range(len(seqs)), key=lambda j: abs(math.log(seqs[j]) - math.log(max(seq, 1.0))))
+        rows = self.sdpa[(backend, d, causal, hd)]
+        seqs = [s for s, _ in rows]
+        k = 2 if backward else 1
+
+        def at(i: int) -> float:       # seconds per FLOP at recorded sequence i, for this batch x heads
+            pts = rows[i][1]
+            bhs = [p[0] for p in pts]
+            if batch_heads is None or len(pts) == 1 or batch_heads >= bhs[-1]:
+                return pts[-1][k]
+            if batch_heads <= bhs[0]:
+                return pts[0][k]
+            j = bisect.bisect_right(bhs, batch_heads) - 1
+            w = (math.log(batch_heads) - math.log(bhs[j])) / (math.log(bhs[j + 1]) - math.log(bhs[j]))
+            return math.exp((1 - w) * math.log(pts[j][k]) + w * math.log(pts[j + 1][k]))
+
         if seqs[0] < seq < seqs[-1]:
             j = bisect.bisect_right(seqs, seq) - 1
             w = (math.log(seq) - math.log(seqs[j])) / (math.log(seqs[j + 1]) - math.log(seqs[j]))
-            spf = math.exp((1 - w) * math.log(per_flop[j]) + w * math.log(per_flop[j + 1]))
+            spf = math.exp((1 - w) * math.log(at(j)) + w * math.log(at(j + 1)))
         else:
-            spf = per_flop[i]
+            spf = at(min(range(len(seqs)), key=lambda j: abs(math.log(seqs[j]) - math.log(max(seq, 1.0)))))
         return flops * spf
 
 
@@ -229,13 +246,15 @@ def _memory_tables(rows: list[dict]) -> dict[tuple[str, str], tuple[list[float],
 
 
 def _sdpa_tables(rows: list[dict]) -> dict:
-    out: dict[tuple, list[tuple[float, float, float]]] = {}
+    """(backend, dtype, causal, head_dim) -> [(seq, [(batch x heads, fwd s/FLOP, bwd s/FLOP), ...]), ...]."""
+    out: dict[tuple, dict[float, dict[float, tuple[float, float, float]]]] = {}
     for r in rows:
         if "error" in r or r.get("bwd_s", 0) <= 0 or r.get("fwd_s", 0) <= 0:
             continue
-        out.setdefault((r["backend"], r["dtype"], bool(r["causal"]), int(r["head_dim"])), []).append(
-            (float(r["seq"]), r["fwd_s"] / r["flops_fwd"], r["bwd_s"] / r["flops_bwd"]))
-    return {k: tuple(list(c) for c in zip(*sorted(v))) for k, v in out.items()}
+        bh = float(r["batch"] * r["heads"])
+        out.setdefault((r["backend"], r["dtype"], bool(r["causal"]), int(r["head_dim"])), {}).setdefault(
+            float(r["seq"]), {})[bh] = (bh, r["fwd_s"] / r["flops_fwd"], r["bwd_s"] / r["flops_bwd"])
+    return {k: [(s, [v[bh] for bh in sorted(v)]) for s, v in sorted(by_seq.items())] for k, by_seq in out.items()}
 
 
 def conv_kind(c_in: int, groups: int, kernel_area: int, channels_last: bool = False) -> str:
@@ -289,7 +308,7 @@ def _per_byte_tables(rows: list[dict]) -> dict:
 
 
 def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = None,
-                   extra3: dict | None = None) -> KernelTable:
+                   extra3: dict | None = None, extra4: dict | None = None) -> KernelTable:
     data, prov = doc["data"], doc["provenance"]
     src = f"kernel microbenchmarks recorded on {prov.get('gpu_count')} x {prov.get('gpu_name')}, {str(prov.get('date'))[:10]}"
     missing = [k for k in ("gemm", "memory", "adamw", "sdpa", "host") if not data.get(k)]
@@ -312,10 +331,13 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
     x3 = (extra3 or {}).get("data", {})
     if x3:
         src += f"; channels-last convolutions {str(extra3['provenance'].get('date'))[:10]}"
+    x4 = (extra4 or {}).get("data", {})
+    if x4:
+        src += f"; attention at small batch x heads {str(extra4['provenance'].get('date'))[:10]}"
     return KernelTable(gemm={k: GemmGrid.from_rows(v) for k, v in gemm_rows.items()},
                        memory=_memory_tables(data["memory"] + x.get("memory_paths", [])),
                        adamw=([b for b, _ in adamw], [s for _, s in adamw]),
-                       sdpa=_sdpa_tables(data["sdpa"]), host=dict(data["host"]), source=src,
+                       sdpa=_sdpa_tables(data["sdpa"] + x4.get("sdpa_small", [])), host=dict(data["host"]), source=src,
                        gemm_misaligned={k: _slowdown_grid(v, gemm_rows) for k, v in mis.items()},
                        grouped_per_group_s=statistics.median(
                            [max(0.0, r["seconds"] - r["dense_seconds"]) / r["groups"] for r in x["grouped_mm"]])
@@ -338,7 +360,7 @@ def recorded_table(host_calibrated: bool = True) -> KernelTable:
     p = paths.DATA_DIR / "measurements" / KERNEL_FILE
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")
-    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE)]
+    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE, EXTRA4_FILE)]
     t = table_from_doc(load_measurement(p, "kernel_rates"),
                        *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))
     scale = host_scale() if host_calibrated else 1.0

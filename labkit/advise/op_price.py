@@ -388,7 +388,7 @@ class OpPricer:
                 backend = "efficient"
             self._attention_backend[key] = backend
         flops = 4.0 * b * h * sq * sk * d * (2.5 if backward else 1.0)
-        s = self.t.sdpa_seconds(backend, dtype_name(q.dtype), causal, d, float(sk), flops, backward)
+        s = self.t.sdpa_seconds(backend, dtype_name(q.dtype), causal, d, float(sk), flops, backward, batch_heads=b * h)
         return Price("attention", gpu_s=s, kernels=1, flops=flops)
 
     def _memory(self, name: str, args, kwargs, out, nbytes: float) -> Price:

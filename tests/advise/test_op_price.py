@@ -1,5 +1,6 @@
 """The pricing rules of advise's op-by-op step time, each on the recorded H200 kernel table."""
 
+import pytest
 import torch
 
 from labkit.advise.kernel_table import recorded_table
@@ -61,6 +62,33 @@ def test_attention_is_priced_as_the_backend_the_h200_picks():
     fwd32 = OpPricer(recorded_table())._attention("_scaled_dot_product_flash_attention_for_cpu",
                                                   {"query": q32, "key": q32, "value": q32, "is_causal": True})
     assert fwd16.kind == "attention" and 3 < fwd32.gpu_s / fwd16.gpu_s < 30   # tensor cores vs float32
+
+
+def test_attention_of_few_batch_x_heads_pairs_is_priced_at_their_recorded_rate():
+    """kernel_rates_extra4.json: cuDNN attention at 4 x 16 (b, h) pairs, seq 1024, d 64, causal, recorded
+    on the H200; priced from it, not at the base recording's 32k-token rate (which says 80% of it)."""
+    from labkit.core.provenance import load_measurement
+
+    t = recorded_table()
+    (row,) = [r for r in load_measurement(_advise_data("kernel_rates_extra4.json"))["data"]["sdpa_small"]
+              if (r["backend"], r["dtype"], r["seq"], r["head_dim"], r["causal"], r["batch"] * r["heads"])
+              == ("cudnn", "bf16", 1024, 64, True, 64)]
+    bwd = t.sdpa_seconds("cudnn", "bf16", True, 64, 1024.0, row["flops_bwd"], True, batch_heads=64)
+    assert abs(bwd / row["bwd_s"] - 1) < 1e-9
+    big = t.sdpa_seconds("cudnn", "bf16", True, 64, 1024.0, row["flops_bwd"], True)     # the largest recorded
+    assert big < 0.9 * bwd
+    mid = t.sdpa_seconds("cudnn", "bf16", True, 64, 1024.0, row["flops_bwd"], True, batch_heads=90)
+    assert big < mid < bwd                       # between two recorded pair counts: in between
+    q = _meta(4, 16, 1024, 64)
+    priced = OpPricer(t)._attention("_scaled_dot_product_cudnn_attention_backward",
+                                    {"query": q, "key": q, "value": q, "is_causal": True})
+    assert priced.gpu_s == pytest.approx(bwd, rel=0.01)
+
+
+def _advise_data(name):
+    from labkit.core import paths
+
+    return paths.DATA_DIR / "measurements" / "advise" / name
 
 
 def test_fake_mode_queries_cost_nothing_and_a_scalar_read_waits_for_the_gpu():
