@@ -574,6 +574,67 @@ def record_host(device: str, smoke: bool) -> dict[str, Any]:
     return out
 
 
+def _host_per_call(fn: Callable[[], Any], n: int, cycles_per_s: float) -> float:
+    """The host's time to issue one call of ``fn``, the GPU held busy by a sleep meanwhile (so that
+    neither its kernels' time nor a full launch queue enters: ``n`` calls stay well inside the queue);
+    the median of three."""
+    for _ in range(5):
+        fn()
+    out = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(0.2 * cycles_per_s))
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t) / n)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def record_host_ops(timer: Timer, device: str, smoke: bool) -> dict[str, Any]:
+    """Host costs of the ops that launch several kernels or do host-side work beyond one launch, at the
+    corpus' mixture-of-experts sizes (4096 tokens, hidden 1024, 16 experts, top-4: 16384 rows), each
+    the host's issue time of one call with the GPU asleep. Keys are ATen op names."""
+    if device != "cuda":
+        return {}
+    dt = torch.bfloat16
+    t_, h, e, k, f = 4096, 1024, 16, 4, 704
+    s_ = t_ * k
+    x = torch.randn(t_, h, device=device, dtype=dt)
+    ids = torch.randint(0, e, (s_,), device=device)
+    rows = torch.randn(s_, h, device=device, dtype=dt)
+    w = torch.randn(e, h, f, device=device, dtype=dt)
+    offs = torch.cumsum(torch.full((e,), s_ // e, device=device, dtype=torch.int32), 0, dtype=torch.int32)
+    probs = torch.rand(t_, e, device=device)
+    mask = torch.rand(s_, 1, device=device) > 2
+    acc = torch.zeros(t_, h, device=device, dtype=dt)
+    perm = torch.randperm(s_, device=device)
+    fill_idx = torch.empty_like(perm)
+    ar = torch.arange(s_, device=device)
+    n = 4 if smoke else 40
+    ops = {
+        "sort": lambda: torch.sort(ids),
+        "histc": lambda: torch.histc(ids.int(), bins=e, min=0, max=e - 1),
+        "cumsum": lambda: torch.cumsum(offs, 0, dtype=torch.int32),
+        "topk": lambda: torch.topk(probs, k, dim=-1),
+        "index": lambda: x[perm // k],
+        "index_put_": lambda: fill_idx.index_put_((perm,), ar),
+        "_index_put_impl_": lambda: acc.index_put_((perm // k,), rows, accumulate=True),
+        "_grouped_mm": lambda: torch._grouped_mm(rows, w, offs=offs),
+        "masked_fill": lambda: rows.masked_fill(mask, 0.0),
+    }
+    out: dict[str, Any] = {"sizes": {"tokens": t_, "hidden": h, "experts": e, "top_k": k, "rows": s_}}
+    for name, fn in ops.items():
+        try:
+            out[name + "_s"] = _host_per_call(fn, n, timer.cycles_per_s)
+        except Exception as exc:  # noqa: BLE001 - an op this build cannot run: recorded as such
+            out[name + "_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    out["reference_add_s"] = _host_per_call(lambda: x + 1, n, timer.cycles_per_s)   # one plain elementwise op
+    log("host ops: " + ", ".join(f"{k}={v * 1e6:.1f}us" for k, v in out.items() if k.endswith("_s")))
+    return out
+
+
 def _autocast_linear(x: torch.Tensor, w: torch.Tensor, n: int, cuda: bool, device: str) -> float:
     with torch.autocast(device if cuda else "cpu", dtype=torch.bfloat16):
         return _wall_per_call(lambda: F.linear(x, w), n, cuda)
@@ -682,12 +743,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a dry run of the script)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; the profiles stop once it is spent")
-    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3", "extra4"), default="base",
+    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3", "extra4", "extra5"), default="base",
                     help="base: kernel_rates.json (GEMM grid, memory kernels, AdamW, SDPA, host); extra: "
                          "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM); "
                          "extra2: kernel_rates_extra2.json (batch/layer norm, gather, embedding, index_put, convolutions "
                          "at batch 128); extra3: kernel_rates_extra3.json (convolutions in channels-last memory); extra4: "
-                         "kernel_rates_extra4.json (attention at 64-512 batch x heads)")
+                         "kernel_rates_extra4.json (attention at 64-512 batch x heads); extra5: kernel_rates_extra5.json (host "
+                         "costs of multi-kernel ops: sort, index_put, grouped GEMM...)")
     ap.add_argument("--profile", default=",".join(PROFILE_CASES), help="comma-separated reference cases to profile")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -706,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
                  ("memory", lambda: record_memory(timer, device, args.smoke)),
                  ("adamw", lambda: record_adamw(timer, device, args.smoke)),
                  ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    elif args.only == "extra5":
+        fname = "kernel_rates_extra5.json"
+        parts = (("host_ops", lambda: record_host_ops(timer, device, args.smoke)),)
     elif args.only == "extra4":
         fname = "kernel_rates_extra4.json"
         parts = (("sdpa_small", lambda: record_sdpa(timer, device, args.smoke, batch_heads=(64, 128, 256))),)
@@ -734,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         if device == "cuda":
             torch.cuda.empty_cache()
     log(f"wrote {args.out / fname}")
-    names = tuple(n for n in args.profile.split(",") if n)
+    names = tuple(n for n in args.profile.split(",") if n.strip("'\""))
     profiles = profile_cases(device, args.smoke, T0 + args.budget, names)
     pname = {"base": "step_profiles.json", "extra": "step_profiles_extra.json"}.get(args.only, f"step_profiles_{args.only}.json")
     write_measurement(args.out / pname, "step_profiles",
