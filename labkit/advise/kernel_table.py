@@ -13,7 +13,9 @@ on the GPU's host (:mod:`labkit.advise.host_calibration`):
   against bytes read + written, interpolated in log-log, linear beyond the largest size;
 * attention: seconds per counted FLOP per backend, dtype, causal or not, head dimension, against the
   sequence length;
-* host: seconds per eager op, per ``nn.Module.__call__``, per autograd node, per synchronising op.
+* host: seconds per eager op, per ``nn.Module.__call__``, per autograd node, per synchronising op; ops
+  that launch several kernels (sort, the accumulating index_put of an indexing backward, grouped GEMM...)
+  at their recorded multiple of a plain op's cost.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ EXTRA_FILE = "advise/kernel_rates_extra.json"     # record_kernels.py --only ext
 EXTRA2_FILE = "advise/kernel_rates_extra2.json"   # record_kernels.py --only extra2
 EXTRA3_FILE = "advise/kernel_rates_extra3.json"   # record_kernels.py --only extra3 (channels-last convolutions)
 EXTRA4_FILE = "advise/kernel_rates_extra4.json"   # record_kernels.py --only extra4 (attention at small batch x heads)
+EXTRA5_FILE = "advise/kernel_rates_extra5.json"   # record_kernels.py --only extra5 (host costs of multi-kernel ops)
+
+# The extra5 recording's calls that issue one more plain op than the op itself (``ids.int()`` before
+# histc, ``perm // k`` before the index): that op's cost is taken off.
+_HOST_OP_EXTRA = {"histc": 1, "index": 1}
 
 
 def _interp_loglog(xs: list[float], ys: list[float], x: float) -> float:
@@ -113,6 +120,7 @@ class KernelTable:
     conv: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
     per_byte: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
     batch_norm: list[dict] = field(default_factory=list)   # recorded rows: dtype, shape, seconds per byte
+    host_op_ratio: dict[str, float] = field(default_factory=dict)   # ATen op -> its host cost / a plain op's
 
     # -- GEMM ---------------------------------------------------------------------------------
     def gemm_seconds(self, m: float, n: float, k: float, dtype: str, layout: str = "nn", align: int = 16) -> float:
@@ -238,6 +246,16 @@ class KernelTable:
         return flops * spf
 
 
+def _host_op_ratios(rec: dict) -> dict[str, float]:
+    """Each recorded op's host issue time over a plain elementwise op's, recorded the same way in the same
+    run (``reference_add_s``); ``_index_put_impl_`` is the accumulating index_put (an indexing backward)."""
+    ref = rec.get("reference_add_s")
+    if not ref:
+        return {}
+    return {k[:-2]: max(1.0, (v - _HOST_OP_EXTRA.get(k[:-2], 0) * ref) / ref) for k, v in rec.items()
+            if k.endswith("_s") and k != "reference_add_s" and isinstance(v, (int, float))}
+
+
 def _memory_tables(rows: list[dict]) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
     out: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in rows:
@@ -308,7 +326,7 @@ def _per_byte_tables(rows: list[dict]) -> dict:
 
 
 def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = None,
-                   extra3: dict | None = None, extra4: dict | None = None) -> KernelTable:
+                   extra3: dict | None = None, extra4: dict | None = None, extra5: dict | None = None) -> KernelTable:
     data, prov = doc["data"], doc["provenance"]
     src = f"kernel microbenchmarks recorded on {prov.get('gpu_count')} x {prov.get('gpu_name')}, {str(prov.get('date'))[:10]}"
     missing = [k for k in ("gemm", "memory", "adamw", "sdpa", "host") if not data.get(k)]
@@ -331,6 +349,9 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
     x3 = (extra3 or {}).get("data", {})
     if x3:
         src += f"; channels-last convolutions {str(extra3['provenance'].get('date'))[:10]}"
+    x5 = (extra5 or {}).get("data", {}).get("host_ops", {})
+    if x5:
+        src += f"; host costs of multi-kernel ops {str(extra5['provenance'].get('date'))[:10]}"
     x4 = (extra4 or {}).get("data", {})
     if x4:
         src += f"; attention at small batch x heads {str(extra4['provenance'].get('date'))[:10]}"
@@ -346,7 +367,8 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                        per_byte=_per_byte_tables([r for k, v in x2.items()
                                                   if k.startswith("norm_index") and isinstance(v, list) for r in v]),
                        batch_norm=[r for r in x2.get("norm_index_batch_norm", []) if r.get("fwd_s", 0) > 0
-                                   and r.get("bwd_s", 0) > 0])
+                                   and r.get("bwd_s", 0) > 0],
+                       host_op_ratio=_host_op_ratios(x5))
 
 
 @lru_cache(maxsize=2)
@@ -360,7 +382,8 @@ def recorded_table(host_calibrated: bool = True) -> KernelTable:
     p = paths.DATA_DIR / "measurements" / KERNEL_FILE
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")
-    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE, EXTRA4_FILE)]
+    extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE, EXTRA4_FILE,
+                                                            EXTRA5_FILE)]
     t = table_from_doc(load_measurement(p, "kernel_rates"),
                        *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))
     scale = host_scale() if host_calibrated else 1.0

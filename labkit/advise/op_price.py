@@ -173,6 +173,16 @@ class OpPricer:
             return h["op_alloc_grad_s"]
         return h["op_alloc_s"]
 
+    def _host_ratio(self, name: str, args, kwargs) -> float:
+        """An op's recorded host cost as a multiple of a plain elementwise op's (1.0 when not recorded)."""
+        r = self.t.host_op_ratio
+        if not r:
+            return 1.0
+        if name in ("index_put", "index_put_", "_index_put_impl_"):
+            acc = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+            return r.get("_index_put_impl_" if acc else "index_put_", 1.0)
+        return r.get(name, r.get(name.rstrip("_"), 1.0))
+
     # -- GPU -----------------------------------------------------------------------------------
     def gemm(self, m: float, n: float, k: float, dt: torch.dtype, layout: str = "nn", align: int = 16) -> float:
         return self.t.gemm_seconds(m, n, k, dtype_name(dt), layout, align)
@@ -186,7 +196,8 @@ class OpPricer:
             return Price("view", host_s=self._host(phase, "view"))
         if name in _ALLOC:
             return Price("alloc", host_s=self._host(phase, "alloc"))
-        host = self._host(phase, "op")
+        # an op that issues more than a plain op's work: its recorded extra on top (kernel_rates_extra5)
+        host = self._host(phase, "op") + (self._host_ratio(name, args, kwargs) - 1.0) * self.host["op_alloc_s"]
         if name == "_local_scalar_dense" and phase == "optimizer":
             # fake mode keeps every tensor on the CPU; torch.optim's non-fused, non-capturable step
             # counters really are host tensors (adam.py ``_init_group``: ``torch.tensor(0.0)``), so

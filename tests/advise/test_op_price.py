@@ -91,6 +91,23 @@ def _advise_data(name):
     return paths.DATA_DIR / "measurements" / "advise" / name
 
 
+def test_multi_kernel_ops_cost_the_host_their_recorded_extra():
+    """kernel_rates_extra5.json: a CUDA sort issues ~9 plain ops' worth of host work, the accumulating
+    index_put of an indexing backward ~13; a non-accumulating index_put about one."""
+    t = recorded_table()
+    plain = t.host["op_alloc_s"]
+    ids = torch.empty(16384, dtype=torch.int64, device="meta")
+    srt = _price(aten.sort.default, (ids,), phase="optimizer")
+    add = _price(aten.add.Tensor, (ids, ids), phase="optimizer")
+    assert srt.host_s - add.host_s == pytest.approx((t.host_op_ratio["sort"] - 1) * plain)
+    assert t.host_op_ratio["sort"] > 5
+    dst, idx, vals = _meta(4096, 1024), torch.empty(16384, dtype=torch.int64, device="meta"), _meta(16384, 1024)
+    acc = _price(aten._index_put_impl_.default, (dst, (idx,), vals, True), phase="backward", out=dst)
+    put = _price(aten._index_put_impl_.default, (dst, (idx,), vals, False), phase="backward", out=dst)
+    assert acc.host_s > put.host_s + 10 * plain * 0.9
+    assert t.host_op_ratio["index_put_"] < 2
+
+
 def test_fake_mode_queries_cost_nothing_and_a_scalar_read_waits_for_the_gpu():
     x = _meta(1024, 1024)
     dev = OpPricer(recorded_table()).price(torch.ops.prim.device.default, (x,), {}, x.device, "forward")
