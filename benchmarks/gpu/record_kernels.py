@@ -574,6 +574,25 @@ def record_host(device: str, smoke: bool) -> dict[str, Any]:
     return out
 
 
+def record_outer_reductions(timer: Timer, device: str, smoke: bool) -> list[dict]:
+    """Sums over the outer dimension of a (rows, cols) tensor, as a linear layer's bias gradient
+    reduces its output gradient over the tokens (the base recording reduces the last dimension)."""
+    rows_out = []
+    shapes = ((256, 64),) if smoke else [(r, c) for r in (2048, 8192, 32768) for c in (768, 1024, 3072, 4096, 16384)]
+    for name in ("bf16", "fp32"):
+        dt = DT[name]
+        for r, c in shapes:
+            x = torch.randn(r, c, device=device, dtype=dt)
+            out = torch.empty(c, device=device, dtype=dt)
+            t = timer(lambda: torch.sum(x, dim=0, out=out))
+            es = x.element_size()
+            rows_out.append({"kind": "reduce_outer", "dtype": name, "rows": r, "cols": c,
+                             "bytes": (r * c + c) * es, **t})
+            del x, out
+    log(f"outer reductions: {len(rows_out)} rows")
+    return rows_out
+
+
 def _host_per_call(fn: Callable[[], Any], n: int, cycles_per_s: float) -> float:
     """The host's time to issue one call of ``fn``, the GPU held busy by a sleep meanwhile (so that
     neither its kernels' time nor a full launch queue enters: ``n`` calls stay well inside the queue);
@@ -743,13 +762,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("data/measurements/advise"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a dry run of the script)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; the profiles stop once it is spent")
-    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3", "extra4", "extra5"), default="base",
+    ap.add_argument("--only", choices=("base", "extra", "extra2", "extra3", "extra4", "extra5", "extra6"), default="base",
                     help="base: kernel_rates.json (GEMM grid, memory kernels, AdamW, SDPA, host); extra: "
                          "kernel_rates_extra.json (misaligned GEMMs, TensorIterator's other paths, grouped GEMM); "
                          "extra2: kernel_rates_extra2.json (batch/layer norm, gather, embedding, index_put, convolutions "
                          "at batch 128); extra3: kernel_rates_extra3.json (convolutions in channels-last memory); extra4: "
                          "kernel_rates_extra4.json (attention at 64-512 batch x heads); extra5: kernel_rates_extra5.json (host "
-                         "costs of multi-kernel ops: sort, index_put, grouped GEMM...)")
+                         "costs of multi-kernel ops: sort, index_put, grouped GEMM...); extra6: kernel_rates_extra6.json (sums over "
+                         "the outer dimension)")
     ap.add_argument("--profile", default=",".join(PROFILE_CASES), help="comma-separated reference cases to profile")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -768,6 +788,9 @@ def main(argv: list[str] | None = None) -> int:
                  ("memory", lambda: record_memory(timer, device, args.smoke)),
                  ("adamw", lambda: record_adamw(timer, device, args.smoke)),
                  ("sdpa", lambda: record_sdpa(timer, device, args.smoke)))
+    elif args.only == "extra6":
+        fname = "kernel_rates_extra6.json"
+        parts = (("reduce_outer", lambda: record_outer_reductions(timer, device, args.smoke)),)
     elif args.only == "extra5":
         fname = "kernel_rates_extra5.json"
         parts = (("host_ops", lambda: record_host_ops(timer, device, args.smoke)),)
