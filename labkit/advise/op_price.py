@@ -421,6 +421,8 @@ class OpPricer:
             kind = _iterator_path(_tensors((args, kwargs)), _tensors(out)) or kind
             if kind == "cast":   # recorded from a tensor of the input's dtype to the other
                 es = next((x.element_size() for x in _tensors((args, kwargs)) if x.is_floating_point()), es)
+        if name in ("cat", "stack") and any(x.numel() and not x.is_contiguous() for x in _tensors((args, kwargs))):
+            kind = "strided"   # a non-contiguous input (a KV cache's transposed keys) is read strided, not vectorized
         return Price("memory", gpu_s=self.t.memory_seconds(kind, nbytes, es), kernels=1)
 
 
