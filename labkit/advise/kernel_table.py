@@ -35,6 +35,7 @@ EXTRA2_FILE = "advise/kernel_rates_extra2.json"   # record_kernels.py --only ext
 EXTRA3_FILE = "advise/kernel_rates_extra3.json"   # record_kernels.py --only extra3 (channels-last convolutions)
 EXTRA4_FILE = "advise/kernel_rates_extra4.json"   # record_kernels.py --only extra4 (attention at small batch x heads)
 EXTRA5_FILE = "advise/kernel_rates_extra5.json"   # record_kernels.py --only extra5 (host costs of multi-kernel ops)
+EXTRA6_FILE = "advise/kernel_rates_extra6.json"   # record_kernels.py --only extra6 (sums over the outer dimension)
 
 # The extra5 recording's calls that issue one more plain op than the op itself (``ids.int()`` before
 # histc, ``perm // k`` before the index): that op's cost is taken off.
@@ -121,6 +122,7 @@ class KernelTable:
     per_byte: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = field(default_factory=dict)
     batch_norm: list[dict] = field(default_factory=list)   # recorded rows: dtype, shape, seconds per byte
     host_op_ratio: dict[str, float] = field(default_factory=dict)   # ATen op -> its host cost / a plain op's
+    reduce_outer: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)  # dtype -> (rows, cols, s)
 
     # -- GEMM ---------------------------------------------------------------------------------
     def gemm_seconds(self, m: float, n: float, k: float, dtype: str, layout: str = "nn", align: int = 16) -> float:
@@ -205,6 +207,34 @@ class KernelTable:
         return _interp_loglog(*self.adamw, max(nbytes, 1.0))
 
     # -- attention ----------------------------------------------------------------------------
+    def outer_reduce_seconds(self, dtype: str, rows: float, cols: float) -> float | None:
+        """A sum over ``rows`` (the outer dimension) of ``cols`` columns: the recorded grid interpolated
+        bilinearly in log space (rows, cols); beyond it, linear in the dimension past its edge; None
+        without a recording for this dtype or below its fewest rows."""
+        pts = self.reduce_outer.get("bf16" if dtype == "fp16" else dtype)
+        if not pts:
+            return None
+        rs, cs = sorted({p[0] for p in pts}), sorted({p[1] for p in pts})
+        if rows < rs[0]:
+            return None             # a reduction over a few rows: a bandwidth-bound pass, priced by bytes
+        grid = {(p[0], p[1]): math.log(p[2]) for p in pts}
+
+        def axis(v: float, xs: list[float]) -> tuple[int, float, float]:
+            if v <= xs[0]:
+                return 0, 0.0, 1.0
+            if v >= xs[-1]:
+                return len(xs) - 2, 1.0, v / xs[-1]
+            j = bisect.bisect_right(xs, v) - 1
+            return j, (math.log(v) - math.log(xs[j])) / (math.log(xs[j + 1]) - math.log(xs[j])), 1.0
+
+        i, wr, fr = axis(rows, rs)
+        j, wc, fc = axis(cols, cs)
+        acc = 0.0
+        for di, a in ((0, 1 - wr), (1, wr)):
+            for dj, b in ((0, 1 - wc), (1, wc)):
+                acc += a * b * grid[(rs[i + di], cs[j + dj])]
+        return math.exp(acc) * fr * fc
+
     def sdpa_seconds(self, backend: str, dtype: str, causal: bool, head_dim: int, seq: float, flops: float,
                      backward: bool, batch_heads: float | None = None) -> float:
         """``flops`` (the flop counter's count, causal not halved) at the recorded seconds per FLOP
@@ -326,7 +356,8 @@ def _per_byte_tables(rows: list[dict]) -> dict:
 
 
 def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = None,
-                   extra3: dict | None = None, extra4: dict | None = None, extra5: dict | None = None) -> KernelTable:
+                   extra3: dict | None = None, extra4: dict | None = None, extra5: dict | None = None,
+                   extra6: dict | None = None) -> KernelTable:
     data, prov = doc["data"], doc["provenance"]
     src = f"kernel microbenchmarks recorded on {prov.get('gpu_count')} x {prov.get('gpu_name')}, {str(prov.get('date'))[:10]}"
     missing = [k for k in ("gemm", "memory", "adamw", "sdpa", "host") if not data.get(k)]
@@ -352,6 +383,9 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
     x5 = (extra5 or {}).get("data", {}).get("host_ops", {})
     if x5:
         src += f"; host costs of multi-kernel ops {str(extra5['provenance'].get('date'))[:10]}"
+    x6 = (extra6 or {}).get("data", {}).get("reduce_outer", [])
+    if x6:
+        src += f"; sums over the outer dimension {str(extra6['provenance'].get('date'))[:10]}"
     x4 = (extra4 or {}).get("data", {})
     if x4:
         src += f"; attention at small batch x heads {str(extra4['provenance'].get('date'))[:10]}"
@@ -368,7 +402,9 @@ def table_from_doc(doc: dict, extra: dict | None = None, extra2: dict | None = N
                                                   if k.startswith("norm_index") and isinstance(v, list) for r in v]),
                        batch_norm=[r for r in x2.get("norm_index_batch_norm", []) if r.get("fwd_s", 0) > 0
                                    and r.get("bwd_s", 0) > 0],
-                       host_op_ratio=_host_op_ratios(x5))
+                       host_op_ratio=_host_op_ratios(x5),
+                       reduce_outer={dt: sorted((float(r["rows"]), float(r["cols"]), float(r["seconds"]))
+                                            for r in x6 if r["dtype"] == dt) for dt in {r["dtype"] for r in x6}})
 
 
 @lru_cache(maxsize=2)
@@ -383,7 +419,7 @@ def recorded_table(host_calibrated: bool = True) -> KernelTable:
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")
     extras = [paths.DATA_DIR / "measurements" / f for f in (EXTRA_FILE, EXTRA2_FILE, EXTRA3_FILE, EXTRA4_FILE,
-                                                            EXTRA5_FILE)]
+                                                            EXTRA5_FILE, EXTRA6_FILE)]
     t = table_from_doc(load_measurement(p, "kernel_rates"),
                        *(load_measurement(x, "kernel_rates") if x.exists() else None for x in extras))
     scale = host_scale() if host_calibrated else 1.0

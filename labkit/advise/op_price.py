@@ -402,7 +402,28 @@ class OpPricer:
         s = self.t.sdpa_seconds(backend, dtype_name(q.dtype), causal, d, float(sk), flops, backward, batch_heads=b * h)
         return Price("attention", gpu_s=s, kernels=1, flops=flops)
 
+    def _outer_reduce(self, name: str, args, kwargs) -> Price | None:
+        """A sum/mean that keeps the last dimension and reduces outer ones (a linear layer's bias
+        gradient summed over the tokens): rows = the reduced elements per column."""
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if x is None or x.dim() < 2 or dims is None or not x.is_contiguous():
+            return None
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        if not dims:
+            return None
+        dims = sorted({d % x.dim() for d in dims})
+        if x.dim() - 1 in dims:
+            return None
+        rows = math.prod(x.size(d) for d in dims)
+        s = self.t.outer_reduce_seconds(dtype_name(x.dtype), rows, x.numel() / max(rows, 1))
+        return Price("memory", gpu_s=s, kernels=1) if s is not None else None
+
     def _memory(self, name: str, args, kwargs, out, nbytes: float) -> Price:
+        if name in ("sum", "mean"):
+            p = self._outer_reduce(name, args, kwargs)
+            if p is not None:
+                return p
         tens = _tensors((args, kwargs)) + _tensors(out)
         es = max((x.element_size() for x in tens if x.is_floating_point()), default=4)
         if name in _SOFTMAX:

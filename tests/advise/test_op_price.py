@@ -48,6 +48,24 @@ def test_concatenating_a_transposed_tensor_is_priced_as_a_strided_copy():
     assert strided.gpu_s > 3 * contiguous.gpu_s
 
 
+def test_a_bias_gradient_sum_over_the_tokens_is_priced_from_the_outer_reduction_recording():
+    """kernel_rates_extra6.json: a (rows, cols) sum over rows; narrow columns run far below bandwidth
+    (bf16 8192 x 1024: 16.3 us for 16.8 MB), unlike the last-dimension reduction by bytes."""
+    t = recorded_table()
+    g = _meta(8192, 1024)
+    outer = _price(aten.sum.dim_IntList, (g, [0], True))
+    assert outer.gpu_s == pytest.approx(t.outer_reduce_seconds("bf16", 8192, 1024))
+    rec = {(r[0], r[1]): r[2] for r in t.reduce_outer["bf16"]}
+    assert outer.gpu_s == pytest.approx(rec[(8192.0, 1024.0)])
+    inner = _price(aten.sum.dim_IntList, (g, [1], True))
+    assert outer.gpu_s > 2 * inner.gpu_s
+    mid = t.outer_reduce_seconds("bf16", 4096, 1024)
+    assert rec[(2048.0, 1024.0)] < mid < rec[(8192.0, 1024.0)]
+    assert t.outer_reduce_seconds("bf16", 4, 1 << 20) is None          # a few rows: priced by bytes
+    few = _price(aten.sum.dim_IntList, (_meta(4, 1024, 1024), [0], True))
+    assert few.gpu_s < 2 * t.memory_seconds("reduce", 8 * 2 ** 20, 2)
+
+
 def test_grouped_gemm_runs_one_kernel_in_bf16_and_the_synchronising_fallback_in_fp32():
     offs = torch.empty(8, dtype=torch.int32, device="meta")
     bf = _price(aten._grouped_mm.default, (_meta(8192, 1024), _meta(8, 1024, 3584)), {"offs": offs})
