@@ -58,9 +58,10 @@ def speed(repeats: int) -> int:
 
 def validate(only: list[str] | None = None, split: str | None = None) -> int:
     """Predicted step times against every H200 recording of the plain loops (the same predictions): run 1,
-    which the pricing was built on and held out from, run 2, and the median of all recordings (run 1, run 2
-    and the three host-split runs); and the predicted GPU time against the kernels' time recorded back to
-    back (host_split__chunks400.json, where no chunk outlasted its sleep)."""
+    which the pricing was built on and held out from (for cases added to the corpus later, run 2 comes
+    first), run 2, and the median of all recordings (run 1, run 2 and the three host-split runs); and the
+    predicted GPU time against the kernels' time recorded back to back (host_split__chunks400.json and
+    __per_block.json, where no chunk outlasted its sleep)."""
     from labkit.advise.host_calibration import recorded_gpu_times
     from labkit.advise.validate import SECOND_RUN, check, recorded_runs, recorded_step_times
 
@@ -68,16 +69,18 @@ def validate(only: list[str] | None = None, split: str | None = None) -> int:
     run2 = recorded_step_times(SECOND_RUN)
     runs = recorded_runs()
     gpu = recorded_gpu_times()
-    todo = [n for n in sorted(rec) if (not only or any(o in n for o in only)) and (not split or rec[n].get("split") == split)]
+    first = {**{n: SECOND_RUN for n in run2}, **{n: None for n in rec}}   # cases recorded after run 1: run 2 first
+    todo = [n for n in sorted(first) if (not only or any(o in n for o in only))
+            and (not split or (rec.get(n) or run2[n]).get("split") == split)]
     rows = []
     print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'error':>7s} {'run 2':>7s} {'median':>7s} {'runs':>4s}"
           f" {'gpu ms':>7s} {'H200 gpu':>8s} {'error':>7s} {'host ms':>7s} syncs")
     for name in todo:
-        got = check([name])
+        got = check([name]) if first[name] is None else check([name], path=first[name])
         if not got:
             continue
         r = got[0]
-        m2 = run2.get(name, {}).get("median_step_s")
+        m2 = run2.get(name, {}).get("median_step_s") if first[name] is None else None
         med = statistics.median(runs[name]) if runs.get(name) else None
         g = gpu.get(name)
         e = {"run2": r.predicted_s / m2 - 1 if m2 else None, "median": r.predicted_s / med - 1 if med else None,
@@ -89,7 +92,7 @@ def validate(only: list[str] | None = None, split: str | None = None) -> int:
               + (f"{g * 1e3:8.1f}" if g else f"{'-':>8s}") + f" {pct(e['gpu'])} {r.host_s * 1e3:7.1f} {r.syncs:5d}",
               flush=True)
     for part in ("reference", "held-out"):
-        for label, errs in (("run 1", [abs(r.rel_error) for r, _ in rows if r.split == part]),
+        for label, errs in (("first recording: run 1, or run 2 for the cases added since", [abs(r.rel_error) for r, _ in rows if r.split == part]),
                             ("run 2", [abs(e["run2"]) for r, e in rows if r.split == part and e["run2"] is not None]),
                             ("median of runs", [abs(e["median"]) for r, e in rows if r.split == part and e["median"] is not None]),
                             ("GPU time", [abs(e["gpu"]) for r, e in rows if r.split == part and e["gpu"] is not None])):
