@@ -12,7 +12,9 @@ on the GPU's host (:mod:`labkit.advise.host_calibration`):
 * memory-bound kernels (copy, elementwise, reduction, softmax, normalisation, fused AdamW): seconds
   against bytes read + written, interpolated in log-log, linear beyond the largest size;
 * attention: seconds per counted FLOP per backend, dtype, causal or not, head dimension, against the
-  sequence length;
+  sequence length and the batch x heads product;
+* sums over the outer dimension (a bias gradient reduced over the tokens): seconds on a (rows, cols)
+  grid, interpolated in log space;
 * host: seconds per eager op, per ``nn.Module.__call__``, per autograd node, per synchronising op; ops
   that launch several kernels (sort, the accumulating index_put of an indexing backward, grouped GEMM...)
   at their recorded multiple of a plain op's cost.
@@ -206,7 +208,7 @@ class KernelTable:
     def adamw_seconds(self, nbytes: float) -> float:
         return _interp_loglog(*self.adamw, max(nbytes, 1.0))
 
-    # -- attention ----------------------------------------------------------------------------
+    # -- reductions over the outer dimension -----------------------------------------------
     def outer_reduce_seconds(self, dtype: str, rows: float, cols: float) -> float | None:
         """A sum over ``rows`` (the outer dimension) of ``cols`` columns: the recorded grid interpolated
         bilinearly in log space (rows, cols); beyond it, linear in the dimension past its edge; None
@@ -235,6 +237,7 @@ class KernelTable:
                 acc += a * b * grid[(rs[i + di], cs[j + dj])]
         return math.exp(acc) * fr * fc
 
+    # -- attention ----------------------------------------------------------------------------
     def sdpa_seconds(self, backend: str, dtype: str, causal: bool, head_dim: int, seq: float, flops: float,
                      backward: bool, batch_heads: float | None = None) -> float:
         """``flops`` (the flop counter's count, causal not halved) at the recorded seconds per FLOP
