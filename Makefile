@@ -39,19 +39,24 @@ define install_torch
   $(PIP_INSTALL) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"; }
 endef
 
+# labkit needs torchvision, whose newest release asks for a newer torch: the installed torch is pinned
+# (a constraints file), so pip takes the torchvision built for it instead of replacing torch.
+# (Beside a CPU torch, PyPI's torchvision loads no compiled ops; labkit.workloads.vision handles that.)
+define pin_torch
+@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
+endef
+
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(install_torch)
-	$(PIP_INSTALL) -e .
+	$(pin_torch)
+	$(PIP_INSTALL) -c $(VENV)/torch-pin.txt -e .
 	@touch $@
 
-# The test extra has torchvision, whose newest release asks for a newer torch: the installed torch is
-# pinned (a constraints file), so pip takes the torchvision built for it instead of replacing torch.
-# (Beside a CPU torch, PyPI's torchvision loads no compiled ops; labkit.workloads.vision handles that.)
 # One pip run installs labkit with its test extra (one resolver pass, one editable build), so the
 # runtime install of `setup` is done too: its stamp is touched with this one.
 $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(install_torch)
-	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
+	$(pin_torch)
 	$(PIP_INSTALL) -c $(VENV)/torch-pin.txt -e ".[test]"
 	@touch $(STAMP) $@
 
