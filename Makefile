@@ -43,7 +43,7 @@ endef
 # (a constraints file), so pip takes the torchvision built for it instead of replacing torch.
 # (Beside a CPU torch, PyPI's torchvision loads no compiled ops; labkit.workloads.vision handles that.)
 define pin_torch
-@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
+@$(PY) -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
 endef
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
