@@ -12,6 +12,7 @@ Medians of --repeats runs, in one process, after a reproducibility header.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -120,7 +121,7 @@ def calibrate_host() -> int:
               f"  ratio {r['ratio']:.2f}")
     print(f"host scale (median of {len(d['cases'])}): {d['scale']:.3f}")
     src = load_measurement(hc.HOST_SPLIT_FILE)["provenance"]
-    d["source"] = {"file": str(hc.HOST_SPLIT_FILE.relative_to(hc.paths.REPO_ROOT)), "provenance": src}
+    d["source"] = {"file": os.path.relpath(hc.HOST_SPLIT_FILE, hc.paths.REPO_ROOT), "provenance": src}
     write_measurement(hc.SCALE_FILE, "host_scale", d, command="benchmarks/bench_advise.py --calibrate-host")
     print(f"wrote {hc.SCALE_FILE}")
     return 0

@@ -43,6 +43,7 @@ from labkit.core.provenance import header, write_measurement
 from labkit.workloads.corpus import CASES, Case, plain_step, prepare_plain, tiny
 
 sys.path.insert(0, str(Path(__file__).parent))
+from record_kernels import Timer  # noqa: E402
 from record_plain import LOG, SMOKE_CASES, cleanup, log, versions  # noqa: E402
 
 T0 = time.perf_counter()
@@ -58,17 +59,6 @@ def kernel_launches(step: Any) -> int:
         step()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
-
-
-def sleep_cycles_per_s() -> float:
-    """Clock cycles ``torch.cuda._sleep`` spins per second, timed by CUDA events."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)
-    a.record()
-    torch.cuda._sleep(50_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    return 50_000_000 / (a.elapsed_time(b) * 1e-3)
 
 
 def whole_step(step: Any, cycles_per_s: float, sleep_s: float) -> float:
@@ -236,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     todo.sort(key=lambda c: c.precision == "fp32")    # host time matters most where the GPU is fast: those first
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
-    cps = sleep_cycles_per_s() if cuda else 0.0
+    cps = Timer(device).cycles_per_s      # torch.cuda._sleep's cycles per second (0 on the CPU)
     log(f"device {device}; {prov.get('gpu_name')}; {len(todo)} cases; sleep {cps:.3g} cycles/s")
     note = ("host_s: the host's time issuing one plain step whole behind a sleep of the GPU (a host time only where "
             "host_blocked is false); gpu_s: the step issued in chunks, each behind a sleep, the chunks' CUDA-event "

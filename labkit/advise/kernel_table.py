@@ -64,7 +64,7 @@ def _interp_flat(xs: list[float], ys: list[float], x: float) -> float:
     return _interp_loglog(xs, ys, x)
 
 
-def _axis(values: tuple[int, ...], x: float) -> tuple[int, float, float]:
+def _axis(values: tuple[float, ...] | list[float], x: float) -> tuple[int, float, float]:
     """(lower index, weight, factor beyond the top) of x on a log axis."""
     if x <= values[0]:
         return 0, 0.0, 1.0
@@ -220,17 +220,8 @@ class KernelTable:
         if rows < rs[0]:
             return None             # a reduction over a few rows: a bandwidth-bound pass, priced by bytes
         grid = {(p[0], p[1]): math.log(p[2]) for p in pts}
-
-        def axis(v: float, xs: list[float]) -> tuple[int, float, float]:
-            if v <= xs[0]:
-                return 0, 0.0, 1.0
-            if v >= xs[-1]:
-                return len(xs) - 2, 1.0, v / xs[-1]
-            j = bisect.bisect_right(xs, v) - 1
-            return j, (math.log(v) - math.log(xs[j])) / (math.log(xs[j + 1]) - math.log(xs[j])), 1.0
-
-        i, wr, fr = axis(rows, rs)
-        j, wc, fc = axis(cols, cs)
+        i, wr, fr = _axis(rs, rows)
+        j, wc, fc = _axis(cs, cols)
         acc = 0.0
         for di, a in ((0, 1 - wr), (1, wr)):
             for dj, b in ((0, 1 - wc), (1, wc)):
@@ -261,14 +252,9 @@ class KernelTable:
 
         def at(i: int) -> float:       # seconds per FLOP at recorded sequence i, for this batch x heads
             pts = rows[i][1]
-            bhs = [p[0] for p in pts]
-            if batch_heads is None or len(pts) == 1 or batch_heads >= bhs[-1]:
+            if batch_heads is None:
                 return pts[-1][k]
-            if batch_heads <= bhs[0]:
-                return pts[0][k]
-            j = bisect.bisect_right(bhs, batch_heads) - 1
-            w = (math.log(batch_heads) - math.log(bhs[j])) / (math.log(bhs[j + 1]) - math.log(bhs[j]))
-            return math.exp((1 - w) * math.log(pts[j][k]) + w * math.log(pts[j + 1][k]))
+            return _interp_flat([p[0] for p in pts], [p[k] for p in pts], batch_heads)
 
         if seqs[0] < seq < seqs[-1]:
             j = bisect.bisect_right(seqs, seq) - 1

@@ -47,7 +47,8 @@ def step_time_check(checks, gpu: dict[str, float] | None = None, host_scale: flo
 
     gpu, runs = gpu or {}, runs or {}
     sec = Section("Step time: advise's op-by-op model against the H200's plain loops",
-                  source="recorded on 1 x NVIDIA H200 (plain loops) vs model")
+                  source="recorded on 1 x NVIDIA H200 (plain loops; GPU time: the kernels back to back, "
+                         "record_host.py) vs model")
     if not checks:
         return sec.note("No recorded step times under data/measurements/measure/: run "
                         "benchmarks/gpu/record_plain.py on a GPU")
