@@ -18,6 +18,14 @@ by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``m
     PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
 
 ``--smoke``: a few cases at CI size on the CPU (no peaks: there is no allocator to ask), to check the script.
+``--no-profile``: no profiled step after a case. The profiler is a measuring tool that changes what it
+measures: kineto/CUPTI set up device buffers of their own in the process, and every later case's segments are
+placed among them (which segment the allocator's best fit takes among equal free blocks follows their
+addresses). ``--fresh J``: every case in its own new process, as a user runs one training script, J at a time
+(memory only: the step times of concurrent processes are not recorded; no profiler), admitted while the
+running cases' expected reserved peaks (from the corpus recording, 48 GB where unknown) stay under
+``--gpu-budget`` GB, so that no case's ``cudaMalloc`` can fail for another's (a failure would make the
+allocator free its cache and retry, lowering the reserved peak: ``num_alloc_retries`` is recorded per row).
 Writes ``DIR/plain_cases.json`` (rewritten after every case, so a run cut short keeps what finished),
 ``DIR/clue_gpt2_large.json`` and ``DIR/log.txt``.
 """
@@ -73,6 +81,11 @@ def base_segments() -> list[dict[str, Any]]:
     return [{"address": int(s["address"]), "total_size": int(s["total_size"]), "stream": int(s["stream"]),
              "segment_type": s["segment_type"], "blocks": [[int(b["size"]), b["state"]] for b in s["blocks"]]}
             for s in torch.cuda.memory_snapshot()]
+
+
+def segment_addresses() -> list[list[int]]:
+    """Every segment's ``[address, size]`` now (what the driver gave the allocator), without its blocks."""
+    return sorted([int(s["address"]), int(s["total_size"])] for s in torch.cuda.memory_snapshot())
 
 
 def versions() -> dict[str, Any]:
@@ -153,7 +166,7 @@ def measure_loop(step: Any, cuda: bool, steps: int | None = None) -> dict[str, A
     }
 
 
-def run_case(case: Case, device: str) -> dict[str, Any]:
+def run_case(case: Case, device: str, profile: bool = True) -> dict[str, Any]:
     cuda = device == "cuda"
     cleanup(cuda)
     row: dict[str, Any] = {"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
@@ -177,11 +190,13 @@ def run_case(case: Case, device: str) -> dict[str, Any]:
             plain_step(case, model, opt, batch, device_type=device)
 
         row.update(measure_loop(step, cuda))
-        kernels, ops = profile_step(step, cuda)
-        row["attention_kernels"] = [k for k in kernels if ATTENTION_KERNEL.search(k)]
-        row["attention_ops"] = ops
-        row["sdpa_backends"] = sdpa_backends(ops)
-        row["num_kernels"] = len(kernels)
+        row["end_segments"] = segment_addresses() if cuda else None
+        if profile:
+            kernels, ops = profile_step(step, cuda)
+            row["attention_kernels"] = [k for k in kernels if ATTENTION_KERNEL.search(k)]
+            row["attention_ops"] = ops
+            row["sdpa_backends"] = sdpa_backends(ops)
+            row["num_kernels"] = len(kernels)
     except torch.cuda.OutOfMemoryError as exc:  # type: ignore[attr-defined]
         row["error"] = f"OutOfMemoryError: {str(exc).splitlines()[0]}"
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
@@ -287,6 +302,75 @@ def clue_experiment(device: str, smoke: bool) -> dict[str, Any]:
     return results
 
 
+# ---------------------------------------------------------------------------------------------
+# --fresh: one process per case, as users run them
+
+
+DROPPED_IN_FRESH = ("step_times_s", "median_step_s")     # timed while other cases' processes shared the GPU
+
+
+def expected_reserved() -> dict[str, int]:
+    """Each case's reserved peak in the repository's corpus recording (how much GPU memory its process needs)."""
+    from labkit.core.provenance import load_measurement
+    from labkit.memory.trace.corpus_check import plain_path
+
+    try:
+        rows = load_measurement(plain_path(), kind="measure_plain")["data"]["cases"]
+    except Exception:  # noqa: BLE001 - no recording to plan by: every case gets the default
+        return {}
+    return {r["name"]: int(r["peak_reserved"]) for r in rows if r.get("peak_reserved")}
+
+
+def run_fresh(todo: list[Case], args: argparse.Namespace, smoke: bool) -> list[dict[str, Any]]:
+    """Every case of ``todo`` by a child ``record_plain.py --case NAME --no-profile`` in a new process, up to
+    ``args.fresh`` at a time within ``args.gpu_budget`` GB of expected reserved peaks; rows in ``todo``'s order."""
+    import json
+    import subprocess
+
+    expect, budget = expected_reserved(), args.gpu_budget * 1e9
+    pending, running, spans, rows = list(todo), {}, {}, {}
+    while pending or running:
+        while pending and len(running) < args.fresh:
+            case = pending[0]
+            need = expect.get(case.name, 48e9)
+            if running and sum(r[1] for r in running.values()) + need > budget:
+                break
+            pending.pop(0)
+            out = args.out / "fresh" / case.name
+            out.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, __file__, "--out", str(out), "--case", case.name, "--no-clue", "--no-profile",
+                   "--budget", str(args.case_timeout)] + (["--smoke"] if smoke else [])
+            with open(out / "child.log", "w") as fh:
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+            running[case.name] = (proc, need, out, time.perf_counter())
+        for name, (proc, _, out, t) in list(running.items()):
+            waited = time.perf_counter() - t
+            if proc.poll() is None and waited < args.case_timeout + 30:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            del running[name]
+            spans[name] = (t, time.perf_counter())
+            try:
+                row = json.loads((out / "plain_cases.json").read_text())["data"]["cases"][0]
+            except (OSError, ValueError, IndexError, KeyError):
+                tail = (out / "child.log").read_text()[-1500:] if (out / "child.log").exists() else ""
+                row = {"name": name, "error": f"the case's process ended with {proc.returncode} and no row",
+                       "traceback_tail": tail}
+            for key in DROPPED_IN_FRESH:
+                row.pop(key, None)
+            row["process"] = "fresh"
+            rows[name] = row
+            log(f"fresh {name}: peak {fmt(row.get('peak_allocated'))}, reserved {fmt(row.get('peak_reserved'))}, "
+                f"retries {row.get('num_alloc_retries')}, {time.perf_counter() - t:.1f} s"
+                + (f", {row['error']}" if "error" in row else ""))
+        time.sleep(0.1)
+    for name, (a, b) in spans.items():      # how many cases' processes shared the GPU with this one at most
+        rows[name]["concurrent_processes"] = sum(1 for x, y in spans.values() if x < b and a < y)
+    return [rows[c.name] for c in todo]
+
+
 def fmt(n: Any) -> str:
     return "-" if n is None else f"{n / 1e9:.3f} GB"
 
@@ -296,7 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--budget", type=float, default=320.0, help="seconds; cases past it are skipped (default 320)")
     ap.add_argument("--only", help="run only cases whose name contains one of these (comma-separated)")
+    ap.add_argument("--case", help="run only the case of exactly this name")
     ap.add_argument("--no-clue", action="store_true", help="skip the clue experiment")
+    ap.add_argument("--no-profile", action="store_true", help="no profiled step after each case (see above)")
+    ap.add_argument("--fresh", type=int, default=0, metavar="J",
+                    help="every case in its own new process, J at a time (memory only; implies --no-clue)")
+    ap.add_argument("--gpu-budget", type=float, default=120.0,
+                    help="GB of expected reserved peaks that --fresh runs at once (default 120)")
+    ap.add_argument("--case-timeout", type=float, default=240.0, help="seconds for one --fresh case (default 240)")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -316,6 +407,21 @@ def main(argv: list[str] | None = None) -> int:
         todo = list(CASES)
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
+    if args.case:
+        todo = [c for c in todo if c.name == args.case]
+        if not todo:
+            ap.error(f"--case {args.case!r}: no corpus case of that name")
+    method = __doc__.split("\n\n")[1]
+    if args.fresh:
+        prov["fresh_note"] = (f"each case in its own new process (record_plain.py --case NAME --no-profile), up to "
+                              f"{args.fresh} at a time; rows carry concurrent_processes; no step times")
+        rows = run_fresh(todo, args, args.smoke)
+        write_measurement(args.out / "plain_cases.json", "measure_plain",
+                          {"device": device, "smoke": args.smoke, "method": method, "process": "fresh",
+                           "cases": rows}, provenance=prov)
+        log(f"done: {sum('peak_allocated' in r for r in rows)} of {len(todo)} cases ran")
+        (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
+        return 0
     clue = None
     if not args.no_clue:
         clue = clue_experiment(device, args.smoke)
@@ -328,17 +434,17 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
                          "skipped": "time budget"})
             continue
-        row = run_case(case, device)
+        row = run_case(case, device, profile=not args.no_profile)
         rows.append(row)
         if "error" in row:
             log(f"[{i + 1}/{len(todo)}] {case.name}: {row['error']}")
         else:
             log(f"[{i + 1}/{len(todo)}] {case.name} ({case.split}): peak {fmt(row['peak_allocated'])}, reserved "
-                f"{fmt(row['peak_reserved'])}, step {row['median_step_s'] * 1e3:.1f} ms, sdpa {row['sdpa_backends']}"
+                f"{fmt(row['peak_reserved'])}, step {row['median_step_s'] * 1e3:.1f} ms, sdpa {row.get('sdpa_backends', '-')}"
                 f", {row['wall_s']:.1f} s")
         write_measurement(args.out / "plain_cases.json", "measure_plain",
-                          {"device": device, "smoke": args.smoke, "method": __doc__.split("\n\n")[1],
-                           "cases": rows}, provenance=prov)
+                          {"device": device, "smoke": args.smoke, "method": method, "cases": rows},
+                          provenance=prov)
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
     log(f"done: {sum('peak_allocated' in r or 'median_step_s' in r for r in rows)} of {len(todo)} cases ran")
     (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
