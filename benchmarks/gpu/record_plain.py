@@ -18,16 +18,18 @@ by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``m
     PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
 
 ``--smoke``: a few cases at CI size on the CPU (no peaks: there is no allocator to ask), to check the script.
-``--no-profile``: no profiled step after a case. The profiler is a measuring tool that changes what it
-measures: kineto/CUPTI set up device buffers of their own in the process, and every later case's segments are
-placed among them (which segment the allocator's best fit takes among equal free blocks follows their
-addresses). ``--fresh J``: every case in its own new process, as a user runs one training script, J at a time
-(memory only: the step times of concurrent processes are not recorded; no profiler), admitted while the
-running cases' expected reserved peaks (from the corpus recording, 48 GB where unknown) stay under
-``--gpu-budget`` GB, so that no case's ``cudaMalloc`` can fail for another's (a failure would make the
-allocator free its cache and retry, lowering the reserved peak: ``num_alloc_retries`` is recorded per row).
+``--no-profile``: no profiled step after a case (no kernel list). A control on the H200
+(``data/measurements/measure/plain__profiler_control.json``) found the profiled step does not move the later
+cases' figures: two sequences of three cases gave byte-identical peaks and reserved peaks with and without it.
+``--fresh J``: every case in its own new process, as a user runs one training script, J at a time (memory
+only: the step times of concurrent processes are not recorded; no profiler), admitted while the running cases'
+expected reserved peaks (from the corpus recording, 48 GB where unknown) stay under ``--gpu-budget`` GB, so that
+no case's ``cudaMalloc`` can fail for another's (a failure would make the allocator free its cache and retry,
+lowering the reserved peak: ``num_alloc_retries`` is recorded per row). Processes are independent address
+spaces: the control's sequences, run beside ``--fresh`` processes, gave to the byte the figures recorded earlier with nothing else on the GPU.
 Writes ``DIR/plain_cases.json`` (rewritten after every case, so a run cut short keeps what finished),
-``DIR/clue_gpt2_large.json`` and ``DIR/log.txt``.
+``DIR/clue_gpt2_large.json`` and ``DIR/log.txt`` (with ``--fresh``, each case's process writes its own under
+``DIR/fresh/NAME/`` and ``DIR/plain_cases.json`` gathers them at the end).
 """
 
 from __future__ import annotations

@@ -65,6 +65,28 @@ def test_plain_recording_script_smoke_runs_on_cpu(tmp_path):
     assert (tmp_path / "log.txt").read_text().count("clue:") == 6
 
 
+def test_plain_recording_script_runs_each_case_in_its_own_process(tmp_path):
+    """record_plain.py --fresh 2: one child process per case (``--case NAME --no-profile``), two at a time; the
+    merged rows keep the corpus' order, say how they ran and carry no step times (timed beside each other)."""
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path), "--smoke",
+                        "--fresh", "2", "--only", "llama-gqa-b4-bf16,gpt2-b8-amp-bf16"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")
+    assert doc["data"]["process"] == "fresh" and "own new process" in doc["provenance"]["fresh_note"]
+    rows = doc["data"]["cases"]
+    assert [row["name"] for row in rows] == ["gpt2-b8-amp-bf16@tiny", "llama-gqa-b4-bf16@tiny"]
+    for row in rows:
+        assert "error" not in row and row["process"] == "fresh" and row["concurrent_processes"] in (1, 2), row
+        assert "median_step_s" not in row and "sdpa_backends" not in row     # no timing, no profiler
+        child = load_measurement(tmp_path / "fresh" / row["name"] / "plain_cases.json", kind="measure_plain")
+        assert f"--case {row['name']}" in child["provenance"]["command"]
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path / "x"), "--smoke",
+                        "--case", "no-such-case"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "--case 'no-such-case': no corpus case of that name" in r.stderr
+
+
 def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
     """benchmarks/gpu/record_vision.py --smoke: a pure-bf16 torchvision case takes bf16 images (the first
     corpus run fed it float32 ones: ``Input type (float) and bias type (c10::BFloat16)``), and the
