@@ -4,7 +4,7 @@ memory used by the prediction itself (issue 11), on the 2-core CPU machine (no G
 
     .venv/bin/python benchmarks/bench_tracer.py [--repeats 3] [--batch 4] [--model hf|labkit]
     .venv/bin/python benchmarks/bench_tracer.py --model llama-7b        # batch 1 x 4096, bf16
-    .venv/bin/python benchmarks/bench_tracer.py --validate   # every recorded H200 case, predicted here
+    .venv/bin/python benchmarks/bench_tracer.py --validate   # every recorded H200 case (the corpus both ways), predicted here
     .venv/bin/python benchmarks/bench_tracer.py --validate --only llama   # corpus cases whose name has 'llama'
 
 One prediction is ``measure_step(device="fake-cuda", steps=2)``: model construction on fake
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_header(header()), flush=True)
     if args.validate:
         rc = 0 if args.only else validate()
-        return max(rc, validate_plain(args.only))
+        return max([rc] + [validate_plain(args.only, process) for process in ("fresh", "in-process")])
 
     from labkit.memory.trace.step import measure_step
 
@@ -178,20 +178,23 @@ def validate() -> int:
     return 0 if ok else 1
 
 
-def validate_plain(only: str | None = None) -> int:
-    """The corpus recorded as plain untraced loops on the H200 (plain__corpus.json): fake-mode peak
-    and reserved beside the recorded ones, reference and held-out cases separately."""
+def validate_plain(only: str | None = None, process: str = "fresh") -> int:
+    """The corpus recorded as plain untraced loops on the H200, ``fresh`` (plain__fresh.json: a new process
+    per case) or ``in-process`` (plain__corpus.json: one after another): fake-mode peak and reserved beside
+    the recorded ones, reference and held-out cases separately."""
     from labkit.core.table import render
-    from labkit.memory.trace.corpus_check import (PEAK_TOLERANCE_PCT, RESERVED_TOLERANCE_PCT, VALIDATION_HEADERS,
-                                                  load_plain, summary, validate, validation_rows)
+    from labkit.memory.trace.corpus_check import (PEAK_TOLERANCE_PCT, PROCESS_WORDS, RECORDINGS,
+                                                  RESERVED_TOLERANCE_PCT, VALIDATION_HEADERS, load_plain, summary,
+                                                  validate, validation_rows)
     from labkit.memory.trace.recorded import recorded_label
 
-    records = [r for r in load_plain() if not only or only in r.name]
+    records = [r for r in load_plain(process=process) if not only or only in r.name]
     if not records:
-        print("# plain__corpus.json: no recorded case matches")
+        print(f"# {RECORDINGS[process]}: no recorded case matches")
         return 1
-    print(f"# plain-loop corpus: {len(records)} cases, {recorded_label(records[0].provenance)}; targets: peak within "
-          f"{PEAK_TOLERANCE_PCT:g}%, reserved within {RESERVED_TOLERANCE_PCT:g}%", flush=True)
+    print(f"\n# plain-loop corpus, {PROCESS_WORDS[process]} ({RECORDINGS[process]}): {len(records)} cases, "
+          f"{recorded_label(records[0].provenance)}; targets: peak within {PEAK_TOLERANCE_PCT:g}%, reserved within "
+          f"{RESERVED_TOLERANCE_PCT:g}%", flush=True)
     vals = []
     for r in records:
         (v,) = validate([r])
@@ -210,7 +213,7 @@ def validate_plain(only: str | None = None) -> int:
               f"error {_pct(d['worst_peak_error_pct'])}, median |peak error| {_pct(d['median_abs_peak_error_pct'])}; "
               f"worst reserved error {_pct(d['worst_reserved_error_pct'])}")
         ok = ok and d["within_targets"] == d["cases"]
-    print(f"plain-loop corpus: {'PASS' if ok else 'FAIL'} (every case within targets)")
+    print(f"plain-loop corpus, {process}: {'PASS' if ok else 'FAIL'} (every case within targets)")
     return 0 if ok else 1
 
 

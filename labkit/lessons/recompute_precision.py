@@ -497,20 +497,30 @@ def kv_cache_under_checkpointing() -> Section:
     return sec
 
 
-def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True) -> Section:
-    """Fake mode against the H200's plain, untraced training loops, reference and held-out apart
-    (``validate_all=False``: the transformers cases of at most 6 layers, those CI checks)."""
+def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True, process: str = "fresh") -> Section:
+    """Fake mode against the H200's plain, untraced training loops of the ``process`` recording (``fresh``: each
+    case in its own new process, as a user runs it; ``in-process``: one after another), reference and held-out
+    apart (``validate_all=False``: the transformers cases of at most 6 layers, those CI checks)."""
     from labkit.memory.trace import corpus_check
     from labkit.workloads.corpus import layer_count
 
-    records = corpus_check.load_plain()
+    records = corpus_check.load_plain(process=process)
     if not validate_all and not smoke:
         records = [r for r in records if r.case.family == "transformers" and layer_count(r.case) <= 6]
     if smoke:  # the cheapest recorded cases, of both splits
         cheap = sorted((r for r in records if r.case.family == "transformers"), key=lambda r: layer_count(r.case))
         records = [r for s in ("reference", "held-out") for r in [c for c in cheap if c.split == s][:SMOKE_VALIDATION // 2]]
-    sec = corpus_check.validation_section(corpus_check.validate(list(_progress(records, "recorded steps"))))
+    sec = corpus_check.validation_section(corpus_check.validate(list(_progress(records, "recorded steps"))),
+                                          process=process)
     if smoke:
         sec.note(f"Smoke profile: {len(records)} of the recorded cases; the full profile predicts every one "
-                 "(benchmarks/bench_tracer.py --validate prints the same table).")
+                 "(benchmarks/bench_tracer.py --validate prints the same table, for both recordings).")
     return sec
+
+
+def one_loop_two_processes() -> Section:
+    """Recorded on the H200, no model: the corpus in fresh processes beside the same loops run one after
+    another in one process (:func:`labkit.memory.trace.corpus_check.process_section`)."""
+    from labkit.memory.trace import corpus_check
+
+    return corpus_check.process_section()

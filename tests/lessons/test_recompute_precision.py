@@ -97,8 +97,18 @@ def test_supported_models_and_plain_loop_validation_in_smoke():
     assert len(val.rows) == lesson.SMOKE_VALIDATION
     assert 0 <= val.value("fake_plain_reference_within") <= lesson.SMOKE_VALIDATION // 2
     assert 0 <= val.value("fake_plain_held_out_within") <= lesson.SMOKE_VALIDATION // 2
+    assert "each case in its own new process" in val.title
+    inproc = lesson.plain_loop_validation(smoke=True, process="in-process")
+    assert "one after another in one process" in inproc.title
+    assert 0 <= inproc.value("fake_plain_in_process_reference_within") <= lesson.SMOKE_VALIDATION // 2
     sup.record()  # what the report records: each named claim states a source the report accepts
     val.record()
+    inproc.record()
+    two = lesson.one_loop_two_processes()
+    assert len(two.rows) == 8 and "llama-gqa-b8-ckpt3-amp-bf16" in [r[0] for r in two.rows]
+    changes = [abs(float(r[-1].rstrip("%"))) for r in two.rows]
+    assert changes == sorted(changes, reverse=True) and changes[-1] > 5
+    two.record()
 
 
 def test_the_kv_cache_section_pairs_each_use_cache_false_recording_with_its_default():

@@ -81,6 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--reserved-placements", type=int, default=0, metavar="N",
                    help="fake-cuda: also replay reserved under N other orders of the segments' addresses and print "
                         "the range (where the driver puts segments depends on the process's history)")
+    s.add_argument("--process", choices=("fresh", "warm"), default="fresh",
+                   help="fake-cuda: the process the step runs in: fresh (a new training script: the cuBLAS workspaces "
+                        "are allocated at its first matmuls, the default) or warm (one that ran matmuls before, e.g. a "
+                        "notebook; implied by --allocator-state)")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
     p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
@@ -192,10 +196,20 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
     return [s for s in read_snapshot(args.allocator_state).segments if s.get("device", 0) == 0]
 
 
+def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, Any]:
+    """The fake target for ``--process`` (fresh unless asked for warm or given the segments a process holds)."""
+    if args.device != "fake-cuda" or args.process == "warm" or state:
+        return {}
+    from labkit.memory.trace.fake_cuda import CudaTarget
+
+    return {"target": CudaTarget(warm_process=False)}
+
+
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    state = _allocator_state(args)
     return {"optimizer": _optimizer(args), "precision": args.precision, "device": args.device, "steps": args.steps,
             "loop": args.loop, "recompute": args.recompute, "moe_routing": args.moe_routing,
-            "allocator_state": _allocator_state(args), "reserved_placements": args.reserved_placements}
+            "allocator_state": state, "reserved_placements": args.reserved_placements, **_process(args, state)}
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
@@ -227,8 +241,9 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                                                                if task == "image-classification" else 512),
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
                 optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
+    state = _allocator_state(args)
     rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing,
-                  allocator_state=_allocator_state(args), reserved_placements=args.reserved_placements)
+                  allocator_state=state, reserved_placements=args.reserved_placements, **_process(args, state))
     if task == "causal-lm" and case.recompute != "none" and case.checkpoint_impl == "torch" and not args.no_kv_cache:
         rep.notes.append(_kv_cache_note())
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
@@ -280,7 +295,9 @@ def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
         how = "predicted by the allocator simulator" if args.device == "fake-cuda" else "torch.cuda.memory_stats"
         if args.device == "fake-cuda":
             how += (f", from the segments of {args.allocator_state}" if args.allocator_state
-                    else ", from an empty cache and the cuBLAS workspaces; --allocator-state for a process that holds more")
+                    else (", a fresh process: an empty cache, the cuBLAS workspaces allocated at the first matmuls"
+                          if args.process == "fresh" else ", a warm process: an empty cache and the cuBLAS workspaces")
+                    + "; --allocator-state for a process that holds more")
         print(f"\ntensor storages at their peak {fmt_bytes(rep.storage_peak_bytes)}; allocator reserved "
               f"{fmt_bytes(rep.reserved_bytes)} ({how})")
         if rep.reserved_range:

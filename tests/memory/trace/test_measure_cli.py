@@ -185,3 +185,26 @@ def test_checkpointing_a_causal_lm_points_at_its_kv_cache_and_no_kv_cache_drops_
     assert without["notes"] == [] and without["peak_bytes"] < with_cache["peak_bytes"]
     rc, out, err = run(capsys, "--no-kv-cache")
     assert rc == 2 and "--no-kv-cache applies to a Hugging Face model" in err
+
+
+def test_the_process_is_fresh_unless_told_warm(capsys):
+    # a training script starts a fresh process: its cuBLAS workspaces are allocated at the first matmuls, from the
+    # cache (CudaTarget.warm_process False); a warm one (a notebook that ran matmuls) holds them in segments of their
+    # own before the model (CudaTarget's default, as measure_step's API keeps it)
+    from labkit.memory.trace.fake_cuda import CudaTarget
+    from labkit.workloads.corpus import Case, predict
+    from labkit.workloads.user_model import config_source
+
+    rc, out, err = run(capsys, *TINY_LLAMA)
+    assert rc == 0, err
+    assert "a fresh process: an empty cache, the cuBLAS workspaces allocated at the first matmuls" in out
+    rc, out, err = run(capsys, *TINY_LLAMA, "--process", "warm")
+    assert rc == 0 and "a warm process: an empty cache and the cuBLAS workspaces" in out, err
+    fresh = json.loads(run(capsys, *TINY_LLAMA, "--json")[1])
+    warm = json.loads(run(capsys, *TINY_LLAMA, "--process", "warm", "--json")[1])
+    assert fresh["peak_bytes"] == warm["peak_bytes"]
+    arch, overrides, task = config_source("llama", layers=2, hidden=64, heads=4, vocab=256)
+    case = Case(name="cli-llama", family="transformers", arch=arch, task=task, overrides=overrides, micro_batch=2,
+                seq=32, precision="fp32")
+    assert fresh["reserved_bytes"] == predict(case, target=CudaTarget(warm_process=False)).reserved_bytes
+    assert warm["reserved_bytes"] == predict(case).reserved_bytes
