@@ -4,7 +4,7 @@ memory used by the prediction itself (issue 11), on the 2-core CPU machine (no G
 
     .venv/bin/python benchmarks/bench_tracer.py [--repeats 3] [--batch 4] [--model hf|labkit]
     .venv/bin/python benchmarks/bench_tracer.py --model llama-7b        # batch 1 x 4096, bf16
-    .venv/bin/python benchmarks/bench_tracer.py --validate   # every recorded H200 case (the corpus both ways), predicted here
+    .venv/bin/python benchmarks/bench_tracer.py --validate   # every recorded H200 case (the corpus, both recordings)
     .venv/bin/python benchmarks/bench_tracer.py --validate --only llama   # corpus cases whose name has 'llama'
 
 One prediction is ``measure_step(device="fake-cuda", steps=2)``: model construction on fake

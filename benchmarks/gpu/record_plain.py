@@ -26,7 +26,8 @@ only: the step times of concurrent processes are not recorded; no profiler), adm
 expected reserved peaks (from the corpus recording, 48 GB where unknown) stay under ``--gpu-budget`` GB, so that
 no case's ``cudaMalloc`` can fail for another's (a failure would make the allocator free its cache and retry,
 lowering the reserved peak: ``num_alloc_retries`` is recorded per row). Processes are independent address
-spaces: the control's sequences, run beside ``--fresh`` processes, gave to the byte the figures recorded earlier with nothing else on the GPU.
+spaces: the control's sequences, run beside ``--fresh`` processes, gave to the byte the figures recorded
+earlier with nothing else on the GPU.
 Writes ``DIR/plain_cases.json`` (rewritten after every case, so a run cut short keeps what finished),
 ``DIR/clue_gpt2_large.json`` and ``DIR/log.txt`` (with ``--fresh``, each case's process writes its own under
 ``DIR/fresh/NAME/`` and ``DIR/plain_cases.json`` gathers them at the end).

@@ -489,7 +489,7 @@ def process_section(pairs: list[ProcessPair] | None = None, *, rows: int = 8) ->
     return sec
 
 
-__all__ = ["PEAK_TOLERANCE_PCT", "PROCESS_WORDS", "RECORDINGS", "RESERVED_TOLERANCE_PCT", "PlainRecord", "ProcessPair", "Support",
-           "Validation", "cache_pairs", "check_case", "load_plain", "process_pairs", "process_section",
+__all__ = ["PEAK_TOLERANCE_PCT", "PROCESS_WORDS", "RECORDINGS", "RESERVED_TOLERANCE_PCT", "PlainRecord", "ProcessPair",
+           "Support", "Validation", "cache_pairs", "check_case", "load_plain", "process_pairs", "process_section",
            "recorded_attention", "recorded_cache_dtype", "recorded_process", "summary", "support", "support_markdown",
            "support_section", "validate", "validation_section"]

@@ -89,7 +89,8 @@ def test_the_profiled_step_and_other_processes_do_not_move_a_processs_figures():
     from labkit.core.provenance import load_measurement
     from labkit.memory.trace.recorded import measure_dir
 
-    runs = load_measurement(measure_dir() / "plain__profiler_control.json", kind="measure_plain_control")["data"]["runs"]
+    doc = load_measurement(measure_dir() / "plain__profiler_control.json", kind="measure_plain_control")
+    runs = doc["data"]["runs"]
     assert [r["profile"] for r in runs] == [True, False, True, False]
     corpus = {r.name: r for r in RECORDS}
     for with_profile, without in (runs[0:2], runs[2:4]):
