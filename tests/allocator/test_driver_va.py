@@ -89,7 +89,16 @@ def test_bloom_reserves_what_the_h200_reserved_with_the_drivers_placement_and_11
     assert (recorded - _replay(doc, plain)) / recorded > 0.10
 
 
-@pytest.mark.parametrize("name", sorted(p.name[len("stream__"):-len(".json.gz")] for p in STREAMS.glob("stream__*.json.gz")))
+# stream -> why the placement model is off on it
+PLACEMENT_GAPS = {
+    "mistral-b4-ckpt2-nocache-amp-bf16__fresh": "11.39 GB with the model's addresses, the H200's 10.86 GB with its own: "
+                                                "the driver's placement in a fresh process is not fully modelled",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=[pytest.mark.xfail(reason=PLACEMENT_GAPS[n], strict=True)] if n in PLACEMENT_GAPS else [])
+    for n in sorted(p.name[len("stream__"):-len(".json.gz")] for p in STREAMS.glob("stream__*.json.gz"))])
 def test_every_recorded_stream_replays_as_with_the_drivers_own_addresses(name):
     doc = _load(name)
     real = _replay(doc, CachingAllocatorSim(address_oracle=_recorded_addresses(doc)))
@@ -121,6 +130,32 @@ def test_the_same_requests_reserve_either_figure_two_recordings_measured_dependi
     assert replay() == 21_579_694_080                       # the driver's placement in a fresh address space
     got = {round(replay(ShuffledVA(seed)) / 1e8) / 10 for seed in range(12)}
     assert {21.5, 23.6} <= got, got
+
+
+def test_where_fake_mode_misses_a_fresh_process_the_h200s_own_requests_replay_exactly():
+    # the three fake-mode reserved misses of plain__fresh.json, each recorded again as the only case of a new
+    # process (summary__fresh_misses.json, the same reserved bytes as plain__fresh.json): for two, the H200's own
+    # requests reserve the H200's bytes with the model's addresses, so what differs is fake mode's requests (order
+    # or content), not the placement
+    from labkit.core.provenance import load_measurement
+    from labkit.memory.trace.corpus_check import load_plain
+
+    runs = load_measurement(STREAMS / "summary__fresh_misses.json", kind="measure_alloc_stream")["data"]["runs"]
+    fresh = {r.name: r for r in load_plain(process="fresh")}
+    for run in runs:
+        assert run["step_peaks_reserved"][-1] == fresh[run["case"]].peak_reserved
+    for name in ("llama-gqa-b8-ckpt3-amp-bf16", "gpt2-medium-b8-ckpt2-amp-bf16"):
+        doc = _load(f"{name}__fresh")
+        assert _replay(doc, CachingAllocatorSim()) == fresh[name].peak_reserved
+
+
+def test_a_fresh_llama_allocates_its_forward_cublas_workspace_at_the_rotary_embedding():
+    # transformers 5.17's rotary embedding computes its frequencies with a float32 bmm, the forward's first cuBLAS
+    # call: the first 32 MiB request of the H200's fresh stream comes from there (corpus_check.recorded_rotary)
+    doc = _load("llama-gqa-b8-ckpt3-amp-bf16__fresh")
+    alloc = doc["actions"].index("alloc")
+    first = next(r for r in doc["trace"] if r[0] == alloc and r[2] == 32 * MiB)
+    assert "modeling_llama.py:122:forward" in str(doc["frames"][first[5]])
 
 
 def test_shuffled_segments_never_overlap():
