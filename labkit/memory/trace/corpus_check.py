@@ -231,9 +231,9 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         version = rec.provenance.get("transformers")
         try:
             with recorded_cache_dtype(version) as note:
-                rep = predict(rec.case, prepare=lambda m: notes.append(
-                    recorded_attention(m, rec.attn_implementation, version)), allocator_state=rec.base_segments,
-                    **recorded_process(rec.base_segments))
+                rep = predict(rec.case, prepare=lambda m: notes.extend(
+                    (recorded_attention(m, rec.attn_implementation, version), recorded_rotary(m, version))),
+                    allocator_state=rec.base_segments, **recorded_process(rec.base_segments))
             notes.append(note())
             v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
         except FakeModeUnsupported as exc:
@@ -273,6 +273,73 @@ def recorded_attention(model: Any, impl: str | None, recorded_version: str | Non
             m.attn_logit_softcapping = None
     return (f"attention {impl} as recorded (transformers {recorded_version or '?'}); "
             f"the installed {transformers.__version__} runs {now}")
+
+
+# the first transformers release whose rotary embeddings multiply instead of calling a matmul (5.18.0 and earlier:
+# ``(inv_freq_expanded @ position_ids_expanded).transpose(1, 2)`` in each model's ``*RotaryEmbedding.forward``)
+ROTARY_BY_MULTIPLY = (5, 19)
+
+
+def recorded_rotary(model: Any, recorded_version: str | None) -> str:
+    """Run the rotary embeddings as the recording's transformers ran them, where the installed one differs;
+    returns what was changed ("" when nothing was).
+
+    Up to 5.18 every rotary embedding of the corpus' families (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3,
+    GPT-NeoX, Falcon, Mixtral, Qwen-MoE) computed its frequencies with a float32 batched matmul, a cuBLAS
+    call: in a fresh process it is the forward thread's first one, and the H200's allocation stream shows its
+    32 MiB cuBLAS workspace allocated there, before the first layer's norm (``llama-gqa-b8-ckpt3-amp-bf16``,
+    ``stream__*__cold``). From 5.19 they multiply by broadcasting (no cuBLAS), and the workspace waits for
+    the first projection. The order decides which free block later requests take. Only the default and the
+    statically scaled rope types are run this way (a dynamic one updates its frequencies first)."""
+    if (not recorded_version or _version(recorded_version) >= ROTARY_BY_MULTIPLY
+            or _version(_installed_transformers()) < ROTARY_BY_MULTIPLY):
+        return ""
+    import types
+
+    patched = 0
+    for m in model.modules():
+        if not type(m).__name__.endswith("RotaryEmbedding") or "dynamic" in str(getattr(m, "rope_type", "")):
+            continue
+        if hasattr(m, "inv_freq") and hasattr(m, "attention_scaling"):
+            m.forward = types.MethodType(_rotary_by_matmul, m)
+            patched += 1
+        elif hasattr(m, "layer_types"):                        # Gemma 3: one frequency table per layer type
+            m.forward = types.MethodType(_rotary_by_matmul_per_layer_type, m)
+            patched += 1
+    if not patched:
+        return ""
+    import transformers
+
+    return (f"rotary frequencies by a matmul as recorded (transformers {recorded_version}); the installed "
+            f"{transformers.__version__} multiplies")
+
+
+def _rope(x: Any, position_ids: Any, inv_freq: Any, scaling: float) -> tuple[Any, Any]:
+    import torch
+
+    inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+    position_ids_expanded = position_ids[:, None, :].float()
+    with torch.autocast(device_type=x.device.type if x.device.type != "mps" else "cpu", enabled=False):
+        freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * scaling
+        sin = emb.sin() * scaling
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def _rotary_by_matmul(self: Any, x: Any, position_ids: Any) -> tuple[Any, Any]:
+    import torch
+
+    with torch.no_grad():
+        return _rope(x, position_ids, self.inv_freq, self.attention_scaling)
+
+
+def _rotary_by_matmul_per_layer_type(self: Any, x: Any, position_ids: Any, layer_type: Any = None) -> tuple[Any, Any]:
+    import torch
+
+    with torch.no_grad():
+        return _rope(x, position_ids, getattr(self, f"{layer_type}_inv_freq"),
+                     getattr(self, f"{layer_type}_attention_scaling"))
 
 
 def cache_pairs(records: list[PlainRecord] | None = None) -> list[tuple[PlainRecord, PlainRecord]]:
@@ -491,5 +558,5 @@ def process_section(pairs: list[ProcessPair] | None = None, *, rows: int = 8) ->
 
 __all__ = ["PEAK_TOLERANCE_PCT", "PROCESS_WORDS", "RECORDINGS", "RESERVED_TOLERANCE_PCT", "PlainRecord", "ProcessPair",
            "Support", "Validation", "cache_pairs", "check_case", "load_plain", "process_pairs", "process_section",
-           "recorded_attention", "recorded_cache_dtype", "recorded_process", "summary", "support", "support_markdown",
+           "recorded_attention", "recorded_cache_dtype", "recorded_process", "recorded_rotary", "summary", "support", "support_markdown",
            "support_section", "validate", "validation_section"]
