@@ -1,6 +1,6 @@
-"""Fake mode against the recorded untraced H200 loops (plain__corpus.json): the cases cheap enough
-for CI (transformers models of at most 6 layers: seconds each in fake mode), held-out and reference,
-against issue 11's targets. A case listed in KNOWN_GAPS is expected off target (strict: once fake
+"""Fake mode against the recorded untraced H200 loops, fresh processes (plain__fresh.json) and one process
+(plain__corpus.json): the cases cheap enough for CI (transformers models of at most 6 layers: seconds each in
+fake mode), held-out and reference, against issue 11's targets. A case listed in KNOWN_GAPS is expected off target (strict: once fake
 mode gets it right the test says so, and it leaves the list)."""
 
 import pytest
