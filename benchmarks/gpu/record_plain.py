@@ -369,7 +369,7 @@ def run_fresh(todo: list[Case], args: argparse.Namespace, smoke: bool) -> list[d
                 f"retries {row.get('num_alloc_retries')}, {time.perf_counter() - t:.1f} s"
                 + (f", {row['error']}" if "error" in row else ""))
         time.sleep(0.1)
-    for name, (a, b) in spans.items():      # how many cases' processes shared the GPU with this one at most
+    for name, (a, b) in spans.items():      # the cases' processes (this one included) that overlapped its run
         rows[name]["concurrent_processes"] = sum(1 for x, y in spans.values() if x < b and a < y)
     return [rows[c.name] for c in todo]
 

@@ -504,6 +504,7 @@ class ProcessPair:
     in_process_peak: int
     fresh_reserved: int
     in_process_reserved: int
+    source: str = ""                # where the recordings come from ("recorded on 1 x NVIDIA H200, ...")
 
     @property
     def peak_change_pct(self) -> float:
@@ -516,13 +517,15 @@ class ProcessPair:
 
 def process_pairs() -> list[ProcessPair]:
     """The corpus cases recorded both ways, in the corpus' order."""
+    from labkit.memory.trace.recorded import recorded_label
+
     fresh = {r.name: r for r in load_plain(process="fresh")}
     out = []
     for r in load_plain(process="in-process"):
         f = fresh.get(r.name)
         if f is not None and f.peak_reserved and r.peak_reserved:
             out.append(ProcessPair(r.name, r.split, f.peak_allocated, r.peak_allocated, f.peak_reserved,
-                                   r.peak_reserved))
+                                   r.peak_reserved, recorded_label(f.provenance)))
     return out
 
 
@@ -530,21 +533,20 @@ def process_section(pairs: list[ProcessPair] | None = None, *, rows: int = 8) ->
     """Recorded, no model: the same loops in a fresh process and after other loops in one process. The
     allocated peak is the program's; the reserved peak also depends on which segments the process already
     holds and where the driver placed them (the caching allocator's best fit breaks ties by address)."""
-    from labkit.memory.trace.recorded import recorded_label
     from labkit.viz.section import Section
 
     pairs = pairs if pairs is not None else process_pairs()
     if not pairs:
         raise LabkitError("process_section: no corpus case is recorded both in a fresh process and in-process")
-    label = recorded_label(load_plain(process="fresh")[0].provenance)
+    label = pairs[0].source
     sec = Section("One loop, two processes: the allocated peak is the program's, reserved is the process's",
-                  source=f"recorded: {label}")
+                  source=label)
     peak = max((p.peak_change_pct for p in pairs), key=abs)
     sec.claim("largest allocated-peak difference, in-process vs fresh", round(peak, 2), "%",
-              source=f"recorded: {len(pairs)} cases, {label}")
+              source=f"{label}, {len(pairs)} cases")
     moved = [p for p in pairs if abs(p.reserved_change_pct) > RESERVED_TOLERANCE_PCT]
     sec.claim(f"cases whose reserved peak differs by more than {RESERVED_TOLERANCE_PCT:g}%", len(moved),
-              f"of {len(pairs)}", source=f"recorded: {label}")
+              f"of {len(pairs)}", source=label)
     top = sorted(pairs, key=lambda p: -abs(p.reserved_change_pct))[:rows]
     sec.table(["case", "split", "fresh peak GB", "in-process peak GB", "fresh reserved GB", "in-process reserved GB",
                "reserved change"],

@@ -3,6 +3,8 @@
 fake mode), held-out and reference, against issue 11's targets. A case listed in KNOWN_GAPS is expected off target (strict: once fake
 mode gets it right the test says so, and it leaves the list)."""
 
+import functools
+
 import pytest
 
 from labkit.memory.trace.corpus_check import PEAK_TOLERANCE_PCT, RESERVED_TOLERANCE_PCT, load_plain, validate
@@ -34,8 +36,8 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
         "reserved -5.1%: the recorded 11.53 GB lies above the 10.94-11.46 GB that 25 segment-address orders give for "
         "fake mode's requests (peak +0.0%)",
     ("fresh", "mistral-b4-ckpt2-nocache-amp-bf16"):
-        "reserved +5.3%: fake mode's requests take one 112 MiB and one 500 MiB segment where the H200's process "
-        "took a 64 MiB one (segment placement; peak +0.0%)",
+        "reserved +5.3% (peak +0.0%): placement; the H200's own requests of this loop reserve 11.39 GB with the "
+        "placement model and its 10.86 GB with the driver's addresses (tests/allocator/test_driver_va.py)",
 }
 
 
@@ -205,23 +207,35 @@ def test_the_kv_cache_runs_as_the_recorded_transformers_ran_it():
     assert _version("dev") == (0,)
 
 
+@functools.cache
+def _fresh_repeat():
+    from labkit.memory.trace.recorded import measure_dir
+
+    (rec,) = load_plain(measure_dir() / "plain__repeat_llama_ckpt2.json")
+    (v,) = validate([rec])
+    return rec, v
+
+
 def test_a_recording_from_a_fresh_process_is_predicted_with_its_workspaces_allocated_in_the_step():
     # the held-out llama-gqa-b8-ckpt2-amp-bf16 recorded again as the first case of a fresh process (no
     # segments before it): the same peak, reserved 22.61 GB where the corpus run had 20.48; the cuBLAS
     # workspaces are then allocated at the step's first matmuls (CudaTarget.warm_process False)
     from labkit.memory.trace.corpus_check import recorded_process
-    from labkit.memory.trace.recorded import measure_dir
 
-    (rec,) = load_plain(measure_dir() / "plain__repeat_llama_ckpt2.json")
+    rec, v = _fresh_repeat()
     assert rec.base_segments == [] and recorded_process([])["target"].warm_process is False
     assert recorded_process(None) == {} and recorded_process([{"total_size": 1}]) == {}
-    (v,) = validate([rec])
     assert v.peak_error_pct == pytest.approx(0.0, abs=0.5)
     assert "rotary frequencies by a matmul as recorded" in v.note
-    # a known gap: -0.8% before the rotary embedding ran as 5.17 ran it (its bmm allocates the forward thread's
-    # workspace before the first norm, as the reference ckpt3 stream shows), -10.1% since: the stream still
-    # differs from the H200's elsewhere, and this loop's reserved peak turns on which block the best fit takes
-    assert -11.0 < v.reserved_error_pct < -9.0, v.reserved_error_pct
+
+
+@pytest.mark.xfail(strict=True, reason="reserved -10.1%: -0.8% before the rotary embedding ran as 5.17 ran it (its "
+                   "bmm takes the forward's cuBLAS workspace before the first norm, as the reference ckpt3 stream "
+                   "shows); fake mode's request stream still differs from the H200's elsewhere, and this loop's "
+                   "reserved peak turns on which free block the best fit takes")
+def test_the_fresh_process_repeat_is_predicted_within_the_reserved_target():
+    _, v = _fresh_repeat()
+    assert abs(v.reserved_error_pct) <= RESERVED_TOLERANCE_PCT, v.reserved_error_pct
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
