@@ -167,6 +167,22 @@ def _map(obj: Any, fn: Callable[[Any], Any]) -> Any:
     return fn(obj)
 
 
+def cast_arguments(args: tuple, kwargs: dict, fn: Callable[[Any], Any]) -> tuple[tuple, dict]:
+    """Apply autocast's cast ``fn`` to an op's arguments in the order the GPU build casts them: last to first.
+
+    ``autocast_mode.h``'s ``WrapFunction_`` casts inside the redispatch's argument list,
+    ``(*F)(cached_cast(dtype, args, device_type)...)``; C++ leaves the evaluation order of function
+    arguments to the compiler, and GCC (PyTorch's Linux wheels) evaluates them right to left. The H200's
+    allocation stream shows it: GPT-2's ``Conv1D`` calls ``addmm(bias, x, weight)`` and requests the
+    weight's copy, then the input's, then the bias's (``stream__gpt2-medium-b8-ckpt2-amp-bf16__fresh``).
+    The order decides which cached blocks each copy takes. Keyword arguments follow the positional ones in
+    every schema, so they are cast first, last to first; a tensor list's members are cast in order.
+    """
+    new_kwargs = {k: _map(v, fn) for k, v in reversed(list(kwargs.items()))}
+    new_args = [_map(a, fn) for a in reversed(args)][::-1]
+    return tuple(new_args), {k: new_kwargs[k] for k in kwargs}
+
+
 class CudaAutocast(TorchFunctionMode):
     """CUDA autocast's casting rules applied to tensors of any device (see the module docstring)."""
 
@@ -186,13 +202,11 @@ class CudaAutocast(TorchFunctionMode):
                 return composite_under_cuda_autocast(name)(*args, **kwargs)
         if name in LOWER_PRECISION:
             c = self.state.cache
-            args = _map(args, lambda x: _cast(x, self.dtype, c))
-            kwargs = {k: _map(v, lambda x: _cast(x, self.dtype, c)) for k, v in kwargs.items()}
+            args, kwargs = cast_arguments(args, kwargs, lambda x: _cast(x, self.dtype, c))
         elif name in FP32:
             low = (torch.float16, torch.bfloat16)
             f = lambda x: _cast(x, torch.float32, None) if isinstance(x, torch.Tensor) and x.dtype in low else x  # noqa: E731
-            args = _map(args, f)
-            kwargs = {k: _map(v, f) for k, v in kwargs.items()}
+            args, kwargs = cast_arguments(args, kwargs, f)
         elif name in FP32_SET_OPT_DTYPE:
             first = args[0] if args else None
             if (isinstance(first, torch.Tensor) and first.dtype in (torch.float16, torch.bfloat16)
@@ -202,7 +216,7 @@ class CudaAutocast(TorchFunctionMode):
             fl = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
             if fl:
                 widest = max((a.dtype for a in fl), key=lambda d: torch.finfo(d).bits)
-                args = _map(args, lambda x: _cast(x, widest, None))
+                args, kwargs = cast_arguments(args, kwargs, lambda x: _cast(x, widest, None))
         return func(*args, **kwargs)
 
 

@@ -38,10 +38,10 @@ from pathlib import Path  # noqa: E402
 STREAMS = Path(__file__).resolve().parents[3] / "data/measurements/measure/alloc_stream"
 
 
-def _step_allocs(name: str, step: str = "step2", where: str = "") -> list[int]:
+def _step_allocs(name: str, step: str = "step2", where: str = "", run: str = "warm") -> list[int]:
     """Requested sizes of the allocations the GPU made during ``step`` of a recorded run (with ``where``:
     only those whose Python frames mention it; the autograd thread's have none)."""
-    doc = json.loads(gzip.decompress((STREAMS / f"stream__{name}__warm.json.gz").read_bytes()))
+    doc = json.loads(gzip.decompress((STREAMS / f"stream__{name}__{run}.json.gz").read_bytes()))
     marks = dict(doc["marks"])
     after = [t for _, t in doc["marks"] if t > marks[step]]
     t0, t1 = marks[step], min(after)
@@ -56,6 +56,40 @@ def test_recorded_cudnn_backward_takes_one_block_of_that_size_per_layer():
     assert _step_allocs("gpt2-b8-bf16").count(cudnn_backward_workspace(q, q, q)) == 12          # 12 layers
     q, kv = torch.empty(2, 4, 1024, 256, **meta), torch.empty(2, 1, 1024, 256, **meta)
     assert _step_allocs("gemma3-b2-amp-bf16").count(cudnn_backward_workspace(q, kv, kv)) == 8   # 8 layers
+
+
+def test_autocast_casts_an_ops_arguments_last_to_first_as_the_h200_did():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    # GPT-2's Conv1D runs addmm(bias, x, weight); under amp-bf16 the H200 requested the copies weight first
+    conv1d = _step_allocs("gpt2-medium-b8-ckpt2-amp-bf16", where="pytorch_utils.py:119", run="fresh")
+    assert conv1d[:3] == [1024 * 3072 * 2, 8 * 1024 * 1024 * 2, 3072 * 2]     # weight, input, bias (bf16)
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    w, b = torch.nn.Parameter(torch.randn(16, 24)), torch.nn.Parameter(torch.randn(24))
+    w2, b2 = torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.randn(8))
+    x = torch.randn(4, 16)
+    autocast, _ = _autocast_mode()
+    with Casts() as casts, autocast:
+        torch.addmm(b, x, w)
+        torch.nn.functional.linear(x, weight=w2, bias=b2)             # keywords too: bias, weight, input
+    assert casts.shapes == [(16, 24), (4, 16), (24,), (8,), (8, 16), (4, 16)]
+
+
+def _autocast_mode():
+    from labkit.memory.trace.fake_cuda import CudaAutocast, _AutocastState
+
+    state = _AutocastState()
+    return CudaAutocast(torch.bfloat16, state), state
 
 
 def test_recorded_safe_softmax_masks_one_bool_block_per_layer_and_no_second_result():
