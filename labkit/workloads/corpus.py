@@ -439,6 +439,40 @@ def _cases() -> list[Case]:
                       loop="keep-output"))
     c.append(Case("mistral-b4-keep-amp-bf16", "transformers", "mistral", "causal-lm", dict(MISTRAL), 4, 2048,
                   "amp-bf16", loop="keep-output"))
+    # checkpointing, autocast and the kept output in more families, batches and steps (added 2026-12-02 after the
+    # rules above were written, predicted in fake mode before they were recorded; names' hash decides the split)
+    for name, arch, task, cfg, b, s, p, kw in (
+            ("phi3-b4-ckpt2-amp-bf16", "phi3", "causal-lm", PHI3, 4, 1024, "amp-bf16", dict(recompute="every-2")),
+            ("qwen3-b4-ckpt3-amp-bf16", "qwen3", "causal-lm", QWEN3, 4, 1024, "amp-bf16", dict(recompute="every-3")),
+            ("gemma-b2-ckpt2-amp-bf16", "gemma", "causal-lm", GEMMA, 2, 1024, "amp-bf16", dict(recompute="every-2")),
+            ("gpt-neox-b4-ckpt2-amp-bf16", "gpt_neox", "causal-lm", NEOX, 4, 1024, "amp-bf16",
+             dict(recompute="every-2")),
+            ("opt-b4-ckpt2-amp-bf16", "opt", "causal-lm", OPT, 4, 1024, "amp-bf16", dict(recompute="every-2")),
+            ("opt-b4-ckpt2-fp32", "opt", "causal-lm", OPT, 4, 1024, "fp32", dict(recompute="every-2")),
+            ("falcon-b4-ckpt2-nocache-amp-bf16", "falcon", "causal-lm", dict(FALCON, use_cache=False), 4, 1024,
+             "amp-bf16", dict(recompute="every-2")),
+            ("bloom-b2-ckpt2-nocache-amp-bf16", "bloom", "causal-lm", dict(BLOOM, use_cache=False), 2, 1024,
+             "amp-bf16", dict(recompute="every-2")),
+            ("bert-base-mlm-b32-ckpt3-amp-bf16", "bert", "masked-lm", BERT, 32, 512, "amp-bf16",
+             dict(recompute="every-3")),
+            ("roberta-base-mlm-b32-ckpt2-amp-bf16", "roberta", "masked-lm", dict(BERT, max_position_embeddings=514),
+             32, 512, "amp-bf16", dict(recompute="every-2")),
+            ("gpt2-large-b4-ckpt3-amp-bf16", "gpt2", "causal-lm", GPT2["gpt2-large"], 4, 1024, "amp-bf16",
+             dict(recompute="every-3")),
+            ("gpt2-b16-ckpt4-amp-bf16", "gpt2", "causal-lm", GPT2["gpt2"], 16, 1024, "amp-bf16",
+             dict(recompute="every-4")),
+            ("gpt2-medium-b8-ckpt3-bf16", "gpt2", "causal-lm", GPT2["gpt2-medium"], 8, 1024, "bf16",
+             dict(recompute="every-3")),
+            ("llama-mha-b4-ckpt4-amp-bf16", "llama", "causal-lm", LLAMA_MHA, 4, 2048, "amp-bf16",
+             dict(recompute="every-4")),
+            ("mistral-b2-ckpt3-amp-bf16", "mistral", "causal-lm", MISTRAL, 2, 2048, "amp-bf16", dict(recompute="every-3")),
+            ("qwen2-b8-amp-bf16", "qwen2", "causal-lm", QWEN2, 8, 1024, "amp-bf16", {}),
+            ("qwen2-b4-hfgc-amp-bf16", "qwen2", "causal-lm", QWEN2, 4, 1024, "amp-bf16",
+             dict(recompute="full", checkpoint_impl="hf")),
+            ("phi3-b4-keep-amp-bf16", "phi3", "causal-lm", PHI3, 4, 1024, "amp-bf16", dict(loop="keep-output")),
+            ("gpt-neox-b8-keep-amp-bf16", "gpt_neox", "causal-lm", NEOX, 8, 1024, "amp-bf16", dict(loop="keep-output")),
+            ("gemma2-b2-ckpt2-amp-bf16", "gemma2", "causal-lm", GEMMA2, 2, 1024, "amp-bf16", dict(recompute="every-2"))):
+        c.append(Case(name, "transformers", arch, task, dict(cfg), b, s, p, **kw))
     c += _hf("mistral-b4", "mistral", "causal-lm", MISTRAL, 4, 2048, ALL3)
     c += _hf("qwen2-b4", "qwen2", "causal-lm", QWEN2, 4, 1024, ALL3)
     c += _hf("qwen3-b4", "qwen3", "causal-lm", QWEN3, 4, 1024, AMP_BF16)

@@ -114,12 +114,14 @@ class _Segment(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self._autocast = autocast
+        self.tuple_len = 0          # the layers' outputs: a tuple of this length (BLOOM, Falcon), 0 a tensor
 
     def _run(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         with self._autocast():
             for layer in self.layers:
                 out = layer(hidden, *args, **kwargs)
                 hidden = out[0] if isinstance(out, tuple) else out
+            self.tuple_len = len(out) if isinstance(out, tuple) else 0
             return out
 
     def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -131,10 +133,17 @@ class _Segment(nn.Module):
 
 
 class _PassThrough(nn.Module):
-    """Stands in for a layer that a preceding :class:`_Segment` already ran."""
+    """Stands in for a layer that a preceding :class:`_Segment` already ran: returns its input as the layer
+    would have returned its output (the hidden state, or a tuple starting with it: a model that takes
+    ``block(...)[0]`` must get the hidden state back, not its first row)."""
 
-    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return hidden
+    def __init__(self, segment: _Segment) -> None:
+        super().__init__()
+        self._segment = [segment]         # a list: not a submodule (the segment's parameters are its own)
+
+    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        n = self._segment[0].tuple_len
+        return (hidden,) + (None,) * (n - 1) if n else hidden
 
 
 class _CheckpointedCall(nn.Module):
@@ -192,9 +201,9 @@ def apply_recompute(model: nn.Module, recompute: Recompute | str,
     originals = list(layers)
     assert k is not None
     for start in range(0, len(originals), k):
-        layers[start] = _Segment(originals[start:start + k], autocast)
+        layers[start] = seg = _Segment(originals[start:start + k], autocast)
         for j in range(start + 1, min(start + k, len(originals))):
-            layers[j] = _PassThrough()
+            layers[j] = _PassThrough(seg)
     return model
 
 
