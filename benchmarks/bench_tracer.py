@@ -183,7 +183,7 @@ def validate_plain(only: str | None = None, process: str = "fresh") -> int:
     per case) or ``in-process`` (plain__corpus.json: one after another): fake-mode peak and reserved beside
     the recorded ones, reference and held-out cases separately."""
     from labkit.core.table import render
-    from labkit.memory.trace.corpus_check import (PEAK_TOLERANCE_PCT, PROCESS_WORDS, RECORDINGS,
+    from labkit.memory.trace.corpus_check import (PEAK_TOLERANCE_PCT, PLACEMENT_ORDERS, PROCESS_WORDS, RECORDINGS,
                                                   RESERVED_TOLERANCE_PCT, VALIDATION_HEADERS, load_plain, summary,
                                                   validate, validation_rows)
     from labkit.memory.trace.recorded import recorded_label
@@ -212,6 +212,9 @@ def validate_plain(only: str | None = None, process: str = "fresh") -> int:
         print(f"# {split}: {d['within_targets']} of {d['cases']} within targets ({d['refused']} refused); worst peak "
               f"error {_pct(d['worst_peak_error_pct'])}, median |peak error| {_pct(d['median_abs_peak_error_pct'])}; "
               f"worst reserved error {_pct(d['worst_reserved_error_pct'])}")
+        if d["within_placement_range"]:
+            print(f"#   of the misses, {d['within_placement_range']} recorded within the range of {PLACEMENT_ORDERS} "
+                  "segment-address orders (a warm process: its history placed the segments)")
         ok = ok and d["within_targets"] == d["cases"]
     print(f"plain-loop corpus, {process}: {'PASS' if ok else 'FAIL'} (every case within targets)")
     return 0 if ok else 1

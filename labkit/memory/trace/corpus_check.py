@@ -30,6 +30,11 @@ from labkit.core.errors import LabkitError
 
 PEAK_TOLERANCE_PCT = 3.0          # issue 11: every recorded case within 3% (held-out included)
 RESERVED_TOLERANCE_PCT = 5.0
+# A case recorded in a warm process (after other cases) starts from segments whose addresses the earlier cases'
+# freed ranges decided; the recording keeps the segments but not those ranges. Where such a case misses on reserved
+# alone, the validation replays its requests under this many other orders of the segments' addresses
+# (measure_step's reserved_placements) and reports whether the recorded bytes lie in that range.
+PLACEMENT_ORDERS = 12
 PLAIN_FILE = "plain__corpus.json"
 FRESH_FILE = "plain__fresh.json"
 RECORDINGS = {"fresh": FRESH_FILE, "in-process": PLAIN_FILE}     # how the cases' processes ran
@@ -163,6 +168,7 @@ class Validation:
     reason: str = ""
     seconds: float = 0.0
     note: str = ""                  # what the prediction did to run the case as recorded
+    reserved_range: tuple[int, int] | None = None   # a warm-process miss: over PLACEMENT_ORDERS address orders
 
     @property
     def peak_error_pct(self) -> float | None:
@@ -181,6 +187,13 @@ class Validation:
         pe, re_ = self.peak_error_pct, self.reserved_error_pct
         return (pe is not None and abs(pe) <= PEAK_TOLERANCE_PCT
                 and (re_ is None or abs(re_) <= RESERVED_TOLERANCE_PCT))
+
+    @property
+    def within_placement_range(self) -> bool:
+        """A miss on reserved alone whose recorded bytes one of the address orders reproduces or brackets."""
+        pe, r = self.peak_error_pct, self.reserved_range
+        return (not self.within_targets and r is not None and pe is not None and abs(pe) <= PEAK_TOLERANCE_PCT
+                and self.recorded_reserved is not None and r[0] <= self.recorded_reserved <= r[1])
 
 
 def plain_path(process: str = "in-process") -> Path:
@@ -208,7 +221,8 @@ def load_plain(path: str | Path | None = None, *, process: str = "in-process") -
             case = Case(**r["case"])
             out.append(PlainRecord(r["name"], r["split"], case, int(r["peak_allocated"]),
                                    None if r.get("peak_reserved") is None else int(r["peak_reserved"]),
-                                   r.get("median_step_s"), list(r.get("sdpa_backends") or []), doc["provenance"],
+                                   r.get("median_step_s"), list(r.get("sdpa_backends") or []),
+                                   r.get("provenance") or doc["provenance"],   # rows recorded later carry their own
                                    r.get("attn_implementation"), r.get("base_segments")))
         except (KeyError, TypeError, ValueError) as exc:
             raise LabkitError(f"{path}: case {r.get('name', '?')!r} is malformed ({exc})") from None
@@ -229,13 +243,20 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
         notes: list[str] = []
         version = rec.provenance.get("transformers")
-        try:
+        def run(**kw: Any) -> Any:
             with recorded_cache_dtype(version) as note:
                 rep = predict(rec.case, prepare=lambda m: notes.extend(
                     (recorded_attention(m, rec.attn_implementation, version), recorded_rotary(m, version))),
-                    allocator_state=rec.base_segments, **recorded_process(rec.base_segments))
+                    allocator_state=rec.base_segments, **recorded_process(rec.base_segments), **kw)
             notes.append(note())
+            return rep
+
+        try:
+            rep = run()
             v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
+            if rec.base_segments and not v.within_targets and abs(v.peak_error_pct or 0) <= PEAK_TOLERANCE_PCT:
+                notes.clear()
+                v.reserved_range = run(reserved_placements=PLACEMENT_ORDERS).reserved_range
         except FakeModeUnsupported as exc:
             v.status, v.reason = "refused", _short(str(exc))
         v.seconds = time.perf_counter() - t
@@ -436,6 +457,7 @@ def summary(vals: list[Validation]) -> dict[str, Any]:
         out[split] = {
             "cases": len(vs), "predicted": len(pe), "refused": sum(v.status == "refused" for v in vs),
             "within_targets": sum(v.within_targets for v in vs),
+            "within_placement_range": sum(v.within_placement_range for v in vs),
             "worst_peak_error_pct": max(pe, key=abs) if pe else None,
             "median_abs_peak_error_pct": statistics.median(abs(e) for e in pe) if pe else None,
             "worst_reserved_error_pct": max(re_, key=abs) if re_ else None,
@@ -454,9 +476,20 @@ def validation_rows(vals: list[Validation]) -> list[list[Any]]:
                      "-" if v.predicted_peak is None else f"{v.predicted_peak / 1e9:.2f}", pct(v.peak_error_pct),
                      "-" if not v.recorded_reserved else f"{v.recorded_reserved / 1e9:.2f}",
                      "-" if v.predicted_reserved is None else f"{v.predicted_reserved / 1e9:.2f}",
-                     pct(v.reserved_error_pct), "yes" if v.within_targets else ("refused" if v.status == "refused"
-                                                                                  else "no")])
+                     pct(v.reserved_error_pct), _verdict(v)])
     return rows
+
+
+def _verdict(v: Validation) -> str:
+    if v.within_targets:
+        return "yes"
+    if v.status == "refused":
+        return "refused"
+    if v.reserved_range is not None:
+        lo, hi = v.reserved_range
+        where = "in" if v.within_placement_range else "outside"
+        return f"no: recorded {where} the {PLACEMENT_ORDERS} address orders' {lo / 1e9:.2f}-{hi / 1e9:.2f} GB"
+    return "no"
 
 
 VALIDATION_HEADERS = ["split", "case", "recorded peak GB", "fake peak GB", "error", "recorded reserved GB",
@@ -487,6 +520,11 @@ def validation_section(vals: list[Validation] | None = None, *, process: str = "
         if d["median_abs_peak_error_pct"] is not None:
             sec.claim(f"{split}: median |peak error|", round(d["median_abs_peak_error_pct"], 2), "%",
                       source=f"model: fake mode computed here vs {label}")
+        misses = d["cases"] - d["within_targets"]
+        if d["within_placement_range"]:
+            sec.claim(f"{split} misses whose recorded reserved bytes lie within {PLACEMENT_ORDERS} segment-address "
+                      "orders' range (a warm process: its history placed the segments)", d["within_placement_range"],
+                      f"of {misses}", source=f"model: fake mode computed here vs {label}")
     sec.table(VALIDATION_HEADERS, validation_rows(vals),
               caption="Recorded: torch.cuda.max_memory_allocated / max_memory_reserved of steps 2-4 of a plain "
                       f"loop without labkit (benchmarks/gpu/record_plain.py), {PROCESS_WORDS[process]}. Held-out "
