@@ -20,7 +20,13 @@ launch queue is full (about a thousand kernels ahead) or an op synchronises. Two
 Each case also gets its plain step time (synchronised wall time, as ``record_plain.py`` measures it)
 in the same process. Three steps warm up; the figures are medians of three.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--smoke]
+``--shrink B,S``: every (``transformers``) case at batch B and sequence S instead, its layers and widths kept:
+the same ops, module calls and autograd nodes on tensors so small that the GPU runs each kernel faster than
+the host issues the next, so the launch queue never fills and the synchronised step time is the host's issue
+time, for steps of any number of kernels (the whole-step method above only holds within the queue). Rows keep
+the case's name and add ``shrink``.
+
+    PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--shrink 1,64] [--smoke]
 
 Writes ``DIR/host_split.json`` (rewritten after every case) and ``DIR/log.txt``.
 """
@@ -149,11 +155,13 @@ def _first_grad_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
-def run_case(case: Case, device: str, cycles_per_s: float) -> dict[str, Any]:
+def run_case(case: Case, device: str, cycles_per_s: float, shrink: tuple[int, int] | None = None) -> dict[str, Any]:
     cuda = device == "cuda"
     cleanup(cuda)
     row: dict[str, Any] = {"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
                            "describe": case.describe()}
+    if shrink:
+        row["shrink"] = list(shrink)
     t0 = time.perf_counter()
     model = opt = batch = None
     try:
@@ -214,8 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; cases past it are skipped (default 300)")
     ap.add_argument("--only", help="run only cases whose name contains one of these (comma-separated)")
+    ap.add_argument("--shrink", help="B,S: run each transformers case at batch B, sequence S (see above)")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
+    shrink = None
+    if args.shrink:
+        try:
+            shrink = tuple(int(x) for x in args.shrink.split(","))
+            if len(shrink) != 2 or min(shrink) < 1:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--shrink {args.shrink!r}: expected two positive integers B,S (e.g. 1,64)")
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
@@ -226,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     todo.sort(key=lambda c: c.precision == "fp32")    # host time matters most where the GPU is fast: those first
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
+    if shrink:
+        todo = [dataclasses.replace(c, micro_batch=shrink[0], seq=shrink[1]) for c in todo if c.family == "transformers"]
     cps = Timer(device).cycles_per_s      # torch.cuda._sleep's cycles per second (0 on the CPU)
     log(f"device {device}; {prov.get('gpu_name')}; {len(todo)} cases; sleep {cps:.3g} cycles/s")
     note = ("host_s: the host's time issuing one plain step whole behind a sleep of the GPU (a host time only where "
@@ -236,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.budget - (time.perf_counter() - T0) < 8:
             rows.append({"name": case.name, "split": case.split, "skipped": "time budget"})
             continue
-        row = run_case(case, device, cps)
+        row = run_case(case, device, cps, shrink)
         rows.append(row)
         if "error" in row:
             log(f"{case.name}: {row['error']}")

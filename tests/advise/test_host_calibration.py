@@ -16,6 +16,7 @@ import torch
 from labkit.advise import host_calibration as hc
 from labkit.core.errors import LabkitError
 from labkit.core.provenance import load_measurement
+from labkit.workloads.corpus import get_case
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,3 +147,17 @@ def test_record_host_smoke_runs_on_cpu(tmp_path):
     (row,) = doc["data"]["cases"]
     assert row["name"] == "gpt2-b8-amp-bf16@tiny" and row["median_step_s"] > 0 and "error" not in row
     assert "host_s" not in row                           # no GPU: nothing to take apart
+
+
+def test_record_host_shrinks_the_batch_and_sequence_and_keeps_the_layers(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
+                        "--only", "gpt2-b8-amp-bf16,tv-resnet50", "--shrink", "1,16"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = load_measurement(tmp_path / "host_split.json", "host_split")["data"]["cases"]   # vision cases left out
+    assert row["shrink"] == [1, 16] and (row["case"]["micro_batch"], row["case"]["seq"]) == (1, 16)
+    assert row["case"]["overrides"] == get_case("gpt2-b8-amp-bf16@tiny").overrides and row["median_step_s"] > 0
+    bad = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
+                          "--shrink", "0,16"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert bad.returncode == 2 and "--shrink '0,16': expected two positive integers" in bad.stderr
