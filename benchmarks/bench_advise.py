@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_advise.py --validate   # predicted vs recorded H200 step times
                                  [--only NAME ...] [--split reference|held-out]
     .venv/bin/python benchmarks/bench_advise.py --calibrate-host   # the host scale from the whole-step issues
+    .venv/bin/python benchmarks/bench_advise.py --shrunk   # the shrunk steps (record_host.py --shrink) vs priced
 
 Medians of --repeats runs, in one process, after a reproducibility header.
 """
@@ -108,6 +109,27 @@ def validate(only: list[str] | None = None, split: str | None = None) -> int:
     return 0
 
 
+def shrunk() -> int:
+    """The plain steps recorded shrunk (record_host.py --shrink: the GPU outruns the host) against the priced
+    shrunk steps: whether checkpointed steps' host work is priced like plain steps' (the ratios by group)."""
+    from labkit.advise.validate import SHRUNK_FILES, shrunk_checks
+
+    for f in SHRUNK_FILES:
+        rows = shrunk_checks(f)
+        print(f"\n# {os.path.relpath(f)}: {len(rows)} steps")
+        print(f"{'case':36s} {'split':9s} {'H200 ms':>8s} {'pred ms':>8s} {'ratio':>6s} {'host ms':>8s} {'gpu ms':>7s}")
+        for r in sorted(rows, key=lambda r: (r.checkpointed, r.name)):
+            print(f"{r.name:36s} {r.split:9s} {r.measured_s * 1e3:8.1f} {r.predicted_s * 1e3:8.1f} {r.ratio:6.2f} "
+                  f"{r.predicted_host_s * 1e3:8.1f} {r.predicted_gpu_s * 1e3:7.1f}")
+        for label, group in (("checkpointed", [r for r in rows if r.checkpointed]),
+                             ("not checkpointed", [r for r in rows if not r.checkpointed])):
+            if group:
+                ratios = sorted(r.ratio for r in group)
+                print(f"{label}: {len(group)} steps, measured / priced median {statistics.median(ratios):.2f} "
+                      f"(from {ratios[0]:.2f} to {ratios[-1]:.2f})")
+    return 0
+
+
 def calibrate_host() -> int:
     """Recompute the host scale (labkit.advise.host_calibration) from the whole-step issues recorded
     on the H200's host and write data/measurements/advise/host_scale.json."""
@@ -139,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", help="with --validate: cases whose name contains this (repeatable)")
     ap.add_argument("--split", choices=("reference", "held-out"), help="with --validate: one split only")
     ap.add_argument("--calibrate-host", action="store_true", help="recompute data/measurements/advise/host_scale.json")
+    ap.add_argument("--shrunk", action="store_true", help="the shrunk recorded steps against their priced steps")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
     if args.calibrate_host:
         return calibrate_host()
+    if args.shrunk:
+        return shrunk()
     return validate(args.only, args.split) if args.validate else speed(args.repeats)
 
 

@@ -92,3 +92,52 @@ def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list
         out.append(StepTimeCheck(name, row.get("split", case.split), row["median_step_s"], d["step_s"], d["kernels"],
                                  d["gpu_busy_s"], d["host_s"], d["syncs"]))
     return out
+
+
+# The plain steps recorded shrunk (record_host.py --shrink B,S: batch and sequence tiny, layers and widths kept),
+# so that the GPU outruns the host and the synchronised step is close to the host's issue time, for steps of any
+# number of kernels.
+SHRUNK_FILES = tuple(paths.DATA_DIR / "measurements" / "advise" / f"host_split__shrink_{tag}.json"
+                     for tag in ("1x64", "2x128"))
+
+
+@dataclass
+class ShrunkCheck:
+    """One shrunk recorded step beside the priced step of the same shrunk case."""
+
+    name: str
+    split: str
+    shrink: tuple[int, int]
+    checkpointed: bool
+    measured_s: float
+    predicted_s: float
+    predicted_host_s: float
+    predicted_gpu_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_s / self.predicted_s
+
+
+def shrunk_checks(path: Path | str = SHRUNK_FILES[0], names: list[str] | None = None) -> list[ShrunkCheck]:
+    """Price every shrunk step of ``path`` (a ``record_host.py --shrink`` recording) as it ran: the case at the
+    recorded batch and sequence. A case the installed ``transformers`` cannot run is left out."""
+    import dataclasses
+
+    from labkit.core.provenance import load_measurement
+    from labkit.memory.trace.step import FakeModeUnsupported
+    from labkit.workloads import corpus
+
+    out = []
+    for row in load_measurement(Path(path), kind="host_split")["data"]["cases"]:
+        if "shrink" not in row or not row.get("median_step_s") or (names and row["name"] not in names):
+            continue
+        base = corpus.get_case(row["name"])
+        case = dataclasses.replace(base, micro_batch=row["shrink"][0], seq=row["shrink"][1])
+        try:
+            d = predict_step_time(case)
+        except FakeModeUnsupported:
+            continue
+        out.append(ShrunkCheck(row["name"], base.split, tuple(row["shrink"]), base.recompute != "none",
+                               row["median_step_s"], d["step_s"], d["host_s"], d["gpu_busy_s"]))
+    return out

@@ -161,3 +161,16 @@ def test_record_host_shrinks_the_batch_and_sequence_and_keeps_the_layers(tmp_pat
                           "--shrink", "0,16"], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert bad.returncode == 2 and "--shrink '0,16': expected two positive integers" in bad.stderr
+
+
+def test_shrunk_steps_are_priced_at_the_shape_they_ran():
+    # record_host.py --shrink 1,64 on the H200: every row kept its case's layers and widths; priced at 1 x 64
+    from labkit.advise.validate import SHRUNK_FILES, shrunk_checks
+
+    doc = load_measurement(SHRUNK_FILES[0], "host_split")
+    rows = {r["name"]: r for r in doc["data"]["cases"]}
+    assert all(r["shrink"] == [1, 64] and r["case"]["micro_batch"] == 1 and r["case"]["seq"] == 64 for r in rows.values())
+    (plain, ckpt) = shrunk_checks(names=["gpt2-b8-bf16", "gpt2-b16-ckpt4-amp-bf16"])
+    assert (plain.name, plain.checkpointed, ckpt.checkpointed) == ("gpt2-b8-bf16", False, True)
+    assert plain.measured_s == rows["gpt2-b8-bf16"]["median_step_s"] and 0 < plain.predicted_gpu_s < plain.predicted_s
+    assert ckpt.predicted_host_s > plain.predicted_host_s       # the recomputation's ops are priced in backward
