@@ -124,9 +124,9 @@ def bench_llama_7b(args: argparse.Namespace) -> int:
     batch = args.batch if args.batch != 4 else 1
     precision = args.precision if args.precision != "amp-bf16" else "bf16"
     case = Case("bench-llama-7b", "transformers", "llama", "causal-lm", dict(LLAMA_7B, max_position_embeddings=seq),
-                batch, seq, precision, recompute=args.checkpointing)
+                batch, seq, precision, recompute=args.recompute)
     print(f"# transformers LlamaForCausalLM 7B (32 x 4096, MLP 11008, vocab 32000), batch {batch} x {seq}, "
-          f"{precision}, recompute {args.checkpointing}, fused AdamW, 2 steps, device fake-cuda", flush=True)
+          f"{precision}, recompute {args.recompute}, fused AdamW, 2 steps, device fake-cuda", flush=True)
     times, mems = [], []
     for i in range(args.repeats):
         gc.collect()
