@@ -243,6 +243,7 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
         notes: list[str] = []
         version = rec.provenance.get("transformers")
+
         def run(**kw: Any) -> Any:
             with recorded_cache_dtype(version) as note:
                 rep = predict(rec.case, prepare=lambda m: notes.extend(
