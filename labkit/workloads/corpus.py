@@ -473,6 +473,43 @@ def _cases() -> list[Case]:
             ("gpt-neox-b8-keep-amp-bf16", "gpt_neox", "causal-lm", NEOX, 8, 1024, "amp-bf16", dict(loop="keep-output")),
             ("gemma2-b2-ckpt2-amp-bf16", "gemma2", "causal-lm", GEMMA2, 2, 1024, "amp-bf16", dict(recompute="every-2"))):
         c.append(Case(name, "transformers", arch, task, dict(cfg), b, s, p, **kw))
+    # a second such batch (added 2026-12-02, predicted before it was recorded): long sequences, fp32 and bf16
+    # checkpointing, HF checkpointing in more families, a checkpointed MoE, LoRA and foreach AdamW checkpointed
+    for name, arch, task, cfg, b, s, p, kw in (
+            ("llama-gqa-b1-s4096-ckpt2-amp-bf16", "llama", "causal-lm", LLAMA_GQA, 1, 4096, "amp-bf16",
+             dict(recompute="every-2")),
+            ("mistral-b1-s4096-amp-bf16", "mistral", "causal-lm", dict(MISTRAL, max_position_embeddings=4096), 1, 4096,
+             "amp-bf16", {}),
+            ("gpt2-medium-b4-ckpt2-fp32", "gpt2", "causal-lm", GPT2["gpt2-medium"], 4, 1024, "fp32",
+             dict(recompute="every-2")),
+            ("qwen2-b4-ckpt2-fp32", "qwen2", "causal-lm", QWEN2, 4, 1024, "fp32", dict(recompute="every-2")),
+            ("phi3-b4-ckpt3-bf16", "phi3", "causal-lm", PHI3, 4, 1024, "bf16", dict(recompute="every-3")),
+            ("llama-mha-b4-ckpt2-bf16", "llama", "causal-lm", LLAMA_MHA, 4, 2048, "bf16", dict(recompute="every-2")),
+            ("mistral-b4-hfgc-reentrant-amp-bf16", "mistral", "causal-lm", MISTRAL, 4, 2048, "amp-bf16",
+             dict(recompute="full", checkpoint_impl="hf-reentrant")),
+            ("gpt-neox-b4-hfgc-amp-bf16", "gpt_neox", "causal-lm", NEOX, 4, 1024, "amp-bf16",
+             dict(recompute="full", checkpoint_impl="hf")),
+            ("falcon-b4-hfgc-amp-bf16", "falcon", "causal-lm", FALCON, 4, 1024, "amp-bf16",
+             dict(recompute="full", checkpoint_impl="hf")),
+            ("bloom-b2-hfgc-amp-bf16", "bloom", "causal-lm", BLOOM, 2, 1024, "amp-bf16",
+             dict(recompute="full", checkpoint_impl="hf")),
+            ("gpt2-b32-amp-bf16", "gpt2", "causal-lm", GPT2["gpt2"], 32, 1024, "amp-bf16", {}),
+            ("bert-base-mlm-b64-amp-bf16", "bert", "masked-lm", BERT, 64, 512, "amp-bf16", {}),
+            ("mixtral-b4-ckpt2-amp-bf16", "mixtral", "causal-lm", MIXTRAL, 4, 1024, "amp-bf16",
+             dict(recompute="every-2")),
+            ("gpt2-medium-b4-keep-fp32", "gpt2", "causal-lm", GPT2["gpt2-medium"], 4, 1024, "fp32",
+             dict(loop="keep-output")),
+            ("llama-gqa-b4-lora-ckpt2-bf16", "llama", "causal-lm", LLAMA_GQA, 4, 2048, "bf16",
+             dict(lora=True, recompute="every-2")),
+            ("llama-gqa-b4-ckpt2-foreach-amp-bf16", "llama", "causal-lm", LLAMA_GQA, 4, 2048, "amp-bf16",
+             dict(recompute="every-2", optimizer_impl="foreach")),
+            ("gemma3-b2-ckpt2-amp-bf16", "gemma3_text", "causal-lm", GEMMA3, 2, 1024, "amp-bf16",
+             dict(recompute="every-2")),
+            ("qwen3-b8-bf16", "qwen3", "causal-lm", QWEN3, 8, 1024, "bf16", {}),
+            ("opt-b8-keep-amp-bf16", "opt", "causal-lm", OPT, 8, 1024, "amp-bf16", dict(loop="keep-output")),
+            ("vit-base-b64-ckpt2-amp-bf16", "vit", "image-classification", VIT, 64, 224, "amp-bf16",
+             dict(recompute="every-2"))):
+        c.append(Case(name, "transformers", arch, task, dict(cfg), b, s, p, **kw))
     c += _hf("mistral-b4", "mistral", "causal-lm", MISTRAL, 4, 2048, ALL3)
     c += _hf("qwen2-b4", "qwen2", "causal-lm", QWEN2, 4, 1024, ALL3)
     c += _hf("qwen3-b4", "qwen3", "causal-lm", QWEN3, 4, 1024, AMP_BF16)

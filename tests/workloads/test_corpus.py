@@ -34,7 +34,7 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 150         # every case runs at CI size in the support corpus: keep CI time in mind
+    assert 60 <= len(CASES) <= 170         # every case runs at CI size in the support corpus: keep CI time in mind
 
 
 def test_tiny_shrinks_layers_and_widths():
