@@ -35,13 +35,14 @@ class StepTimeCheck:
 
 
 def recorded_step_times(path: Path | str = PLAIN_FILE) -> dict[str, dict]:
+    """name -> recorded row (with its ``provenance``: the row's own, or the recording's)."""
     from labkit.core.provenance import load_measurement
 
     p = Path(path)
     if not p.exists():
         raise LabkitError(f"{p}: no plain-loop recording (benchmarks/gpu/record_plain.py writes it)")
     doc = load_measurement(p)
-    return {c["name"]: c for c in doc["data"]["cases"] if c.get("median_step_s")}
+    return {c["name"]: {"provenance": doc["provenance"], **c} for c in doc["data"]["cases"] if c.get("median_step_s")}
 
 
 # Every recording of the plain loops' step times: the two corpus runs and the three host-split runs
@@ -67,13 +68,17 @@ def recorded_runs(files: tuple[Path | str, ...] = STEP_TIME_FILES) -> dict[str, 
     return out
 
 
-def predict_step_time(case, table=None) -> dict:
-    """The priced steady step of one corpus case on the target GPU (:meth:`Roofline.describe`)."""
+def predict_step_time(case, table=None, recorded: dict | None = None) -> dict:
+    """The priced steady step of one corpus case on the target GPU (:meth:`Roofline.describe`). ``recorded``: a
+    recorded row, whose program is run where the installed ``transformers`` differs from the recorded one
+    (its attention implementation, rotary embedding, KV-cache dtype: ``corpus_check.predict_as_recorded``)."""
     from labkit.advise.roofline import Roofline
-    from labkit.workloads import corpus
+    from labkit.memory.trace.corpus_check import predict_as_recorded
 
+    row = recorded or {}
     with Roofline(table=table) as rf:
-        corpus.predict(case, observers=(rf,))
+        predict_as_recorded(case, (row.get("provenance") or {}).get("transformers"), row.get("attn_implementation"),
+                            observers=(rf,))
     return rf.describe()
 
 
@@ -88,7 +93,7 @@ def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list
             case = corpus.get_case(name)
         except LabkitError:
             continue
-        d = predict_step_time(case)
+        d = predict_step_time(case, recorded=row)
         out.append(StepTimeCheck(name, row.get("split", case.split), row["median_step_s"], d["step_s"], d["kernels"],
                                  d["gpu_busy_s"], d["host_s"], d["syncs"]))
     return out

@@ -237,7 +237,6 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
     out = []
     for rec in records:
         from labkit.memory.trace.step import FakeModeUnsupported
-        from labkit.workloads.corpus import predict
 
         t = time.perf_counter()
         v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
@@ -245,11 +244,10 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         version = rec.provenance.get("transformers")
 
         def run(**kw: Any) -> Any:
-            with recorded_cache_dtype(version) as note:
-                rep = predict(rec.case, prepare=lambda m: notes.extend(
-                    (recorded_attention(m, rec.attn_implementation, version), recorded_rotary(m, version))),
-                    allocator_state=rec.base_segments, **recorded_process(rec.base_segments), **kw)
-            notes.append(note())
+            rep, changed = predict_as_recorded(rec.case, version, rec.attn_implementation,
+                                               allocator_state=rec.base_segments, **recorded_process(rec.base_segments),
+                                               **kw)
+            notes.extend(changed)
             return rep
 
         try:
@@ -264,6 +262,23 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         v.note = "; ".join(n for n in notes if n)
         out.append(v)
     return out
+
+
+def predict_as_recorded(case: Any, recorded_version: str | None, attn_implementation: str | None,
+                        **kw: Any) -> tuple[Any, list[str]]:
+    """``corpus.predict(case, **kw)`` running the program its recording ran where the installed ``transformers``
+    differs from the recorded one: the recorded attention implementation, rotary embedding and KV-cache dtype
+    (:func:`recorded_attention`, :func:`recorded_rotary`, :func:`recorded_cache_dtype`). Returns the report and
+    what was changed."""
+    from labkit.workloads.corpus import predict
+
+    notes: list[str] = []
+    with recorded_cache_dtype(recorded_version) as note:
+        rep = predict(case, prepare=lambda m: notes.extend(
+            (recorded_attention(m, attn_implementation, recorded_version), recorded_rotary(m, recorded_version))),
+            **kw)
+    notes.append(note())
+    return rep, [n for n in notes if n]
 
 
 def recorded_attention(model: Any, impl: str | None, recorded_version: str | None = None) -> str:
