@@ -24,7 +24,9 @@ in the same process. Three steps warm up; the figures are medians of three.
 the same ops, module calls and autograd nodes on tensors so small that the GPU runs each kernel faster than
 the host issues the next, so the launch queue never fills and the synchronised step time is the host's issue
 time, for steps of any number of kernels (the whole-step method above only holds within the queue). Rows keep
-the case's name and add ``shrink``.
+the case's name and add ``shrink``. With ``--pair`` the case's own step and its shrunk step alternate on one
+model in one process (``PAIR_ROUNDS`` rounds after a warm-up), so the host's drift over minutes cancels
+between them: ``median_step_s`` is the full step, ``shrunk_step_s`` the shrunk one (no sleeps, no chunks).
 
     PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--shrink 1,64] [--smoke]
 
@@ -54,6 +56,7 @@ from record_plain import LOG, SMOKE_CASES, cleanup, log, versions  # noqa: E402
 
 T0 = time.perf_counter()
 WARMUP, REPEATS = 3, 3
+PAIR_ROUNDS = 7
 CHUNK_KERNELS = 400
 
 
@@ -217,12 +220,54 @@ def run_case(case: Case, device: str, cycles_per_s: float, shrink: tuple[int, in
     return row
 
 
+def run_pair(case: Case, device: str, shrink: tuple[int, int]) -> dict[str, Any]:
+    """The case's step and its shrunk step (batch and sequence ``shrink``), alternating on one model."""
+    from labkit.workloads.corpus import make_batch
+
+    cuda = device == "cuda"
+    cleanup(cuda)
+    small = dataclasses.replace(case, micro_batch=shrink[0], seq=shrink[1])
+    row: dict[str, Any] = {"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
+                           "describe": case.describe(), "shrink": list(shrink), "paired": True}
+    t0 = time.perf_counter()
+    model = opt = batch = tiny_batch = None
+    try:
+        model, opt, batch = prepare_plain(case, device)
+        tiny_batch = {k: v.to(device) for k, v in make_batch(small).items()}
+
+        def timed(b: dict) -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            plain_step(case, model, opt, b, device_type=device)
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t
+
+        for _ in range(WARMUP):
+            timed(batch), timed(tiny_batch)
+        full, shrunk = [], []
+        for _ in range(PAIR_ROUNDS):
+            full.append(timed(batch))
+            shrunk.append(timed(tiny_batch))
+        row.update(step_times_s=full, shrunk_step_times_s=shrunk, median_step_s=statistics.median(full),
+                   shrunk_step_s=statistics.median(shrunk))
+    except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        row["traceback_tail"] = traceback.format_exc()[-1500:]
+    del model, opt, batch, tiny_batch
+    cleanup(cuda)
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; cases past it are skipped (default 300)")
     ap.add_argument("--only", help="run only cases whose name contains one of these (comma-separated)")
     ap.add_argument("--shrink", help="B,S: run each transformers case at batch B, sequence S (see above)")
+    ap.add_argument("--pair", action="store_true", help="with --shrink: the full and the shrunk step alternate")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
     shrink = None
@@ -233,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError
         except ValueError:
             ap.error(f"--shrink {args.shrink!r}: expected two positive integers B,S (e.g. 1,64)")
+    if args.pair and not shrink:
+        ap.error("--pair needs --shrink B,S")
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
@@ -244,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     if shrink:
-        todo = [dataclasses.replace(c, micro_batch=shrink[0], seq=shrink[1]) for c in todo if c.family == "transformers"]
+        todo = [c for c in todo if c.family == "transformers"]
+        if not args.pair:
+            todo = [dataclasses.replace(c, micro_batch=shrink[0], seq=shrink[1]) for c in todo]
     cps = Timer(device).cycles_per_s      # torch.cuda._sleep's cycles per second (0 on the CPU)
     log(f"device {device}; {prov.get('gpu_name')}; {len(todo)} cases; sleep {cps:.3g} cycles/s")
     note = ("host_s: the host's time issuing one plain step whole behind a sleep of the GPU (a host time only where "
@@ -255,10 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.budget - (time.perf_counter() - T0) < 8:
             rows.append({"name": case.name, "split": case.split, "skipped": "time budget"})
             continue
-        row = run_case(case, device, cps, shrink)
+        row = run_pair(case, device, shrink) if args.pair else run_case(case, device, cps, shrink)
         rows.append(row)
         if "error" in row:
             log(f"{case.name}: {row['error']}")
+        elif args.pair:
+            log(f"{case.name}: step {row['median_step_s'] * 1e3:.1f} ms, shrunk to {shrink[0]} x {shrink[1]} "
+                f"{row['shrunk_step_s'] * 1e3:.1f} ms")
         else:
             log(f"{case.name}: step {row['median_step_s'] * 1e3:.1f} ms"
                 + (f", host {row['host_s'] * 1e3:.1f} ms, gpu {row['gpu_s'] * 1e3:.1f} ms in {row['chunks']} chunks"

@@ -174,3 +174,16 @@ def test_shrunk_steps_are_priced_at_the_shape_they_ran():
     assert (plain.name, plain.checkpointed, ckpt.checkpointed) == ("gpt2-b8-bf16", False, True)
     assert plain.measured_s == rows["gpt2-b8-bf16"]["median_step_s"] and 0 < plain.predicted_gpu_s < plain.predicted_s
     assert ckpt.predicted_host_s > plain.predicted_host_s       # the recomputation's ops are priced in backward
+
+
+def test_record_host_pairs_the_full_and_the_shrunk_step_on_one_model(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
+                        "--only", "gpt2-b8-amp-bf16", "--shrink", "1,16", "--pair"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = load_measurement(tmp_path / "host_split.json", "host_split")["data"]["cases"]
+    assert row["paired"] and row["shrink"] == [1, 16] and row["case"]["micro_batch"] == 2   # the case's own batch
+    assert len(row["step_times_s"]) == len(row["shrunk_step_times_s"]) == 7 and row["shrunk_step_s"] > 0
+    bad = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke", "--pair"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert bad.returncode == 2 and "--pair needs --shrink" in bad.stderr
