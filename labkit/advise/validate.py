@@ -45,12 +45,14 @@ def recorded_step_times(path: Path | str = PLAIN_FILE) -> dict[str, dict]:
     return {c["name"]: {"provenance": doc["provenance"], **c} for c in doc["data"]["cases"] if c.get("median_step_s")}
 
 
-# Every recording of the plain loops' step times: the two corpus runs and the three host-split runs
-# (record_host.py times the plain step too, in its own process). A host-bound step's time varies between
-# runs on the same kind of machine (mixtral-b4-bf16: 24.7 to 37.9 ms in five runs), so each case is also
-# compared with the median of its recordings.
+# Every recording of the plain loops' step times: the two corpus runs and the host-split runs (record_host.py
+# times the plain step too, in its own process; pair_1x64 beside its shrunk step, --shrink 1,64 --pair). A
+# host-bound step's time varies between runs on the same kind of machine (mixtral-b4-bf16: 24.7 to 37.9 ms in
+# five runs; opt-b4-ckpt2-amp-bf16: 74.3 ms in one, 46.5 ms in another), so each case is also compared with the
+# median of its recordings.
 STEP_TIME_FILES = (PLAIN_FILE, SECOND_RUN) + tuple(
-    paths.DATA_DIR / "measurements" / "advise" / f"host_split__{tag}.json" for tag in ("whole", "per_block", "chunks400"))
+    paths.DATA_DIR / "measurements" / "advise" / f"host_split__{tag}.json"
+    for tag in ("whole", "per_block", "chunks400", "pair_1x64"))
 
 
 def recorded_runs(files: tuple[Path | str, ...] = STEP_TIME_FILES) -> dict[str, list[float]]:
@@ -102,8 +104,8 @@ def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list
 # The plain steps recorded shrunk (record_host.py --shrink B,S: batch and sequence tiny, layers and widths kept),
 # so that the GPU outruns the host and the synchronised step is close to the host's issue time, for steps of any
 # number of kernels.
-SHRUNK_FILES = tuple(paths.DATA_DIR / "measurements" / "advise" / f"host_split__shrink_{tag}.json"
-                     for tag in ("1x64", "2x128"))
+SHRUNK_FILES = tuple(paths.DATA_DIR / "measurements" / "advise" / f"host_split__{tag}.json"
+                     for tag in ("shrink_1x64", "shrink_2x128", "pair_1x64"))
 
 
 @dataclass
@@ -135,7 +137,8 @@ def shrunk_checks(path: Path | str = SHRUNK_FILES[0], names: list[str] | None = 
 
     out = []
     for row in load_measurement(Path(path), kind="host_split")["data"]["cases"]:
-        if "shrink" not in row or not row.get("median_step_s") or (names and row["name"] not in names):
+        measured = row.get("shrunk_step_s") if row.get("paired") else row.get("median_step_s")
+        if "shrink" not in row or not measured or (names and row["name"] not in names):
             continue
         base = corpus.get_case(row["name"])
         case = dataclasses.replace(base, micro_batch=row["shrink"][0], seq=row["shrink"][1])
@@ -144,5 +147,5 @@ def shrunk_checks(path: Path | str = SHRUNK_FILES[0], names: list[str] | None = 
         except FakeModeUnsupported:
             continue
         out.append(ShrunkCheck(row["name"], base.split, tuple(row["shrink"]), base.recompute != "none",
-                               row["median_step_s"], d["step_s"], d["host_s"], d["gpu_busy_s"]))
+                               measured, d["step_s"], d["host_s"], d["gpu_busy_s"]))
     return out

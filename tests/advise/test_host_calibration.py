@@ -124,7 +124,7 @@ def test_record_host_chunks_a_step_at_block_boundaries_forward_and_backward(monk
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     case = get_case("gpt2-b8-bf16@tiny")                 # 2 layers
     model, opt, batch = prepare_plain(case, "cpu")
-    ch = record_host.Chunker(model, cycles_per_s=1e9)
+    ch = record_host.Chunker(model, cycles_per_s=1e9, sleep_s=60.0)   # the sleep is stubbed: no chunk is "blocked"
     ch.counting = True
     plain_step(case, model, opt, batch, device_type="cpu")
     assert ch.calls == 4                                 # 2 blocks x (forward, backward)
