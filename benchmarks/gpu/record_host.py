@@ -51,7 +51,7 @@ from labkit.core.provenance import header, write_measurement
 from labkit.workloads.corpus import CASES, Case, plain_step, prepare_plain, tiny
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record_kernels import Timer  # noqa: E402
+from record_kernels import Timer, synced_wall  # noqa: E402
 from record_plain import LOG, SMOKE_CASES, cleanup, log, versions  # noqa: E402
 
 T0 = time.perf_counter()
@@ -173,16 +173,7 @@ def run_case(case: Case, device: str, cycles_per_s: float, shrink: tuple[int, in
         def step() -> None:
             plain_step(case, model, opt, batch, device_type=device)
 
-        walls = []
-        for i in range(WARMUP + REPEATS):
-            if cuda:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            step()
-            if cuda:
-                torch.cuda.synchronize()
-            if i >= WARMUP:
-                walls.append(time.perf_counter() - t)
+        walls = [synced_wall(step, cuda) for _ in range(WARMUP + REPEATS)][WARMUP:]
         row["step_times_s"] = walls
         row["median_step_s"] = statistics.median(walls)
         if cuda:
@@ -236,13 +227,7 @@ def run_pair(case: Case, device: str, shrink: tuple[int, int]) -> dict[str, Any]
         tiny_batch = {k: v.to(device) for k, v in make_batch(small).items()}
 
         def timed(b: dict) -> float:
-            if cuda:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            plain_step(case, model, opt, b, device_type=device)
-            if cuda:
-                torch.cuda.synchronize()
-            return time.perf_counter() - t
+            return synced_wall(lambda: plain_step(case, model, opt, b, device_type=device), cuda)
 
         for _ in range(WARMUP):
             timed(batch), timed(tiny_batch)

@@ -64,6 +64,17 @@ PROFILE_CASES = ("gpt2-b8-fp32", "gpt2-b8-bf16", "llama-gqa-b4-amp-bf16", "mixtr
 DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16}
 
 
+def synced_wall(fn: Callable[[], Any], cuda: bool) -> float:
+    """Wall seconds of one call of ``fn``, the GPU synchronised before and after (as the plain loops time a step)."""
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
 def log(msg: str) -> None:
     line = f"[{time.perf_counter() - T0:6.1f}s] {msg}"
     LOG.append(line)
@@ -696,16 +707,8 @@ def profile_cases(device: str, smoke: bool, deadline: float, names: tuple[str, .
             continue
         try:
             model, opt, batch = prepare_plain(case, device)
-            walls = []
-            for i in range(4):
-                if cuda:
-                    torch.cuda.synchronize()
-                t = time.perf_counter()
-                plain_step(case, model, opt, batch, device_type=device)
-                if cuda:
-                    torch.cuda.synchronize()
-                if i:
-                    walls.append(time.perf_counter() - t)
+            walls = [synced_wall(lambda: plain_step(case, model, opt, batch, device_type=device), cuda)
+                     for _ in range(4)][1:]
             row["median_step_s"] = statistics.median(walls)
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             with profile(activities=acts) as prof:
