@@ -28,7 +28,8 @@ the case's name and add ``shrink``. With ``--pair`` the case's own step and its 
 model in one process (``PAIR_ROUNDS`` rounds after a warm-up), so the host's drift over minutes cancels
 between them: ``median_step_s`` is the full step, ``shrunk_step_s`` the shrunk one (no sleeps, no chunks).
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--shrink 1,64] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_host.py --out DIR [--budget 300] [--only A,B] [--shrink 1,64 [--pair]]
+                                                       [--smoke]
 
 Writes ``DIR/host_split.json`` (rewritten after every case) and ``DIR/log.txt``.
 """
@@ -158,13 +159,23 @@ def _first_grad_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
-def run_case(case: Case, device: str, cycles_per_s: float, shrink: tuple[int, int] | None = None) -> dict[str, Any]:
-    cuda = device == "cuda"
-    cleanup(cuda)
+def _case_row(case: Case, shrink: tuple[int, int] | None) -> dict[str, Any]:
     row: dict[str, Any] = {"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
                            "describe": case.describe()}
     if shrink:
         row["shrink"] = list(shrink)
+    return row
+
+
+def _failed(row: dict[str, Any], exc: Exception) -> None:
+    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    row["traceback_tail"] = traceback.format_exc()[-1500:]
+
+
+def run_case(case: Case, device: str, cycles_per_s: float, shrink: tuple[int, int] | None = None) -> dict[str, Any]:
+    cuda = device == "cuda"
+    cleanup(cuda)
+    row = _case_row(case, shrink)
     t0 = time.perf_counter()
     model = opt = batch = None
     try:
@@ -203,8 +214,7 @@ def run_case(case: Case, device: str, cycles_per_s: float, shrink: tuple[int, in
             row["host_s"] = statistics.median(row["host_times_s"])
             row["host_blocked"] = max(row["host_times_s"]) > 0.8 * sleep_s
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
-        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        row["traceback_tail"] = traceback.format_exc()[-1500:]
+        _failed(row, exc)
     del model, opt, batch
     cleanup(cuda)
     row["wall_s"] = time.perf_counter() - t0
@@ -218,8 +228,7 @@ def run_pair(case: Case, device: str, shrink: tuple[int, int]) -> dict[str, Any]
     cuda = device == "cuda"
     cleanup(cuda)
     small = dataclasses.replace(case, micro_batch=shrink[0], seq=shrink[1])
-    row: dict[str, Any] = {"name": case.name, "split": case.split, "case": dataclasses.asdict(case),
-                           "describe": case.describe(), "shrink": list(shrink), "paired": True}
+    row = {**_case_row(case, shrink), "paired": True}
     t0 = time.perf_counter()
     model = opt = batch = tiny_batch = None
     try:
@@ -238,8 +247,7 @@ def run_pair(case: Case, device: str, shrink: tuple[int, int]) -> dict[str, Any]
         row.update(step_times_s=full, shrunk_step_times_s=shrunk, median_step_s=statistics.median(full),
                    shrunk_step_s=statistics.median(shrunk))
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
-        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        row["traceback_tail"] = traceback.format_exc()[-1500:]
+        _failed(row, exc)
     del model, opt, batch, tiny_batch
     cleanup(cuda)
     row["wall_s"] = time.perf_counter() - t0
