@@ -7,6 +7,7 @@
     labkit measure --factory mypkg.models:build --micro-batch 8 --seq 512       # your own nn.Module
     labkit measure --factory mypkg.vision:net --image-size 224 --micro-batch 64
     labkit measure --hf-config path/to/mixtral/config.json --moe-routing 0.4,0.2,0.2,0.2   # skewed routing
+    labkit measure --script train.py --steps 3 -- --lr 3e-4      # your own training script, unmodified
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "t5, vit, ...): the model built from it, no weights (transformers)")
     m.add_argument("--factory", metavar="MODULE:FUNCTION",
                    help="your own code: FUNCTION() in MODULE (importable from here) returns the nn.Module")
+    m.add_argument("--script", metavar="PATH",
+                   help="your own training script, unmodified: run as `python PATH ARGS` (ARGS after --) on a fake "
+                        "GPU; reports the whole run's peak allocated and reserved, each optimizer step's peak, the "
+                        "phase, categories and your code's lines at the peak. On a GPU, `labkit watch -- python PATH` "
+                        "is the real twin")
     m.add_argument("--task", choices=TASKS, help="what the batch and the loss are (default: from the config; "
                                                  "causal-lm, or image-classification with --image-size)")
     m.add_argument("--lora", action="store_true", help="peft LoRA (r=16 on the attention projections) on a bf16 "
@@ -85,9 +91,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fake-cuda: the process the step runs in: fresh (a new training script: the cuBLAS workspaces "
                         "are allocated at its first matmuls, the default) or warm (one that ran matmuls before, e.g. a "
                         "notebook; implied by --allocator-state)")
+    r = p.add_argument_group("a rank of a torchrun launch (with --script)")
+    r.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="run the script as a rank of `torchrun --nproc-per-node N`: the launcher's environment, "
+                        "init_process_group and init_device_mesh on a fake process group (FSDP2, DDP, DTensor)")
+    r.add_argument("--nnodes", type=int, default=None, metavar="M", help="nodes of the launch (default 1)")
+    r.add_argument("--ranks", default=None, metavar="all|R,R,...",
+                   help="the global ranks to trace, each in its own process (default 0; ranks differ with pipeline "
+                        "stages or uneven shards)")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
-    p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
-    p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps to run; the last one is reported (default 2). With --script: stop the script after N "
+                        "optimizer steps (default: run it to its end)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport; with --script "
+                   "the ScriptReport, and the script's own output goes to stderr)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
+                   help="with --script: the script's own arguments, after --")
     p.set_defaults(func=run)
 
 
@@ -157,6 +176,19 @@ def _gpt_sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
 def run(args: argparse.Namespace) -> int:
     from labkit.core.errors import LabkitError
 
+    if args.script is not None:
+        from labkit.memory.script.cli import run_script_cli
+
+        return run_script_cli(args)
+    for flag in ("nproc_per_node", "nnodes", "ranks"):
+        if getattr(args, flag) is not None:
+            raise LabkitError(f"--{flag.replace('_', '-')} applies to a script (--script PATH): a rank of a torchrun "
+                              "launch")
+    if args.script_args:
+        raise LabkitError(f"unexpected arguments {' '.join(args.script_args)!r}: arguments after -- are a script's "
+                          "(--script PATH)")
+    if args.steps is None:
+        args.steps = 2
     _deprecated(args)
     _quiet_transformers()
     _positive(args, "layers", "hidden", "heads", "vocab", "micro-batch", "seq", "image-size")

@@ -201,7 +201,9 @@ class CudaAutocast(TorchFunctionMode):
             with self:   # the sub-ops of the decomposition meet these lists, as on the GPU
                 return composite_under_cuda_autocast(name)(*args, **kwargs)
         if name in LOWER_PRECISION:
-            c = self.state.cache
+            # autocast_mode.cpp cached_cast: no cache inside inference_mode (pytorch/pytorch#158232, torch >= 2.9)
+            # nor where the region turned it off (torch.autocast(cache_enabled=False))
+            c = None if (torch.is_inference_mode_enabled() or not torch.is_autocast_cache_enabled()) else self.state.cache
             args, kwargs = cast_arguments(args, kwargs, lambda x: _cast(x, self.dtype, c))
         elif name in FP32:
             low = (torch.float16, torch.bfloat16)

@@ -1,0 +1,126 @@
+"""``labkit measure --script`` against users' scripts recorded on the H200, and its speed and memory.
+
+    PYTHONPATH=. python benchmarks/bench_script.py --validate [--only NAME] [--jobs 2]
+    PYTHONPATH=. python benchmarks/bench_script.py --ranks [--only NAME]
+    PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/llama7b_bf16.py
+
+``--validate``: every script of ``data/measurements/script/scripts.json`` (recorded by
+``benchmarks/gpu/record_scripts.py``: each script unmodified, in its own process, whole-run peaks read after it
+ends) predicted from ``labkit measure --script PATH --json``, each in its own new process as a user runs it;
+reference and held-out scripts apart (a third held out by a hash of the name: ``labkit.workloads.corpus``'s
+rule); targets: peak within 3%, reserved within 10%, each in under 2 minutes. ``--ranks``: the rank cases of
+``ranks__fake_pg.json`` (rank 0 of a world-N launch on a fake process group, on the H200 and here).
+``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``).
+Every run prints the reproducibility header first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labkit.core.provenance import header  # noqa: E402
+
+SCRIPTS = ROOT / "data" / "scripts"
+PEAK_TARGET, RESERVED_TARGET, SECONDS_TARGET = 3.0, 10.0, 120.0
+
+
+def split(name: str) -> str:
+    h = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+    return "held-out" if h % 3 == 0 else "reference"
+
+
+def predict(script: Path, args: list[str], extra: list[str] = ()) -> tuple[dict | None, float, int, str]:
+    """The script's ScriptReport (JSON), wall seconds, the child's max RSS in bytes, and the error line."""
+    cmd = [sys.executable, "-m", "labkit", "measure", "--script", str(script), *extra, "--json", "--", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(script.parent),
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    if proc.returncode != 0:
+        return None, wall, rss, (err.strip().splitlines() or ["?"])[-1]
+    return json.loads(out), wall, rss, ""
+
+
+def validate(rows: list[dict], jobs: int, ranks: bool) -> int:
+    def one(r: dict) -> dict:
+        extra = ["--nproc-per-node", str(r["world_size"])] if ranks else []
+        rep, wall, rss, err = predict(SCRIPTS / r["script"], r["args"], extra)
+        if rep is not None and ranks:
+            rep = rep["ranks"][0]
+        return {"row": r, "rep": rep, "wall": wall, "err": err}
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(one, rows))
+    print(f"{'case':28s} {'split':9s} {'recorded peak':>14s} {'predicted':>14s} {'error':>8s} "
+          f"{'reserved err':>12s} {'seconds':>8s}")
+    errs: dict[str, list[tuple[float, float]]] = {"reference": [], "held-out": []}
+    within = {"reference": [0, 0], "held-out": [0, 0]}
+    for res in results:
+        r, rep = res["row"], res["rep"]
+        sp = split(r["name"])
+        within[sp][1] += 1
+        if rep is None or r.get("status") != "ok":
+            why = res["err"] if rep is None else f"recording: {r.get('status')}"
+            print(f"{r['name']:28s} {sp:9s} {'-':>14s} {'-':>14s}  not compared: {why[:120]}")
+            continue
+        pe = 100 * (rep["peak_bytes"] / r["peak_allocated"] - 1)
+        re_ = 100 * (rep["reserved_bytes"] / r["peak_reserved"] - 1)
+        errs[sp].append((pe, re_))
+        ok = abs(pe) <= PEAK_TARGET and abs(re_) <= RESERVED_TARGET and res["wall"] <= SECONDS_TARGET
+        within[sp][0] += ok
+        print(f"{r['name']:28s} {sp:9s} {r['peak_allocated']:>14,d} {rep['peak_bytes']:>14,d} {pe:>+7.2f}% "
+              f"{re_:>+11.2f}% {res['wall']:>8.1f}{'' if ok else '  MISS'}")
+    for sp in ("reference", "held-out"):
+        e = errs[sp]
+        if e:
+            print(f"{sp}: {within[sp][0]} of {within[sp][1]} within targets (peak {PEAK_TARGET}%, reserved "
+                  f"{RESERVED_TARGET}%, {SECONDS_TARGET:.0f} s); median |peak error| "
+                  f"{statistics.median(abs(p) for p, _ in e):.2f}%, median |reserved error| "
+                  f"{statistics.median(abs(q) for _, q in e):.2f}%")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--validate", action="store_true")
+    g.add_argument("--ranks", action="store_true")
+    g.add_argument("--script")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    print(json.dumps(header(), indent=1))
+    if a.script:
+        rep, wall, rss, err = predict(Path(a.script).resolve(), [])
+        if rep is None:
+            print(f"failed: {err}")
+            return 1
+        print(f"{a.script}: predicted peak {rep['peak_bytes']:,d} B, reserved {rep['reserved_bytes']:,d} B; "
+              f"{wall:.1f} s wall, at most {rss / 1e9:.2f} GB resident (the labkit process)")
+        return 0
+    name = "ranks__fake_pg.json" if a.ranks else "scripts.json"
+    doc = json.loads((ROOT / "data" / "measurements" / "script" / name).read_text())
+    prov = doc["provenance"]
+    print(f"recorded on {prov['gpu_name']}, {prov['date'][:10]} (torch {prov['torch']}, transformers "
+          f"{prov.get('transformers')}); predicted here by the installed versions")
+    rows = [r for r in doc["data"] if a.only in r["name"]]
+    return validate(rows, a.jobs, a.ranks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

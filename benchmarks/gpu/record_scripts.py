@@ -1,0 +1,166 @@
+"""Ground truth for ``labkit measure --script``: users' training scripts, unmodified, on a real GPU.
+
+Each case runs in its own new Python process (``python -c WRAPPER SCRIPT ARGS``): the wrapper runs the
+script as ``__main__`` with ``runpy`` and, after it ends, reads ``torch.cuda.max_memory_allocated()`` and
+``max_memory_reserved()`` (the whole run's peaks) and the cumulative ``max_memory_allocated()`` after each
+``Optimizer.step`` (a global post-hook; it allocates nothing). No labkit code runs in that process.
+
+Rank cases (``--ranks``): a torchrun script run as rank 0 of a world of N on ONE GPU, on PyTorch's fake
+process group (``torch.testing._internal.distributed.fake_pg``: collectives do nothing and no peers exist;
+the rank's own allocations are real). That is not a real multi-GPU run: it has no NCCL communicator, no
+buffers a real collective fills on its own stream. DDP's reducer waits on its allreduce's future, which the
+fake group leaves empty, so the wrapper registers a communication hook that returns the bucket itself
+(what an allreduce leaves in place, with no allocation).
+
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR] [--smoke]
+
+Writes ``DIR/scripts.json`` and ``DIR/ranks.json`` (``kind`` ``script_peaks``; one row per case with its
+script, arguments, world size, peaks, per-step peaks, wall time and status) with the provenance header
+(GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning, peft and torchvision).
+``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "data" / "scripts"
+
+# (name, script relative to data/scripts, arguments)
+SCRIPT_CASES = [(p.stem, p.name, []) for p in sorted(SCRIPTS.glob("*.py"))]
+# (name, script, arguments, world size)
+RANK_CASES = [
+    *[(f"fsdp2-llama-w{w}", "ranks/fsdp2_llama.py", [], w) for w in (2, 4, 8)],
+    *[(f"fsdp2-llama-mp-w{w}", "ranks/fsdp2_llama.py", ["--mp"], w) for w in (2, 4, 8)],
+    *[(f"fsdp2-llama-mp-ckpt-w{w}", "ranks/fsdp2_llama.py", ["--mp", "--ckpt"], w) for w in (2, 8)],
+    *[(f"ddp-gpt2-w{w}", "ranks/ddp_gpt2.py", [], w) for w in (2, 8)],
+    *[(f"tp-mlp-w{w}", "ranks/tp_mlp.py", [], w) for w in (2, 4, 8)],
+]
+
+WRAPPER = r'''
+import json, os, runpy, sys, time, traceback
+import torch
+path = sys.argv[1]
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(path))
+world = int(os.environ.get("RECORD_FAKE_WORLD", "0"))
+if world:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    _init = dist.init_process_group
+    def init(backend=None, *a, **k):
+        for key in ("store", "init_method", "rank", "world_size"):
+            k.pop(key, None)
+        return _init("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=world, **k)
+    dist.init_process_group = init
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    _ddp = DDP.__init__
+    def ddp_init(self, *a, **k):
+        _ddp(self, *a, **k)
+        def hook(state, bucket):
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        self.register_comm_hook(None, hook)
+    DDP.__init__ = ddp_init
+steps = []
+if torch.cuda.is_available():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    register_optimizer_step_post_hook(lambda o, a, k: steps.append(torch.cuda.max_memory_allocated()))
+    free0, total0 = torch.cuda.mem_get_info()
+else:
+    free0 = total0 = 0
+t0 = time.perf_counter()
+status = "ok"
+try:
+    runpy.run_path(path, run_name="__main__")
+except SystemExit as e:
+    if e.code not in (None, 0):
+        status = f"exit {e.code}"
+except BaseException as e:
+    status = f"error {type(e).__name__}: {str(e)[:300]}"
+    traceback.print_exc()
+row = {"status": status, "wall_s": round(time.perf_counter() - t0, 2), "step_cumulative_peaks": steps,
+       "mem_get_info_at_start": [free0, total0]}
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+    st = torch.cuda.memory_stats()
+    row.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
+               end_allocated=torch.cuda.memory_allocated(), num_alloc_retries=int(st.get("num_alloc_retries", 0)),
+               num_ooms=int(st.get("num_ooms", 0)),
+               total_memory=torch.cuda.get_device_properties(0).total_memory)
+print("RECORD_RESULT " + json.dumps(row), flush=True)
+'''
+
+
+def run_case(name: str, script: str, args: list[str], world: int, timeout: float) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if world:
+        env.update(RECORD_FAKE_WORLD=str(world), RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+    cmd = [sys.executable, "-c", WRAPPER, str(SCRIPTS / script), *args]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(SCRIPTS))
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", -9
+    row: dict = {"name": name, "script": script, "args": args, "world_size": world or 1,
+                 "fake_process_group": bool(world), "returncode": rc}
+    for line in out.splitlines():
+        if line.startswith("RECORD_RESULT "):
+            row.update(json.loads(line[len("RECORD_RESULT "):]))
+    if "status" not in row:
+        row["status"] = f"no result (rc {rc})"
+    row["stderr_tail"] = err[-1500:] if row["status"] != "ok" else ""
+    row["process_wall_s"] = round(time.perf_counter() - t0, 1)
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {row['status']} peak={row.get('peak_allocated')} "
+          f"reserved={row.get('peak_reserved')} ({row['process_wall_s']} s)", flush=True)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--no-scripts", action="store_true")
+    ap.add_argument("--no-ranks", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from labkit.core.provenance import header, write_measurement
+
+    prov = header()
+    for mod in ("transformers", "accelerate", "lightning", "peft", "torchvision"):
+        try:
+            prov[mod] = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001 - recorded as missing
+            prov[mod] = f"unavailable ({type(e).__name__})"
+    print(json.dumps(prov, indent=1), flush=True)
+    groups = []
+    if not a.no_scripts:
+        groups.append(("scripts", [(n, s, ar, 0) for n, s, ar in SCRIPT_CASES]))
+    if not a.no_ranks:
+        groups.append(("ranks", RANK_CASES))
+    for kind, cases in groups:
+        cases = [c for c in cases if a.only in c[0]]
+        if a.smoke:
+            cases = cases[:1]
+        with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            rows = list(pool.map(lambda c: run_case(*c, timeout=a.timeout), cases))
+        write_measurement(Path(a.out) / f"{kind}.json", "script_peaks", rows, provenance=prov)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

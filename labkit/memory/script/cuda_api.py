@@ -1,0 +1,269 @@
+"""``torch.cuda`` as the target GPU answers it, for a faked program.
+
+Availability, device count, names and properties come from the target (:class:`GpuFacts`); the memory
+statistics from the live allocator (:mod:`labkit.memory.script.live`), so a script's own
+``print(torch.cuda.max_memory_allocated())`` prints the prediction. Streams and events exist and do
+nothing (one stream: the program's work is already in order); an event's ``elapsed_time`` is 0.0 (no
+time is predicted here). Random-number state is a host tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import torch
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What ``torch.cuda`` reports about the target GPU.
+
+    ``total_memory``: ``cudaDeviceProp::totalGlobalMem``, what ``get_device_properties().total_memory``
+    reports, recorded on the lab's H200 (``data/measurements/script/scripts.json``, ``total_memory``; its OOM
+    messages say "a total capacity of 139.80 GiB"). ``context_bytes``: what the CUDA context and libraries hold outside
+    PyTorch's allocator; the OOM messages under ``data/measurements/allocator/`` put it at 0.66-0.72 GiB ("this process has 9.23 GiB memory in use"
+    with 8.57 GiB reserved by PyTorch), so 0.67 GiB, the median of three. ``mem_get_info`` subtracts it, and
+    the simulated device serves at most ``total_memory - context_bytes``.
+    """
+
+    name: str = "NVIDIA H200"
+    total_memory: int = 150_109_880_320      # get_device_properties(0).total_memory on the H200
+    major: int = 9
+    minor: int = 0
+    multi_processor_count: int = 132
+    context_bytes: int = 719_407_000             # 0.67 GiB
+    device_count: int = 1
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.total_memory - self.context_bytes
+
+    def properties(self) -> Any:
+        return SimpleNamespace(name=self.name, total_memory=self.total_memory, major=self.major, minor=self.minor,
+                               multi_processor_count=self.multi_processor_count, is_integrated=False,
+                               is_multi_gpu_board=False, L2_cache_size=60 * (1 << 20),
+                               max_threads_per_multi_processor=2048, warp_size=32, gcnArchName="",
+                               uuid="00000000-0000-0000-0000-000000000000 (fake)")
+
+
+class FakeStream:
+    """A CUDA stream that does nothing (the faked program runs in order on the host)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
+        self.device = torch.device("cuda", 0)
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> "FakeEvent":
+        ev = event or FakeEvent()
+        return ev
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __enter__(self) -> "FakeStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FakeStream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class FakeEvent:
+    """A CUDA event: records nothing; ``elapsed_time`` is 0.0 ms (the fake GPU predicts no time)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
+class _DeviceContext:
+    """``torch.cuda.device(i)``: selects nothing (one GPU per process)."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = device
+
+    def __enter__(self) -> "_DeviceContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def _summary(live: Any) -> str:
+    st = live.stats()
+    gib = 1 << 30
+    return ("labkit fake GPU (predicted): "
+            f"allocated {st['allocated_bytes.all.current'] / gib:.2f} GiB (peak {st['allocated_bytes.all.peak'] / gib:.2f}), "
+            f"reserved {st['reserved_bytes.all.current'] / gib:.2f} GiB (peak {st['reserved_bytes.all.peak'] / gib:.2f}), "
+            f"{st['segment.all.current']} segments")
+
+
+@contextlib.contextmanager
+def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> Iterator[None]:
+    """Patch ``torch.cuda`` (and the few ``torch.backends`` queries that need a GPU) for the duration.
+    ``note(text)`` records an assumption (e.g. a memory-history call that records nothing here)."""
+    import torch.cuda as tc
+
+    current = [local_rank]
+
+    def device_count() -> int:
+        return facts.device_count
+
+    def set_device(d: Any) -> None:
+        idx = d.index if isinstance(d, torch.device) else (int(d) if d is not None else 0)
+        current[0] = 0 if idx is None else idx
+
+    def memory_allocated(device: Any = None) -> int:
+        live.sync()
+        return live.allocated
+
+    def max_memory_allocated(device: Any = None) -> int:
+        live.sync()
+        return live.peak
+
+    def memory_reserved(device: Any = None) -> int:
+        live.sync()
+        return live.reserved
+
+    def max_memory_reserved(device: Any = None) -> int:
+        live.sync()
+        return live.reserved_peak
+
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        live.sync()
+        return facts.usable_bytes - live.reserved, facts.total_memory
+
+    def record_history(*a: Any, **k: Any) -> None:
+        note("torch.cuda.memory._record_memory_history: nothing is recorded on the fake GPU (use labkit watch "
+             "-- python SCRIPT on a GPU for a real snapshot)")
+
+    def dump_snapshot(*a: Any, **k: Any) -> None:
+        note("torch.cuda.memory._dump_snapshot: no snapshot file is written on the fake GPU")
+
+    def rng_state(device: Any = None) -> torch.Tensor:
+        return torch.zeros(16, dtype=torch.uint8, device="cpu")
+
+    def none(*a: Any, **k: Any) -> None:
+        return None
+
+    names: dict[str, Any] = {
+        "is_available": lambda: True, "device_count": device_count, "current_device": lambda: current[0],
+        "set_device": set_device, "device": _DeviceContext, "is_initialized": lambda: True, "init": none,
+        "_lazy_init": none, "_is_compiled": lambda: True, "_device_count_nvml": device_count,
+        "get_device_name": lambda device=None: facts.name,
+        "get_device_capability": lambda device=None: (facts.major, facts.minor),
+        "get_device_properties": lambda device=None: facts.properties(),
+        "get_arch_list": lambda: [f"sm_{facts.major}{facts.minor}"],
+        "is_bf16_supported": lambda including_emulation=True: facts.major >= 8,
+        "synchronize": lambda device=None: live.sync(),
+        "memory_allocated": memory_allocated, "max_memory_allocated": max_memory_allocated,
+        "memory_reserved": memory_reserved, "max_memory_reserved": max_memory_reserved,
+        "memory_cached": memory_reserved, "max_memory_cached": max_memory_reserved,
+        "reset_peak_memory_stats": lambda device=None: live.reset_peaks(),
+        "reset_max_memory_allocated": lambda device=None: live.reset_peaks(),
+        "reset_max_memory_cached": lambda device=None: live.reset_peaks(),
+        "reset_accumulated_memory_stats": none,
+        "memory_stats": lambda device=None: live.stats(),
+        "memory_summary": lambda device=None, abbreviated=False: _summary(live),
+        "mem_get_info": mem_get_info, "empty_cache": lambda: live.empty_cache(),
+        "memory_snapshot": lambda *a, **k: live.sim.segments(),
+        "set_per_process_memory_fraction": lambda fraction, device=None: note(
+            f"torch.cuda.set_per_process_memory_fraction({fraction}) is not applied on the fake GPU"),
+        "Stream": FakeStream, "Event": FakeEvent, "current_stream": lambda device=None: FakeStream(),
+        "default_stream": lambda device=None: FakeStream(), "stream": lambda s=None: contextlib.nullcontext(),
+        "manual_seed": none, "manual_seed_all": none, "seed": none, "seed_all": none,
+        "initial_seed": lambda: 0, "get_rng_state": rng_state, "set_rng_state": none,
+        "get_rng_state_all": lambda: [rng_state()], "set_rng_state_all": none,
+        "utilization": lambda device=None: 0, "ipc_collect": none,
+        "is_current_stream_capturing": lambda: False,
+    }
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(obj: Any, attr: str, value: Any) -> None:
+        saved.append((obj, attr, getattr(obj, attr, _MISSING)))
+        setattr(obj, attr, value)
+
+    for attr, value in names.items():
+        patch(tc, attr, value)
+    import torch.cuda.memory as tcm
+
+    for attr in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                 "reset_peak_memory_stats", "memory_stats", "mem_get_info", "empty_cache", "memory_snapshot"):
+        if hasattr(tcm, attr):
+            patch(tcm, attr, names[attr])
+    patch(tcm, "_record_memory_history", record_history)
+    patch(tcm, "_dump_snapshot", dump_snapshot)
+    import torch.cuda.random as tcr
+
+    for attr in ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all", "seed", "seed_all"):
+        patch(tcr, attr, names[attr])
+    import torch.cuda.nvtx as nvtx
+
+    for attr in ("range_push", "range_pop", "mark"):
+        patch(nvtx, attr, none)
+    patch(nvtx, "range", lambda *a, **k: contextlib.nullcontext())
+    import torch.backends.cudnn as cudnn
+
+    patch(cudnn, "is_available", lambda: True)
+    acc = getattr(torch, "accelerator", None)        # the device-generic API (torch >= 2.6), as accelerate asks it
+    if acc is not None:
+        generic = {"is_available": lambda: True, "current_accelerator": lambda check_available=False: torch.device("cuda"),
+                   "device_count": device_count, "current_device_index": lambda: current[0],
+                   "current_device_idx": lambda: current[0], "set_device_index": set_device,
+                   "set_device_idx": set_device, "synchronize": lambda device=None: live.sync(),
+                   "current_stream": lambda device=None: FakeStream(), "set_stream": none,
+                   "empty_cache": lambda: live.empty_cache(), "memory_allocated": memory_allocated,
+                   "max_memory_allocated": max_memory_allocated, "memory_reserved": memory_reserved,
+                   "max_memory_reserved": max_memory_reserved, "memory_stats": lambda device=None: live.stats(),
+                   "reset_peak_memory_stats": lambda device=None: live.reset_peaks(),
+                   "get_memory_info": mem_get_info,
+                   "get_device_capability": lambda device=None: {"major": facts.major, "minor": facts.minor}}
+        for attr, value in generic.items():
+            if hasattr(acc, attr):
+                patch(acc, attr, value)
+    try:
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            if value is _MISSING:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, value)
+
+
+_MISSING = object()

@@ -1,0 +1,167 @@
+"""One rank of a ``torchrun`` launch, on the fake GPU: the script sees the launcher's environment and a
+process group; collectives go to PyTorch's fake process group (``torch.testing._internal.distributed.fake_pg``:
+no peers, no communication; each collective's outputs are allocated as the real one allocates them), so
+the rank's own allocations are what they are on that rank of the real job.
+
+* the environment ``torchrun --nnodes M --nproc-per-node N`` sets for global rank R: ``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``MASTER_ADDR``,
+  ``MASTER_PORT`` (torch/distributed/run.py, torch/distributed/elastic/agent/server/api.py);
+* ``init_process_group(backend, ...)`` with any backend and init method becomes the fake group of that
+  rank and world (``init_device_mesh("cuda", ...)`` builds on it);
+* DDP's reducer waits on each bucket's allreduce future, which the fake group leaves without a value: a
+  communication hook that returns the bucket itself stands in for the allreduce (it reduces in place; no
+  allocation), registered on every ``DistributedDataParallel`` the script builds, unless it registers its own.
+
+What a real multi-GPU run holds besides, outside PyTorch's allocator, is stated beside the rank's figures
+as a model (:func:`outside_allocator`): the CUDA context, and NCCL's buffers per communicator (a process
+group of more than one rank that the script created).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from labkit.core.errors import LabkitError
+
+MAX_WORLD = 1 << 16
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A ``torchrun`` launch: ``nnodes`` x ``nproc_per_node`` ranks."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("nproc_per_node", "nnodes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise LabkitError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {v!r}")
+        if self.world_size > MAX_WORLD:
+            raise LabkitError(f"--nnodes x --nproc-per-node is {self.world_size}; at most {MAX_WORLD} ranks")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def env(self, rank: int) -> dict[str, str]:
+        local = rank % self.nproc_per_node
+        return {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.nproc_per_node), "GROUP_RANK": str(rank // self.nproc_per_node),
+                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(self.world_size), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "labkit-fake"}
+
+    def parse_ranks(self, text: str | None) -> list[int]:
+        """``--ranks``: ``all``, or a comma-separated list of ranks (default: rank 0)."""
+        if text is None or text == "":
+            return [0]
+        if text == "all":
+            if self.world_size > 64:
+                raise LabkitError(f"--ranks all would trace {self.world_size} ranks; list the ones that differ "
+                                  "(e.g. one per pipeline stage), at most 64")
+            return list(range(self.world_size))
+        out = []
+        for part in text.split(","):
+            try:
+                r = int(part)
+            except ValueError:
+                raise LabkitError(f"--ranks {text!r}: {part!r} is not a rank number (use all or e.g. 0,3)") from None
+            if not 0 <= r < self.world_size:
+                raise LabkitError(f"--ranks {text!r}: rank {r} is outside 0..{self.world_size - 1}")
+            if r not in out:
+                out.append(r)
+        if len(out) > 64:
+            raise LabkitError(f"--ranks {text!r}: at most 64 ranks at once")
+        return out
+
+
+def outside_allocator(communicators: int) -> dict[str, Any]:
+    """Device memory a rank holds outside PyTorch's caching allocator: a model, with its sources
+    (:mod:`labkit.memory.estimate.buffers`: the CUDA context measured on the H200; NCCL's buffers per
+    communicator assumed, not measured here)."""
+    from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES, DEFAULTS_SOURCE, NCCL_BYTES_PER_COMMUNICATOR
+
+    return {"cuda_context_bytes": CUDA_CONTEXT_BYTES, "nccl_communicators": communicators,
+            "nccl_bytes": communicators * NCCL_BYTES_PER_COMMUNICATOR,
+            "total_bytes": CUDA_CONTEXT_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
+            "source": "model: " + DEFAULTS_SOURCE}
+
+
+def _bucket_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+    # no annotations: DDP checks a hook's annotations against dist.GradBucket, and this module's are strings
+    import torch
+
+    fut: Any = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+@contextlib.contextmanager
+def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
+    """The launcher's environment and a fake process group for ``rank`` (see the module docstring); the number
+    of communicators the script created is left in ``gpu.communicators``. Without a launch (a plain ``python
+    script.py``), no environment is set and a process group the script makes itself (a one-process group for
+    ``ZeroRedundancyOptimizer``, say) is the fake one of the rank and world it asks for."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    env = launch.env(rank) if launch is not None else {}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    init, ddp_init = dist.init_process_group, DDP.__init__
+
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        nonlocal rank
+        for key in ("store", "init_method"):
+            kwargs.pop(key, None)
+        asked_rank, asked_world = kwargs.pop("rank", -1), kwargs.pop("world_size", -1)
+        if launch is not None:
+            world = launch.world_size
+        else:
+            world = asked_world if asked_world not in (None, -1) else int(os.environ.get("WORLD_SIZE", "1"))
+            rank = asked_rank if asked_rank not in (None, -1) else int(os.environ.get("RANK", "0"))
+        gpu.note(f"init_process_group({backend!r}): rank {rank} of {world} on a fake process group (collectives "
+             "allocate their outputs and move no data; no peers exist)")
+        return init("fake", store=FakeStore(), rank=rank, world_size=world, **kwargs)
+
+    def ddp(self: Any, *a: Any, **k: Any) -> None:
+        ddp_init(self, *a, **k)
+        self.register_comm_hook(None, _bucket_hook)
+        gpu.note("DistributedDataParallel: each bucket's allreduce stands in place (the fake group's future has no "
+             "value); a script's own communication hook cannot be registered on top of it")
+
+    destroy = dist.destroy_process_group
+
+    def count() -> None:
+        if dist.is_initialized():
+            groups = dist.distributed_c10d._world.pg_map
+            gpu.communicators = max(gpu.communicators or 0, sum(1 for g in groups if g.size() > 1))
+
+    def destroy_process_group(group: Any = None) -> None:
+        count()
+        destroy(group)
+
+    dist.init_process_group = init_process_group
+    dist.destroy_process_group = destroy_process_group
+    DDP.__init__ = ddp                                             # type: ignore[method-assign]
+    if launch is not None:
+        gpu.communicators = 0
+    try:
+        yield
+    finally:
+        dist.init_process_group = init
+        dist.destroy_process_group = destroy
+        DDP.__init__ = ddp_init                                    # type: ignore[method-assign]
+        count()
+        if dist.is_initialized():
+            destroy()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,319 @@
+"""``fake_gpu()``: run any code as it would run on the target GPU, and measure what it allocates.
+
+    with labkit.memory.fake_gpu() as gpu:          # in a notebook cell, or around your own code
+        model = MyModel().cuda()
+        ...train...
+    print(gpu.report())
+
+Inside, every tensor is a CPU fake tensor (no memory is used), ``torch.cuda`` answers as the target
+(:mod:`.cuda_api`), GPU placement follows :mod:`.placement`, and what the GPU would allocate is what
+``measure_step``'s fake mode allocates: the same tracker, kernel rules (:class:`CudaEmulator`: SDPA kernels,
+cuBLAS and cuDNN workspaces, reductions, embedding backward, dropout masks) and caching-allocator
+simulator, fed as the program runs (:mod:`.live`). CUDA autocast follows the program's own
+``torch.autocast("cuda")`` regions (the emulated casts apply while ``torch.is_autocast_enabled("cuda")``).
+
+Phases: ``setup`` until the first forward, ``forward`` (a top-level module called with gradients on),
+``eval`` (called without), ``loss`` (between a forward and the next backward), ``backward``
+(``torch.autograd.backward``/``grad``), ``optimizer`` (``Optimizer.step``), ``other``. Each
+``Optimizer.step`` ends an optimizer step (:class:`labkit.memory.script.live.StepMark`); ``max_steps`` stops
+the program after that many.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from labkit.core.errors import LabkitError
+from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
+from labkit.memory.script.live import LiveAllocator
+from labkit.memory.script.placement import DeviceMode, local_tensor, reported_devices
+from labkit.memory.script.tracker import GpuTracker, Sites
+from labkit.memory.trace.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
+from labkit.memory.trace.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
+from labkit.memory.trace.storage import Roles
+
+
+class StopScript(BaseException):
+    """Raised after the last optimizer step asked for (``max_steps``): ends the program there. A
+    ``BaseException``, so that a training framework's ``except Exception`` does not swallow it."""
+
+
+class ScriptAutocast(CudaAutocast):
+    """CUDA autocast's rules, applied while the program's own ``torch.autocast("cuda")`` region is on.
+
+    ``torch.autocast("cuda", ...)`` keeps its state in a CPU-only build too (``torch.is_autocast_enabled
+    ("cuda")``, ``torch.get_autocast_dtype("cuda")``); it only never meets a CUDA tensor. This mode reads that
+    state for every call, so nested regions, ``enabled=False`` inside (a rotary embedding kept in float32) and
+    ``torch.utils.checkpoint``'s recomputation under the forward's recorded state all cast as on the GPU. The
+    weight cache follows ``torch.is_autocast_cache_enabled()`` and is cleared when the outermost region exits
+    (``torch.clear_autocast_cache``)."""
+
+    def __init__(self, state: _AutocastState) -> None:
+        super().__init__(torch.bfloat16, state)
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not torch.is_autocast_enabled("cuda"):
+            return func(*args, **(kwargs or {}))
+        self.dtype = torch.get_autocast_dtype("cuda")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class ScriptEmulator(CudaEmulator):
+    """The kernel rules of :class:`CudaEmulator`, with autocast taken from the program (see above)."""
+
+    autocast_class = ScriptAutocast
+
+    def __init__(self, target: CudaTarget, recompute_modes: Any) -> None:
+        super().__init__(target, None)
+        self._recompute_modes = recompute_modes
+
+    def scalar_read(self, x: torch.Tensor) -> Any:
+        """A value read from a fake tensor (``.item()``, ``.tolist()``, ``if t:``): as ``measure_step`` answers
+        it, but an integer read is answered 0 too (an accuracy count in an evaluation loop), with the line."""
+        out = self._scalar_read(x)
+        return 0 if out is NotImplemented else out
+
+    def _scalar_read(self, x: torch.Tensor) -> Any:
+        if not x.is_floating_point() and x.dtype != torch.bool and getattr(x, "constant", None) is None \
+                and self.routing.scalar(x) is None:
+            self.assume(f"an integer .item() ({self.modules.where()}) read as 0: the fake GPU has no values; if it "
+                        "decides a size, the figures are for that size")
+            return 0
+        return super()._scalar_read(x)
+
+    def autocast_factory(self, dtype: torch.dtype) -> Any:
+        state, modes = self.autocast_state, self._recompute_modes
+
+        @contextlib.contextmanager
+        def region() -> Iterator[None]:
+            with contextlib.ExitStack() as stack:
+                for m in modes():
+                    stack.enter_context(m)
+                stack.enter_context(ScriptAutocast(state))
+                yield
+
+        return region
+
+
+def _wraps_optimizer(opt: Any) -> bool:
+    """A wrapper around another optimizer (accelerate's ``AcceleratedOptimizer``, Lightning's, ZeRO's
+    ``ZeroRedundancyOptimizer``): its step is counted where the optimizer it wraps steps (and not when it skips
+    it: an accumulation step, a ``GradScaler`` overflow)."""
+    return any(isinstance(getattr(opt, a, None), torch.optim.Optimizer) for a in ("optimizer", "optim"))
+
+
+@contextlib.contextmanager
+def _autocast_cache(state: _AutocastState) -> Iterator[None]:
+    original = torch.clear_autocast_cache
+
+    def clear() -> None:
+        state.cache.clear()
+        original()
+
+    torch.clear_autocast_cache = clear                        # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache = original                 # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_warnings() -> Iterator[None]:
+    """``copy.deepcopy`` of a module reads each tensor's data pointer (``Tensor.__deepcopy__``), which fake
+    tensors answer with a deprecation warning about the fake tensor, not about the program: not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        yield
+
+
+@dataclass
+class FakeGPU:
+    """One faked run (see the module docstring). Use :func:`fake_gpu`."""
+
+    target: CudaTarget = field(default_factory=lambda: CudaTarget(warm_process=False))
+    facts: GpuFacts = field(default_factory=GpuFacts)
+    max_steps: int | None = None
+    user_roots: tuple[str, ...] = ()
+    what: str = "code run under labkit.memory.fake_gpu()"
+    notes: list[str] = field(default_factory=list)
+    started: float = 0.0
+    ended: float | None = None
+    stopped_after: int | None = None
+    phase: str = "setup"
+    local_rank: int = 0
+    communicators: int | None = None     # process groups of more than one rank (set by ranks.fake_launch)
+
+    def __post_init__(self) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.emulator = ScriptEmulator(self.target, self._recompute_modes)
+        self.tracker = GpuTracker(emulator=self.emulator, sites=Sites(self.user_roots),
+                                  rounding=self.target.allocator_rounding)
+        self.placement = self.tracker.placement
+        self.live = LiveAllocator(self.tracker, device_bytes=self.facts.usable_bytes)
+        self.tracker.on_alloc = self.live.sync
+        self.roles = Roles()
+        self.emulator.attach(None, self.tracker, self.roles)
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self._stack: contextlib.ExitStack | None = None
+        self._depth = 0                      # top-level module calls running
+        self._after_forward = False
+        self.tracker.phases[0] = "setup"
+
+    # -- notes and phases -----------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def _set_phase(self, name: str) -> None:
+        if name != self.phase:
+            self.live.sync()
+            self.phase = name
+            self.tracker.begin_phase(name)
+
+    def _role(self, role: str, tensors: list[Any]) -> None:
+        self.roles.add(self.tracker, role, [local_tensor(t) for t in tensors if t is not None])
+
+    def _recompute_modes(self) -> list[Any]:
+        return [DeviceMode(self.placement)]
+
+    @contextlib.contextmanager
+    def _phase_hooks(self) -> Iterator[None]:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(mod: nn.Module, args: Any) -> None:
+            if self.phase == "backward":
+                return
+            self._depth += 1
+            if self._depth == 1:
+                self._role("parameters", list(mod.parameters()) + list(mod.buffers()))
+                self._set_phase("forward" if torch.is_grad_enabled() else "eval")
+
+        def post(mod: nn.Module, args: Any, out: Any) -> None:
+            if self.phase == "backward" or self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._set_phase("loss" if self.phase == "forward" else "other")
+
+        def opt_pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if _wraps_optimizer(opt):
+                return
+            params = [p for g in opt.param_groups for p in g["params"]]
+            self._role("parameters", params)
+            self._role("gradients", [p.grad for p in params if p.grad is not None])
+            self._set_phase("optimizer")
+
+        def opt_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if _wraps_optimizer(opt):
+                return
+            self._role("optimizer_state", [v for st in opt.state.values() for v in st.values()
+                                           if isinstance(v, torch.Tensor)])
+            self._set_phase("other")
+            self.live.mark_step()
+            if self.max_steps is not None and len(self.live.steps) >= self.max_steps:
+                self.stopped_after = len(self.live.steps)
+                raise StopScript()
+
+        original_backward, original_grad = torch.autograd.backward, torch.autograd.grad
+
+        def in_backward(fn: Any) -> Any:
+            def run(*a: Any, **k: Any) -> Any:
+                prev = self.phase
+                self._depth = 0
+                self._set_phase("backward")
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self._set_phase("other" if prev in ("loss", "forward") else prev)
+            return run
+
+        hooks = [register_module_forward_pre_hook(pre), register_module_forward_hook(post),
+                 register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
+        torch.autograd.backward = in_backward(original_backward)          # type: ignore[assignment]
+        torch.autograd.grad = in_backward(original_grad)                  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+            torch.autograd.backward = original_backward                   # type: ignore[assignment]
+            torch.autograd.grad = original_grad                           # type: ignore[assignment]
+
+    # -- entering and leaving ----------------------------------------------------------------------
+    def __enter__(self) -> "FakeGPU":
+        from labkit.memory.script.frameworks import framework_adapters
+
+        if self._stack is not None:
+            raise LabkitError("this fake GPU is already running; make a new one with labkit.memory.fake_gpu()")
+        self.started = time.perf_counter()
+        st = self._stack = contextlib.ExitStack()
+        try:
+            st.enter_context(_quiet_fake_tensor_warnings())
+            st.enter_context(self.fake)
+            st.enter_context(self.emulator.modules.active())
+            st.enter_context(fake_module_conversion())
+            st.enter_context(checkpoint_autocast(self.emulator))
+            st.enter_context(_autocast_cache(self.emulator.autocast_state))
+            st.enter_context(cuda_answers(self.facts, self.live, self.note, self.local_rank))
+            st.enter_context(framework_adapters(self))
+            st.enter_context(reported_devices(self.placement, self.local_rank))
+            st.enter_context(self._phase_hooks())
+            if self.target.emulate_kernels:
+                st.enter_context(CudaFunctionRules(self.emulator))
+            st.enter_context(ScriptAutocast(self.emulator.autocast_state))
+            st.enter_context(DeviceMode(self.placement))
+            st.enter_context(self.tracker)
+        except BaseException:
+            st.close()
+            self._stack = None
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        assert self._stack is not None
+        try:
+            self._stack.close()
+        finally:
+            self._stack = None
+            self.ended = time.perf_counter()
+        try:
+            self.live.sync()
+        except torch.OutOfMemoryError:
+            pass
+        return exc_type is StopScript
+
+    def report(self, *, what: str | None = None, outcome: str | None = None) -> Any:
+        from labkit.memory.script.report import build_report
+
+        return build_report(self, what=what or self.what, outcome=outcome)
+
+
+def fake_gpu(*, max_steps: int | None = None, target: CudaTarget | None = None, facts: GpuFacts | None = None,
+             user_roots: tuple[str, ...] = (), launch: Any = None, rank: int = 0) -> FakeGPU:
+    """A context manager that runs the code inside it on a fake GPU (see the module docstring); its
+    ``report()`` is a :class:`labkit.memory.script.report.ScriptReport`. ``max_steps``: stop after that many
+    ``Optimizer.step`` calls. ``target``: the GPU's kernel choices (default: an H200 in a fresh process)."""
+    if max_steps is not None and max_steps < 1:
+        raise LabkitError(f"max_steps must be >= 1, got {max_steps}")
+    facts = facts or GpuFacts()
+    local_rank = 0
+    if launch is not None:
+        import dataclasses
+
+        facts = dataclasses.replace(facts, device_count=launch.nproc_per_node)
+        local_rank = rank % launch.nproc_per_node
+    return FakeGPU(target=target or CudaTarget(warm_process=False), facts=facts, max_steps=max_steps,
+                   user_roots=tuple(user_roots), local_rank=local_rank)
+
+
+__all__ = ["FakeGPU", "ScriptAutocast", "StopScript", "fake_gpu"]

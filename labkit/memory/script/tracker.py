@@ -1,0 +1,168 @@
+"""The storage tracker of a faked program: GPU tensors only, each allocation with its file:line.
+
+:class:`GpuTracker` is :class:`labkit.memory.trace.storage.StorageTracker` (the same events, rounding
+and emulator hooks as ``measure_step``) with the placement rules of :mod:`labkit.memory.script.placement`
+at the dispatch level: an op whose outputs land on the host runs untracked and unemulated (a CPU matmul
+takes no cuBLAS workspace), a ``device=cuda`` that reaches the dispatcher (from C++ or a checkpoint's
+recomputation) is made ``cpu`` and tracked. Each GPU allocation remembers the innermost frame of the
+user's own code that led to it (:class:`Sites`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from labkit.memory.script.placement import Placement, is_cuda_device
+from labkit.memory.trace.storage import StorageTracker
+
+_CPU = torch.device("cpu")
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+#: Host tensors up to this many elements are real (values known), larger ones fake (no memory)
+REAL_HOST_NUMEL = 1 << 16
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose frames are not the user's: the standard library, site-packages, labkit itself."""
+    import sysconfig
+
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            roots.add(os.path.abspath(p))
+    return tuple(sorted(roots, key=len, reverse=True))
+
+
+class Sites:
+    """Where allocations come from: the innermost frame of the user's code (not torch's, not a
+    library's) and the innermost frame outside torch (e.g. a transformers model file)."""
+
+    def __init__(self, user_roots: tuple[str, ...] = ()) -> None:
+        self.library = _library_roots()
+        self.user_roots = tuple(os.path.abspath(r) for r in user_roots)
+        import labkit
+
+        # torch's frames and labkit's own (the fake GPU's machinery) are never the place to look
+        self.internal_roots = (os.path.dirname(os.path.abspath(torch.__file__)),
+                               os.path.dirname(os.path.abspath(labkit.__file__)))
+        self._cache: dict[str, int] = {}        # filename -> 0 torch, 1 library, 2 user
+        self.names: list[tuple[str, str]] = []   # site id -> (user frame, library frame)
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def _kind(self, filename: str) -> int:
+        k = self._cache.get(filename)
+        if k is None:
+            path = os.path.abspath(filename)
+            if path.startswith(self.internal_roots) or filename.startswith("<"):
+                k = 0
+            elif any(path.startswith(r) for r in self.user_roots):
+                k = 2
+            elif any(path.startswith(r) for r in self.library):
+                k = 1
+            else:
+                k = 2
+            self._cache[filename] = k
+        return k
+
+    def here(self) -> int:
+        """The site id of the current Python stack."""
+        f = sys._getframe(2)
+        user = lib = ""
+        while f is not None:
+            k = self._kind(f.f_code.co_filename)
+            if k == 2:
+                user = f"{f.f_code.co_filename}:{f.f_lineno}"
+                break
+            if k == 1 and not lib:
+                lib = f"{f.f_code.co_filename}:{f.f_lineno}"
+            f = f.f_back
+        key = (user, lib)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self.names)
+            self.names.append(key)
+        return sid
+
+
+class GpuTracker(StorageTracker):
+    """See the module docstring. ``placement`` is filled in by :class:`Placement` (it needs the tracker)."""
+
+    def __init__(self, *, emulator: Any, sites: Sites, rounding: int = 512) -> None:
+        super().__init__(device_type="meta", rounding=rounding, emulator=emulator)
+        self.placement = Placement(self)
+        self.sites = sites
+        self.site_of: dict[int, int] = {}       # storage id -> site id
+        self.on_alloc: Any = None               # called after each tracked op (the live allocator)
+
+    def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
+        before = self._next_id
+        n = super()._track_storage(st, nbytes)
+        if self._next_id != before:
+            self.site_of[before] = self.sites.here()
+        return n
+
+    def _gpu_op(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        d = self.placement.directed
+        if d is not None:
+            return d == "gpu"
+        if is_cuda_device(kwargs.get("device")):
+            return True
+        for leaf in tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and self.storage_id(leaf) is not None:
+                return True
+        return False
+
+    supports_higher_order_operators = True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            # e.g. DTensor's run_dtensor_rng_op: its body's ops run on the modes below; none allocates here
+            return func(*args, **(kwargs or {}))
+        if any(t not in _PLAIN_TYPES and getattr(t, "__name__", "") != "FakeTensor" for t in types):
+            # a tensor subclass (DTensor, ...) dispatches itself; its ops on its inner tensors come back here
+            return NotImplemented
+        kwargs = dict(kwargs or {})
+        gpu = self._gpu_op(func, args, kwargs)
+        if is_cuda_device(kwargs.get("device")):
+            kwargs["device"] = _CPU
+        p = self.placement
+        p.internal += 1
+        try:
+            if not gpu:
+                return self._host_op(func, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            p.internal -= 1
+        if self.on_alloc is not None:
+            self.on_alloc()
+        return out
+
+    def _host_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op whose outputs stay on the host. Small host tensors are real (:data:`REAL_HOST_NUMEL`): the
+        program's own bookkeeping (a device mesh's rank map, index lists, a count read with ``.tolist()``)
+        then has its values, as on the GPU machine; large ones (a model built on the CPU before ``.cuda()``,
+        a dataset) stay fake and cost no memory. A value read from a fake host tensor is a placeholder
+        (:meth:`CudaEmulator._scalar_read`)."""
+        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if any(is_fake(x) for x in leaves):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                return self.emulator.scalar_read(args[0])
+            return func(*args, **kwargs)
+        if leaves:
+            if sum(x.numel() for x in leaves) <= REAL_HOST_NUMEL:
+                with unset_fake_temporarily():
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)            # a factory: its size first, on fake tensors
+        outs = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+        if outs and sum(x.numel() for x in outs) <= REAL_HOST_NUMEL:
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return out

@@ -1,0 +1,137 @@
+"""``labkit measure --script``: a user's script, unmodified, in its own process; its refusals; the ranks of a
+torchrun launch; and the recorded H200 truth for two scripts small enough to run here in seconds."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+TINY = textwrap.dedent('''
+    import sys
+    import torch
+    import torch.nn as nn
+    assert torch.cuda.is_available()
+    width = int(sys.argv[sys.argv.index("--width") + 1])
+    model = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(10):
+        x = torch.randn(32, width, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        print("step", step, "loss", loss.item(), "allocated", torch.cuda.memory_allocated())
+''')
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    p = tmp_path / "train.py"
+    p.write_text(TINY)
+    return p
+
+
+def test_script_json_steps_and_arguments(run_cli, tiny):
+    r = run_cli("measure", "--script", str(tiny), "--steps", "3", "--json", "--", "--width", "256")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)                         # stdout holds the report only
+    assert rep["outcome"] == "stopped after 3 optimizer steps" and len(rep["steps"]) == 3
+    params = 2 * (256 * 1024 + 1024 * 256) * 4 // 2   # two weights, float32 (biases are small)
+    assert rep["peak_bytes"] > 4 * params and rep["reserved_bytes"] >= rep["peak_bytes"]
+    assert rep["peak_by_category"]["optimizer_state"] >= 2 * params
+    assert any(s["site"].endswith("train.py:12") for s in rep["top_sites"])   # the optimizer step's line
+    assert "step 1 loss 0.0 allocated" in r.stderr   # the script's own prints: predicted, on stderr
+    assert "fake NVIDIA H200" in r.stderr
+    assert any("float .item()" in n for n in rep["notes"])
+
+
+def test_script_text_report(run_cli, tiny):
+    r = run_cli("measure", "--script", str(tiny), "--", "--width", "128")
+    assert r.returncode == 0, r.stderr
+    assert "completed, predicted for an NVIDIA H200" in r.stdout and "optimizer step" in r.stdout
+    assert "step 9 loss" in r.stdout
+
+
+def test_script_refusals(run_cli, tmp_path, tiny):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nx = torch.randn(100, device='cuda')\ny = x[x > 0]\n")   # a data-dependent shape
+    r = run_cli("measure", "--script", str(bad))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr   # the banner and one line
+    assert "bad.py:3" in r.stderr and "aten.nonzero" in r.stderr and "labkit watch -- python" in r.stderr
+    assert run_cli("measure", "--script", str(tmp_path / "missing.py")).returncode == 2
+    r = run_cli("measure", "--script", str(tiny), "--layers", "4")
+    assert r.returncode == 2 and "--layers do not apply with --script" in r.stderr
+    r = run_cli("measure", "--layers", "2", "--", "--width", "3")
+    assert r.returncode == 2 and "arguments after -- are a script's" in r.stderr
+    r = run_cli("measure", "--nproc-per-node", "2")
+    assert r.returncode == 2 and "applies to a script" in r.stderr
+
+
+def test_suggested_command_runs(run_cli, tmp_path):
+    """The refusal suggests `labkit watch -- python SCRIPT`: without a GPU it runs the script as is."""
+    ok = tmp_path / "ok.py"
+    ok.write_text("print('ran')\n")
+    r = run_cli("watch", "--", "python", str(ok))
+    assert r.returncode == 0 and "ran" in r.stdout
+
+
+DDP = textwrap.dedent('''
+    import os
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("nccl")
+    rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    model = DDP(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)).cuda(), device_ids=[local],
+                gradient_as_bucket_view=True)
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        model(torch.randn(16, 512, device="cuda")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+''')
+
+
+def test_ranks_of_a_launch(run_cli, tmp_path):
+    p = tmp_path / "ddp.py"
+    p.write_text(DDP)
+    r = run_cli("measure", "--script", str(p), "--nproc-per-node", "2", "--ranks", "all", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["launch"]["world_size"] == 2 and [x["rank"] for x in doc["ranks"]] == [0, 1]
+    r0, r1 = doc["ranks"]
+    assert r0["peak_bytes"] == r1["peak_bytes"] > 0       # data parallel: every rank alike
+    assert r0["outside_allocator"]["nccl_communicators"] == 1
+    assert any("fake process group" in n for n in r0["notes"])
+    r = run_cli("measure", "--script", str(p), "--nproc-per-node", "2", "--ranks", "5")
+    assert r.returncode == 2 and "rank 5 is outside 0..1" in r.stderr
+
+
+def _recorded(kind: str, name: str) -> dict:
+    doc = json.loads((REPO / "data" / "measurements" / "script" / kind).read_text())
+    return next(r for r in doc["data"] if r["name"] == name)
+
+
+@pytest.mark.parametrize("kind,name,extra", [
+    ("scripts.json", "nanogpt_sdpa", []),                                # held out
+    ("ranks__fake_pg.json", "tp-mlp-w2", ["--nproc-per-node", "2"]),      # rank 0 of a DTensor TP launch
+])
+def test_recorded_scripts(run_cli, kind, name, extra):
+    """Two recorded H200 runs, each script unmodified in a fresh process (benchmarks/gpu/record_scripts.py):
+    peak within 3%, reserved within 10% (the issue's targets; benchmarks/bench_script.py --validate runs all)."""
+    rec = _recorded(kind, name)
+    script = REPO / "data" / "scripts" / rec["script"]
+    r = run_cli("measure", "--script", str(script), *extra, "--json", "--", *rec["args"], timeout=600)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    rep = rep["ranks"][0] if "ranks" in rep else rep
+    assert abs(rep["peak_bytes"] / rec["peak_allocated"] - 1) < 0.03
+    assert abs(rep["reserved_bytes"] / rec["peak_reserved"] - 1) < 0.10
