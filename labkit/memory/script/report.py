@@ -154,6 +154,10 @@ def build_report(gpu: Any, *, what: str, outcome: str | None = None) -> ScriptRe
                    f"stopped after {gpu.stopped_after} optimizer steps" if gpu.stopped_after else "completed")
     elapsed = (gpu.ended or gpu.started) - gpu.started
     notes = list(gpu.notes) + list(gpu.emulator.assumptions)
+    for choice in getattr(gpu, "_hf_choices", None) or []:
+        notes.append("transformers' mask checks: " + choice.replace(
+            "(the batch's attention_mask is all ones)", "(assumed: the batches are not padded; a padded batch keeps an "
+            "explicit mask on the GPU)"))
     return ScriptReport(
         what=what, target=gpu.facts.name, process="fresh" if not gpu.target.warm_process else "warm",
         outcome=outcome, peak_bytes=live.peak, reserved_bytes=live.reserved_peak,

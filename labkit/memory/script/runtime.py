@@ -34,9 +34,16 @@ from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
 from labkit.memory.script.live import LiveAllocator
 from labkit.memory.script.placement import DeviceMode, local_tensor, reported_devices
 from labkit.memory.script.tracker import GpuTracker, Sites
-from labkit.memory.trace.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
+from labkit.memory.trace.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
+                                           data_dependent_choices)
 from labkit.memory.trace.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
 from labkit.memory.trace.storage import Roles
+
+
+#: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
+#: anything: nothing (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an
+#: explicit mask on the GPU. Said in the report's notes when it was asked.
+_UNPADDED = {"attention_mask": torch.ones(1)}
 
 
 class StopScript(BaseException):
@@ -260,6 +267,8 @@ class FakeGPU:
         try:
             st.enter_context(_quiet_fake_tensor_warnings())
             st.enter_context(self.fake)
+            # transformers' mask checks, answered as measure_step answers them for a batch without padding
+            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED))
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())
             st.enter_context(checkpoint_autocast(self.emulator))
