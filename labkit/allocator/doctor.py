@@ -463,6 +463,60 @@ def _apply_check(findings: list[Finding], sim: dict) -> None:
                                   + " fits in the simulator: not confirmed")
 
 
+NO_SETTING = "no setting saves this run"
+
+
+def _follow_replays(d: Diagnosis, sim: dict) -> str:
+    """Make the verdict the replays' (issue 27): the recorded request stream replayed under the recorded setting
+    and each fix (:func:`_replays`). Where the recorded setting runs out of memory and
+
+    * no setting fits: ``too_large`` ("no setting saves this run") comes first (after ``growth``, which no setting
+      cures either); findings that blame the allocator (``fragmentation``, ``cache_held``) are kept after it,
+      marked refuted by the simulator;
+    * a setting fits: ``fragmentation`` comes first, its fix the setting that fits; ``too_large`` is refuted.
+
+    Returns ``"none"`` or ``"setting"`` where the replays decided the verdict, ``""`` where they did not (the
+    recorded setting did not run out of memory, or did not replay)."""
+    res, base = sim["results"], sim["base"]
+    b = res.get(base)
+    if b is None or _fits(b):
+        return ""
+    saving = [c for c, r in res.items() if c != base and _fits(r)]
+    tried = ", ".join(c or "default" for c in res)
+    blame_allocator = ("fragmentation", "cache_held")
+    if not saving:
+        tl = next((f for f in d.findings if f.kind == "too_large"), None)
+        if tl is None:
+            tl = Finding("too_large", "The step needs more memory than the cap: " + NO_SETTING, [], FIXES["too_large"],
+                         simulator_check=sim["text"])
+        tl.evidence.insert(0, f"{NO_SETTING}: the recorded requests replayed under {tried} run out of memory under "
+                              "each" + (f" (cap {fmt_bytes(sim['cap'])})" if sim.get("cap") else ""))
+        tl.verified = True
+        for f in d.findings:
+            if f.kind in blame_allocator:
+                f.verified = False
+                f.simulator_check = (f.simulator_check or sim["text"]) + f". Refuted: {NO_SETTING}"
+        growth = [f for f in d.findings if f.kind == "growth"]
+        rest = [f for f in d.findings if f.kind not in ("growth", "too_large") and f.kind not in blame_allocator]
+        d.findings = growth + [tl] + rest + [f for f in d.findings if f.kind in blame_allocator]
+        return "none"
+    conf = FIX_CONF if FIX_CONF in saving else saving[0]
+    fr = next((f for f in d.findings if f.kind == "fragmentation"), None)
+    if fr is None:
+        fr = Finding("fragmentation", "Free memory the allocator cannot use for the request", [], FIXES["fragmentation"],
+                     simulator_check=sim["text"])
+    fr.evidence.insert(0, f"the recorded requests run out of memory under {base or 'default'} and fit under "
+                          f"{', '.join(saving)} (the simulator's replays)")
+    fr.fix = f"Start the process with PYTORCH_ALLOC_CONF={conf} (the simulator's replay fits under it). " + fr.fix
+    fr.verified = True
+    for f in d.findings:
+        if f.kind == "too_large":
+            f.verified = False
+            f.simulator_check = (f.simulator_check or sim["text"]) + f". Refuted: {conf} saves this run"
+    d.findings = [fr] + [f for f in d.findings if f is not fr]
+    return "setting"
+
+
 def _from_ranks(ranks: list[dict]) -> list[Finding]:
     used = []
     for i, rk in enumerate(ranks):
@@ -512,6 +566,7 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
         raise LabkitError("doctor: give an OOM message, memory_stats(), a snapshot, or per-rank data")
     d = Diagnosis(inputs=[])
     limit = cap_bytes
+    replayed = ""
     if stats is not None:
         check_stats(stats)
     if ranks is not None:
@@ -564,6 +619,7 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
                 d.findings.append(f)
         if sim is not None:
             _apply_check(d.findings, sim)
+            replayed = _follow_replays(d, sim)
             if not d.findings:
                 notes.append(sim["text"])
         d.notes += notes
@@ -583,8 +639,10 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
         if f2 and "imbalance" in d.kinds:
             d.findings = [f for f in d.findings if f.kind != "imbalance"]
         d.findings += f2
-    # growth explains an OOM better than the symptom it ends in
-    order = {"growth": 0, "other_process": 1, "imbalance": 2}
+    # growth explains an OOM better than the symptom it ends in; where the snapshot's replays decided the verdict,
+    # their order stands (growth first where no setting saves the run)
+    order = ({"growth": 0} if replayed == "none" else {} if replayed == "setting"
+             else {"growth": 0, "other_process": 1, "imbalance": 2})
     d.findings.sort(key=lambda f: order.get(f.kind, 5))
     if not d.findings:
         d.notes.append("no out-of-memory cause found in these inputs")
