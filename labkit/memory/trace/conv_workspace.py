@@ -64,9 +64,9 @@ on the output gradient, and its weight gradient as that convolution's backward-f
 gradient swapped; the weight tensor is the same. :func:`conv_workspace_bytes` sizes each pass as the pass it
 runs (:data:`TRANSPOSED_PASS`).
 
-**3-D convolutions** (R3D, video models) are taken to follow the 2-D mechanism (NDHWC copies of input,
-output and weight); an assumption until ``benchmarks/gpu/record_handmade.py --part conv`` measures them.
-Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
+Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D and 3-D convolutions (the 2-D rule's NDHWC
+copies would raise R3D-18's predicted float32 peak by 4%: too large a guess to make unmeasured; its
+workspaces are recorded by ``benchmarks/gpu/record_handmade.py --part conv``), fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
 """
 
@@ -80,9 +80,8 @@ import torch
 _HALF = (torch.float16, torch.bfloat16)
 
 ASSUMPTIONS = {
-    "other": "cuDNN convolution workspace for a 1-D convolution: not measured, assumed none",
-    "3d": "cuDNN convolution workspace for a 3-D convolution: not measured, taken as the 2-D rule's channels-last "
-          "copies of input, output and weight (NDHWC; benchmarks/gpu/record_handmade.py --part conv records it)",
+    "other": "cuDNN convolution workspace for a 1-D or 3-D convolution: not measured, assumed none "
+             "(benchmarks/gpu/record_handmade.py --part conv records R3D-18's)",
     "channels_last": "cuDNN convolution workspace for a dense channels-last convolution: not modelled, assumed "
                      "none (measured on the H200 at most 17 MB for most geometries; the channels-last stem and patchify "
                      "take several times their input)",
@@ -173,9 +172,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     cin = x_shape[1]
     if groups == cin and groups > 1 and dtype != torch.float16 and not channels_last:
         return 0, None                                   # PyTorch's depthwise kernel, not cuDNN
-    if len(x_shape) == 3:
+    if len(x_shape) != 4:
         return 0, ASSUMPTIONS["other"]
-    volumetric = None if len(x_shape) == 4 else ASSUMPTIONS["3d"]
     if channels_last and groups == cin and groups > 1:
         return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)
     if channels_last:
@@ -188,13 +186,13 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     pointwise = all(k == 1 for k in w_shape[2:]) and all(s == 1 for s in stride) and not any(padding)
     split_k = _split_k_partials(pass_, x_shape, w_shape, y_shape, dtype)
     if not pointwise:
-        return nhwc + split_k, volumetric
+        return nhwc + split_k, None
     if math.prod(y_shape[2:]) <= SMALL_SPATIAL:
-        return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, volumetric
+        return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
-        return 0, volumetric
+        return 0, None
     partials = n * math.prod(w_shape) * 4
-    return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k), volumetric
+    return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k), None
 
 
 # the pass of the ordinary convolution that a transposed convolution's pass runs (x and y swap roles)

@@ -114,7 +114,7 @@ def test_lstm_runs_as_cudnn_with_its_reserve_space():
 
 def test_rnn_rules_scale_with_the_gates():
     args = (2, 1, 256, 64, 1024, 2)
-    assert reserve_bytes("gru", *args) < reserve_bytes("lstm", *args)
+    assert reserve_bytes("gru", *args) * 6 == reserve_bytes("lstm", *args) * 7      # GRU keeps more (issue 2895)
     assert workspace_bytes("lstm", *args) == 64 * 256 * 4 * 1024 * 2
 
 
@@ -135,7 +135,7 @@ def test_transposed_convolution_passes_are_the_passes_they_run():
         assert t == plain and t[0] > 0
 
 
-def test_3d_convolutions_take_the_channels_last_copies_as_an_assumption():
+def test_3d_convolutions_are_an_assumption_until_measured():
     n, why = conv_workspace_bytes("forward", (8, 64, 16, 56, 56), (64, 64, 3, 3, 3), (8, 64, 16, 56, 56), (1, 1, 1),
                                   (1, 1, 1), (1, 1, 1), 1, torch.float32)
-    assert n == (2 * 8 * 64 * 16 * 56 * 56 + 64 * 64 * 27) * 4 and "3-D" in why
+    assert n == 0 and "3-D" in why and "record_handmade.py" in why
