@@ -714,8 +714,8 @@ def compat_cases() -> list[Case]:
         precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
                       [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
         for p in precisions:
-            out.append(replace(t, name=f"{'hf' if c.family == 'transformers' else 'tv'}-{c.arch}-{p}@tiny",
-                               precision=p))
+            prefix = {"transformers": "hf", "torchvision": "tv", "handmade": "hand"}[c.family]
+            out.append(replace(t, name=f"{prefix}-{c.arch}-{p}@tiny", precision=p))
     for arch, (task, o) in COMPAT_EXTRA.items():
         for p in ("amp-bf16",):
             out.append(Case(f"hf-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,

@@ -113,6 +113,16 @@ def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
         assert all(k in r for k in ("forward", "backward_data", "backward_filter", "backward"))
 
 
+def _gpu_script(name):
+    """A benchmarks/gpu script as a module (run in this process: no interpreter start, no second import of torch)."""
+    import importlib
+
+    path = str(REPO / "benchmarks" / "gpu")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
 def test_lora_orders_give_the_adapters_their_dtype():
     """peft keeps adapters in float32 on a bf16 base (autocast_adapter_dtype=True, the default) when the base is
     cast first; autocast_adapter_dtype=False leaves them bf16; casting after get_peft_model casts them too."""
@@ -140,13 +150,12 @@ def test_hand_built_cases_run_as_a_user_writes_them():
 
 
 def test_plain_recording_script_records_several_named_cases(tmp_path):
-    """record_plain.py --case NAME, repeated: the new cases' families at CI size, each in its own process."""
-    names = ["hand-gru-b64-s256-amp-bf16", "tv-regnet_y_1_6gf-b128-fp32"]
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path), "--smoke",
-                        "--fresh", "2", "--expect-gb", "1"] + [a for n in names for a in ("--case", f"{n}@tiny")],
-                       cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+    """record_plain.py --case NAME, repeated: the new cases' families at CI size (in one process here; --fresh
+    gives each its own, as the test above checks)."""
+    names = ["hand-gru-b64-s256-amp-bf16", "tv-r3d_18-b16-fp32"]
+    record_plain = _gpu_script("record_plain")
+    assert record_plain.main(["--out", str(tmp_path), "--smoke", "--no-clue", "--no-profile"]
+                             + [a for n in names for a in ("--case", f"{n}@tiny")]) == 0
     rows = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")["data"]["cases"]
     assert sorted(row["name"] for row in rows) == sorted(f"{n}@tiny" for n in names)
     assert not any("error" in row for row in rows), rows
@@ -155,11 +164,7 @@ def test_plain_recording_script_records_several_named_cases(tmp_path):
 def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
     from labkit.core.provenance import header, write_measurement
 
-    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
-    try:
-        from merge_plain import merge
-    finally:
-        sys.path.pop(0)
+    merge = _gpu_script("merge_plain").merge
     old = {"name": "gpt2-b8-fp32", "split": get_case("gpt2-b8-fp32").split, "peak_allocated": 1}
     into = write_measurement(tmp_path / "fresh.json", "measure_plain",
                              {"process": "fresh", "cases": [old]}, provenance=header("old run"))
@@ -182,9 +187,7 @@ def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
 
 
 def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_handmade.py", "--out", str(tmp_path), "--smoke"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke"]) == 0
     rnn = load_measurement(tmp_path / "rnn_cudnn.json", kind="cudnn_rnn")["data"]["rows"]
     conv = load_measurement(tmp_path / "conv_workspace_3d_transposed.json", kind="conv_workspace")["data"]["rows"]
     assert len(rnn) == 2 and len(conv) == 2 and not any("error" in r for r in rnn + conv), (rnn, conv)
