@@ -46,18 +46,22 @@ define pin_torch
 @$(PY) -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
 endef
 
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+# The site hook (labkit/workloads/site_hook.py): torchvision, and transformers' model classes, import in users'
+# own code and notebook cells too, beside a CPU torch.
+$(STAMP): pyproject.toml labkit/workloads/site_hook.py | $(VENV)/bin/python
 	$(install_torch)
 	$(pin_torch)
 	$(PIP_INSTALL) -c $(VENV)/torch-pin.txt -e .
+	$(PY) -m labkit.workloads.site_hook
 	@touch $@
 
 # One pip run installs labkit with its test extra (one resolver pass, one editable build), so the
 # runtime install of `setup` is done too: its stamp is touched with this one.
-$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+$(TEST_STAMP): pyproject.toml labkit/workloads/site_hook.py | $(VENV)/bin/python
 	$(install_torch)
 	$(pin_torch)
 	$(PIP_INSTALL) -c $(VENV)/torch-pin.txt -e ".[test]"
+	$(PY) -m labkit.workloads.site_hook
 	@touch $(STAMP) $@
 
 browser-deps:

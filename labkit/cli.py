@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what the user typed (suggestions repeat it)
     verb = args.command
     sub = getattr(args, f"{verb}_command", None)   # a chapter's own sub-verbs (comm bench, alloc replay)
     label = f"labkit {verb} {sub}" if isinstance(sub, str) else f"labkit {verb}"

@@ -15,7 +15,7 @@ amp-bf16, fused AdamW) run as a plain loop with the output dropped / kept, with 
 by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``measure_step(device="cuda")``
 (the tracer attached), to isolate why the traced recording is higher than the plain loop.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--case NAME ...] [--smoke]
 
 ``--smoke``: a few cases at CI size on the CPU (no peaks: there is no allocator to ask), to check the script.
 ``--no-profile``: no profiled step after a case (no kernel list). A control on the H200
@@ -23,7 +23,7 @@ by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``m
 cases' figures: two sequences of three cases gave byte-identical peaks and reserved peaks with and without it.
 ``--fresh J``: every case in its own new process, as a user runs one training script, J at a time (memory
 only: the step times of concurrent processes are not recorded; no profiler), admitted while the running cases'
-expected reserved peaks (from the corpus recording, 48 GB where unknown) stay under ``--gpu-budget`` GB, so that
+expected reserved peaks (from the corpus recording, ``--expect-gb`` (48) where unknown) stay under ``--gpu-budget`` GB, so that
 no case's ``cudaMalloc`` can fail for another's (a failure would make the allocator free its cache and retry,
 lowering the reserved peak: ``num_alloc_retries`` is recorded per row). Processes are independent address
 spaces: the control's sequences, run beside ``--fresh`` processes, gave to the byte the figures recorded
@@ -335,7 +335,7 @@ def run_fresh(todo: list[Case], args: argparse.Namespace, smoke: bool) -> list[d
     while pending or running:
         while pending and len(running) < args.fresh:
             case = pending[0]
-            need = expect.get(case.name, 48e9)
+            need = expect.get(case.name, args.expect_gb * 1e9)
             if running and sum(r[1] for r in running.values()) + need > budget:
                 break
             pending.pop(0)
@@ -383,13 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--budget", type=float, default=320.0, help="seconds; cases past it are skipped (default 320)")
     ap.add_argument("--only", help="run only cases whose name contains one of these (comma-separated)")
-    ap.add_argument("--case", help="run only the case of exactly this name")
+    ap.add_argument("--case", action="append", metavar="NAME",
+                    help="run only the case of exactly this name (repeat it for several)")
     ap.add_argument("--no-clue", action="store_true", help="skip the clue experiment")
     ap.add_argument("--no-profile", action="store_true", help="no profiled step after each case (see above)")
     ap.add_argument("--fresh", type=int, default=0, metavar="J",
                     help="every case in its own new process, J at a time (memory only; implies --no-clue)")
     ap.add_argument("--gpu-budget", type=float, default=120.0,
                     help="GB of expected reserved peaks that --fresh runs at once (default 120)")
+    ap.add_argument("--expect-gb", type=float, default=48.0,
+                    help="GB a --fresh case without a recording is expected to reserve (default 48)")
     ap.add_argument("--case-timeout", type=float, default=240.0, help="seconds for one --fresh case (default 240)")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
@@ -405,15 +408,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         global STEPS
         STEPS = 2
-        todo = [tiny(c) for c in CASES if c.name in SMOKE_CASES]
+        todo = [tiny(c) for c in CASES if c.name in SMOKE_CASES or f"{c.name}@tiny" in (args.case or ())]
     else:
         todo = list(CASES)
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     if args.case:
-        todo = [c for c in todo if c.name == args.case]
-        if not todo:
-            ap.error(f"--case {args.case!r}: no corpus case of that name")
+        known = {c.name for c in todo}
+        unknown = [n for n in args.case if n not in known]
+        if unknown:
+            ap.error(f"--case {unknown[0]!r}: no corpus case of that name")
+        todo = [c for c in todo if c.name in args.case]
     method = __doc__.split("\n\n")[1]
     if args.fresh:
         prov["fresh_note"] = (f"each case in its own new process (record_plain.py --case NAME --no-profile), up to "

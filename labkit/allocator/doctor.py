@@ -18,6 +18,8 @@ Cases (``Finding.kind``):
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,11 +122,37 @@ def _check_ints(lst: Any, where: str) -> None:
         _need(_is_int(v) and v >= 0, f"{where}[{i}]", f"expected a byte count, got {str(v)[:40]!r}")
 
 
+# memory_stats()'s keys: "<stat>.<pool>.<current|peak|allocated|freed>", its num_* counters and max_split_size
+_STAT_KEY = re.compile(r"^(\w+\.(all|large_pool|small_pool)\.(current|peak|allocated|freed)|num_\w+|max_split_size)$")
+_WRAPPER_KEYS = ("ranks", "stats", "oom_message", "allocated_after_step_bytes", "nvml")
+
+
+def check_memory_stats(st: dict, where: str) -> None:
+    """A ``torch.cuda.memory_stats()`` dict holds counts and byte counts: every value a non-negative integer
+    (``CUDACachingAllocator.cpp`` ``Stat``: ``current``, ``peak``, ``allocated``, ``freed``, all counted up
+    from 0), each ``current`` at most its ``peak``, and the bytes allocated at most the bytes reserved (every
+    allocated block lies in a reserved segment). Names the first entry that breaks this."""
+    for key, v in st.items():
+        if not (isinstance(key, str) and _STAT_KEY.match(key)):
+            continue                                   # not a statistic (a label, a config entry)
+        low = -1 if key == "max_split_size" else 0     # -1: no limit set (memory_stats()'s own convention)
+        _need(_is_int(v) and v >= low, f"{where}: {key!r}",
+              f"expected a non-negative integer (memory_stats() counts), got {str(v)[:40]!r}")
+    for key, v in st.items():
+        if isinstance(key, str) and key.endswith(".current"):
+            peak = st.get(key[: -len("current")] + "peak")
+            _need(peak is None or v <= peak, f"{where}: {key!r}", f"current {v} exceeds its peak {peak}: impossible")
+    a, r = st.get("allocated_bytes.all.current"), st.get("reserved_bytes.all.current")
+    _need(a is None or r is None or a <= r, f"{where}: 'allocated_bytes.all.current'",
+          f"{a} bytes allocated exceed the {r} bytes reserved: impossible")
+
+
 def check_stats(doc: Any, where: str = "stats") -> None:
     """Check the shape of what the doctor reads, naming the first entry it cannot read."""
     if isinstance(doc, list):
         for i, st in enumerate(doc):
             _need(isinstance(st, dict), f"{where}[{i}]", f"a memory_stats() sample is a dict, got a {type(st).__name__}")
+            check_memory_stats(st, f"{where}[{i}]")
         return
     _need(isinstance(doc, dict), where, "expected a memory_stats() dict, a list of them, or {\"ranks\": [...]}, "
           f"got a {type(doc).__name__}")
@@ -156,6 +184,13 @@ def check_stats(doc: Any, where: str = "stats") -> None:
                           f"{w}.processes[{j}].used_bytes", "expected an integer")
     if "stats" in doc and not isinstance(doc["stats"], dict):
         raise LabkitError(f"{where}: 'stats' is a {type(doc['stats']).__name__}, expected a memory_stats() dict")
+    if isinstance(doc.get("stats"), dict):
+        check_memory_stats(doc["stats"], f"{where}: stats")
+    for i, rk in enumerate(doc.get("ranks") or []):
+        if isinstance(rk.get("stats"), dict):
+            check_memory_stats(rk["stats"], f"{where}: ranks[{i}].stats")
+    if not any(k in doc for k in _WRAPPER_KEYS):
+        check_memory_stats(doc, where)                 # the memory_stats() dict itself
     if doc.get("oom_message") is not None:
         _need(isinstance(doc["oom_message"], str), f"{where}: 'oom_message'", "expected text")
     if doc.get("allocated_after_step_bytes") is not None:
@@ -428,6 +463,60 @@ def _apply_check(findings: list[Finding], sim: dict) -> None:
                                   + " fits in the simulator: not confirmed")
 
 
+NO_SETTING = "no setting saves this run"
+
+
+def _follow_replays(d: Diagnosis, sim: dict) -> str:
+    """Make the verdict the replays' (issue 27): the recorded request stream replayed under the recorded setting
+    and each fix (:func:`_replays`). Where the recorded setting runs out of memory and
+
+    * no setting fits: ``too_large`` ("no setting saves this run") comes first (after ``growth``, which no setting
+      cures either); findings that blame the allocator (``fragmentation``, ``cache_held``) are kept after it,
+      marked refuted by the simulator;
+    * a setting fits: ``fragmentation`` comes first, its fix the setting that fits; ``too_large`` is refuted.
+
+    Returns ``"none"`` or ``"setting"`` where the replays decided the verdict, ``""`` where they did not (the
+    recorded setting did not run out of memory, or did not replay)."""
+    res, base = sim["results"], sim["base"]
+    b = res.get(base)
+    if b is None or _fits(b):
+        return ""
+    saving = [c for c, r in res.items() if c != base and _fits(r)]
+    tried = ", ".join(c or "default" for c in res)
+    blame_allocator = ("fragmentation", "cache_held")
+    if not saving:
+        tl = next((f for f in d.findings if f.kind == "too_large"), None)
+        if tl is None:
+            tl = Finding("too_large", "The step needs more memory than the cap: " + NO_SETTING, [], FIXES["too_large"],
+                         simulator_check=sim["text"])
+        tl.evidence.insert(0, f"{NO_SETTING}: the recorded requests replayed under {tried} run out of memory under "
+                              "each" + (f" (cap {fmt_bytes(sim['cap'])})" if sim.get("cap") else ""))
+        tl.verified = True
+        for f in d.findings:
+            if f.kind in blame_allocator:
+                f.verified = False
+                f.simulator_check = (f.simulator_check or sim["text"]) + f". Refuted: {NO_SETTING}"
+        growth = [f for f in d.findings if f.kind == "growth"]
+        rest = [f for f in d.findings if f.kind not in ("growth", "too_large") and f.kind not in blame_allocator]
+        d.findings = growth + [tl] + rest + [f for f in d.findings if f.kind in blame_allocator]
+        return "none"
+    conf = FIX_CONF if FIX_CONF in saving else saving[0]
+    fr = next((f for f in d.findings if f.kind == "fragmentation"), None)
+    if fr is None:
+        fr = Finding("fragmentation", "Free memory the allocator cannot use for the request", [], FIXES["fragmentation"],
+                     simulator_check=sim["text"])
+    fr.evidence.insert(0, f"the recorded requests run out of memory under {base or 'default'} and fit under "
+                          f"{', '.join(saving)} (the simulator's replays)")
+    fr.fix = f"Start the process with PYTORCH_ALLOC_CONF={conf} (the simulator's replay fits under it). " + fr.fix
+    fr.verified = True
+    for f in d.findings:
+        if f.kind == "too_large":
+            f.verified = False
+            f.simulator_check = (f.simulator_check or sim["text"]) + f". Refuted: {conf} saves this run"
+    d.findings = [fr] + [f for f in d.findings if f is not fr]
+    return "setting"
+
+
 def _from_ranks(ranks: list[dict]) -> list[Finding]:
     used = []
     for i, rk in enumerate(ranks):
@@ -477,6 +566,7 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
         raise LabkitError("doctor: give an OOM message, memory_stats(), a snapshot, or per-rank data")
     d = Diagnosis(inputs=[])
     limit = cap_bytes
+    replayed = ""
     if stats is not None:
         check_stats(stats)
     if ranks is not None:
@@ -529,6 +619,7 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
                 d.findings.append(f)
         if sim is not None:
             _apply_check(d.findings, sim)
+            replayed = _follow_replays(d, sim)
             if not d.findings:
                 notes.append(sim["text"])
         d.notes += notes
@@ -548,8 +639,10 @@ def diagnose(*, oom_text: str | None = None, stats: Any = None, snapshot: str | 
         if f2 and "imbalance" in d.kinds:
             d.findings = [f for f in d.findings if f.kind != "imbalance"]
         d.findings += f2
-    # growth explains an OOM better than the symptom it ends in
-    order = {"growth": 0, "other_process": 1, "imbalance": 2}
+    # growth explains an OOM better than the symptom it ends in; where the snapshot's replays decided the verdict,
+    # their order stands (growth first where no setting saves the run)
+    order = ({"growth": 0} if replayed == "none" else {} if replayed == "setting"
+             else {"growth": 0, "other_process": 1, "imbalance": 2})
     d.findings.sort(key=lambda f: order.get(f.kind, 5))
     if not d.findings:
         d.notes.append("no out-of-memory cause found in these inputs")

@@ -26,8 +26,9 @@ import torch.nn as nn
 
 from labkit.core.errors import LabkitError
 
-Family = Literal["transformers", "torchvision"]
-Task = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification"]
+Family = Literal["transformers", "torchvision", "handmade"]
+Task = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "segmentation", "video-classification",
+               "language-model"]
 # how the recomputation is switched on: labkit's torch.utils.checkpoint wrapper (non-reentrant,
 # the harness's ``recompute=``), or Hugging Face's ``gradient_checkpointing_enable`` (non-reentrant
 # or reentrant), the way HF users turn it on.
@@ -53,6 +54,12 @@ class Case:
     optimizer_impl: str = "fused"              # fused or foreach
     loop: Loop = "plain"
     lora: bool = False                         # peft LoRA (r=16 on the attention projections) on a bf16 base
+    # the LoRA order: ``cast-before`` (``model.to(torch.bfloat16)`` then ``get_peft_model``: peft's default
+    # ``autocast_adapter_dtype=True`` keeps the adapters in float32), ``cast-before-bf16-adapters`` (the same with
+    # ``autocast_adapter_dtype=False``: bf16 adapters), ``cast-after`` (``get_peft_model`` then ``.to(bfloat16)``)
+    lora_order: str = "cast-before"
+    lora_dropout: float = 0.0
+    frames: int = 16                           # video cases: frames per clip (the image side is ``seq``)
 
     @property
     def split(self) -> str:
@@ -73,7 +80,8 @@ class Case:
         if self.recompute != "none":
             bits.append(f"recompute {self.recompute} ({self.checkpoint_impl})")
         if self.lora:
-            bits.append("LoRA on a bf16 base")
+            bits.append("LoRA on a bf16 base" + (f" ({self.lora_order})" if self.lora_order != "cast-before" else "")
+                        + (f", dropout {self.lora_dropout}" if self.lora_dropout else ""))
         if self.optimizer_impl != "fused":
             bits.append(f"AdamW {self.optimizer_impl}")
         if self.loop != "plain":
@@ -124,13 +132,19 @@ def tiny(case: Case) -> Case:
             o[k] = 2 if v < case.overrides.get("num_attention_heads", v) else 4
         else:
             o[k] = v
+    if case.family == "handmade":
+        from labkit.workloads.handmade import tiny_overrides
+
+        o = tiny_overrides(case.arch, case.overrides)
     if case.family == "transformers":
         o.setdefault("vocab_size", 512)
         for k, v in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):   # inside the small vocabulary
             o.setdefault(k, v)
     seq = 32
-    if case.family == "torchvision":
+    if case.family == "torchvision" or case.arch == "unet":
         seq = 224 if case.arch in FIXED_IMAGE_SIZE else 64
+    if case.task == "video-classification":
+        return replace(case, name=f"{case.name}@tiny", overrides=o, micro_batch=2, seq=32, frames=4)
     return replace(case, name=f"{case.name}@tiny", overrides=o, micro_batch=2, seq=seq)
 
 
@@ -164,10 +178,18 @@ _AUTO_CLASS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMa
 def build_model(case: Case) -> nn.Module:
     """The case's model with freshly initialised weights, on the current default device; LoRA cases
     get a bf16 base and peft adapters; HF gradient checkpointing is switched on where asked."""
-    if case.family == "torchvision":
+    if case.family == "handmade":
+        from labkit.workloads.handmade import build
+
+        model = build(case.arch, case.overrides)
+    elif case.family == "torchvision":
         from labkit.workloads.vision import torchvision_models
 
-        model = getattr(torchvision_models(), case.arch)(weights=None)
+        model = torchvision_models()
+        for part in case.arch.split("."):             # segmentation.fcn_resnet50, video.r3d_18
+            model = getattr(model, part)
+        extra = {"weights_backbone": None} if case.task == "segmentation" else {}   # no download
+        model = model(weights=None, **extra, **case.overrides)
     else:
         from labkit.workloads.hf import require_transformers
 
@@ -177,10 +199,19 @@ def build_model(case: Case) -> nn.Module:
             enable_hf_checkpointing(model, reentrant=case.checkpoint_impl == "hf-reentrant")
     if case.lora:
         peft = require("peft", "peft")
-        model = model.to(torch.bfloat16)
-        lcfg = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=lora_targets(model))
-        model = peft.get_peft_model(model, lcfg)
+        if case.lora_order not in LORA_ORDERS:
+            raise LabkitError(f"case {case.name}: lora_order {case.lora_order!r} is not one of {', '.join(LORA_ORDERS)}")
+        if case.lora_order != "cast-after":
+            model = model.to(torch.bfloat16)
+        lcfg = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=case.lora_dropout, target_modules=lora_targets(model))
+        model = peft.get_peft_model(model, lcfg,
+                                    autocast_adapter_dtype=case.lora_order != "cast-before-bf16-adapters")
+        if case.lora_order == "cast-after":
+            model = model.to(torch.bfloat16)
     return model
+
+
+LORA_ORDERS = ("cast-before", "cast-before-bf16-adapters", "cast-after")
 
 
 def enable_hf_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
@@ -208,6 +239,21 @@ def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
     """A CPU batch of random token ids (labels = inputs: the model shifts them itself) or images."""
     g = torch.Generator().manual_seed(seed)
     b, s = case.micro_batch, case.seq
+    if case.family == "handmade":
+        from labkit.workloads.handmade import make_batch as handmade_batch
+
+        batch = handmade_batch(case.arch, case.overrides, b, s, g)
+        if case.precision == "bf16" and "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+        return batch
+    if case.task in ("segmentation", "video-classification"):
+        n = int(case.overrides.get("num_classes", 21 if case.task == "segmentation" else 400))
+        shape = (b, 3, s, s) if case.task == "segmentation" else (b, 3, case.frames, s, s)
+        x = torch.randn(*shape, generator=g)
+        if case.precision == "bf16":
+            x = x.to(torch.bfloat16)
+        y = torch.randint(0, n, (b, s, s) if case.task == "segmentation" else (b,), generator=g)
+        return {"pixel_values": x, "labels": y}
     if case.task == "image-classification":
         n_labels = case.overrides.get("num_labels") or (
             int(getattr(hf_config(case), "num_labels", 2)) if case.family == "transformers" else 1000)
@@ -227,8 +273,20 @@ def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def vision_loss(output: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of a torchvision classifier's logits (the user's ``F.cross_entropy(model(x), y)``)."""
+    """Cross-entropy of a torchvision classifier's logits (the user's ``F.cross_entropy(model(x), y)``);
+    per pixel of a segmentation model's ``out``."""
+    if isinstance(output, dict):
+        output = output["out"]
     return torch.nn.functional.cross_entropy(output, batch["labels"])
+
+
+def handmade_loss(output: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A hand-built model's forward returns its loss."""
+    return output
+
+
+def handmade_call(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+    return model(**batch)
 
 
 def vision_call(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
@@ -239,6 +297,8 @@ def step_hooks(case: Case) -> dict[str, Callable]:
     """``loss_fn`` and ``call`` for ``measure_step`` (torchvision models return bare logits)."""
     if case.family == "torchvision":
         return {"loss_fn": vision_loss, "call": vision_call}
+    if case.family == "handmade":
+        return {"loss_fn": handmade_loss, "call": handmade_call}
     return {}
 
 
@@ -274,12 +334,14 @@ def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: 
            else contextlib.nullcontext())
     out = None
     with amp:
-        if case.family == "torchvision":
+        if case.family == "handmade":
+            loss = model(**batch)
+        elif case.family == "torchvision":
             if case.loop == "keep-output":
                 out = model(batch["pixel_values"])
-                loss = torch.nn.functional.cross_entropy(out, batch["labels"])
+                loss = vision_loss(out, batch)
             else:
-                loss = torch.nn.functional.cross_entropy(model(batch["pixel_values"]), batch["labels"])
+                loss = vision_loss(model(batch["pixel_values"]), batch)
         elif case.loop == "keep-output":
             out = model(**batch)
             loss = out.loss
@@ -369,6 +431,47 @@ VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, interm
            image_size=224, patch_size=16, num_labels=1000)
 TORCHVISION = {"resnet50": 128, "vit_b_16": 64, "convnext_tiny": 96, "efficientnet_b0": 128, "swin_t": 96,
                "mobilenet_v3_large": 256}
+
+
+TINYLLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                 num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)   # TinyLlama-1.1B's shape
+HAND_TRANSFORMER = dict(vocab=32000, d_model=1024, nhead=16, ff=4096)
+HAND_RNN = dict(vocab=32000, hidden=1024, layers=2)
+
+
+def _built_by_hand() -> list[Case]:
+    """Issue 27 (added 2026-12-02, predicted in fake mode before they were recorded; names' hash decides the
+    split): models built from PyTorch's own modules (``labkit.workloads.handmade``), cuDNN RNNs, 3D and transposed
+    convolutions, segmentation heads, more torchvision classifiers, and the LoRA orders on a TinyLlama-sized base."""
+    c: list[Case] = []
+    for p in ("fp32", "amp-bf16"):
+        c.append(Case(f"hand-encoder-b16-s512-{p}", "handmade", "encoder-lm", "language-model",
+                      dict(HAND_TRANSFORMER, layers=8), 16, 512, p))
+        c.append(Case(f"hand-decoder-b16-s512-{p}", "handmade", "decoder-lm", "language-model",
+                      dict(HAND_TRANSFORMER, layers=6), 16, 512, p))
+        c.append(Case(f"hand-mha-b16-s512-{p}", "handmade", "mha-lm", "language-model",
+                      dict(HAND_TRANSFORMER, layers=8), 16, 512, p))
+        c.append(Case(f"hand-lstm-b64-s256-{p}", "handmade", "lstm-lm", "language-model", dict(HAND_RNN), 64, 256, p))
+        c.append(Case(f"hand-gru-b64-s256-{p}", "handmade", "gru-lm", "language-model", dict(HAND_RNN), 64, 256, p))
+        c.append(Case(f"hand-unet-b16-s256-{p}", "handmade", "unet", "segmentation", {}, 16, 256, p))
+        c.append(Case(f"tv-r3d_18-b16-{p}", "torchvision", "video.r3d_18", "video-classification", {}, 16, 112, p))
+        c.append(Case(f"tv-regnet_y_1_6gf-b128-{p}", "torchvision", "regnet_y_1_6gf", "image-classification", {},
+                      128, 224, p))
+    c.append(Case("tv-fcn_resnet50-b16-s384-fp32", "torchvision", "segmentation.fcn_resnet50", "segmentation",
+                  dict(num_classes=21), 16, 384, "fp32"))
+    c.append(Case("tv-deeplabv3_resnet50-b8-s512-amp-bf16", "torchvision", "segmentation.deeplabv3_resnet50",
+                  "segmentation", dict(num_classes=21), 8, 512, "amp-bf16"))
+    for arch, b, p in (("densenet121", 64, "amp-bf16"), ("resnet18", 256, "fp32"), ("efficientnet_v2_s", 64, "amp-bf16"),
+                       ("mobilenet_v2", 128, "fp32"), ("vgg16_bn", 64, "amp-bf16"), ("regnet_x_3_2gf", 64, "fp32")):
+        c.append(Case(f"tv-{arch}-b{b}-{p}", "torchvision", arch, "image-classification", {}, b, 224, p))
+    for name, p, kw in (("tinyllama-b4-lora-bf16", "bf16", {}),
+                        ("tinyllama-b4-lora-amp-bf16", "amp-bf16", {}),
+                        ("tinyllama-b4-lora-bf16adapters-bf16", "bf16", dict(lora_order="cast-before-bf16-adapters")),
+                        ("tinyllama-b4-lora-cast-after-bf16", "bf16", dict(lora_order="cast-after")),
+                        ("tinyllama-b4-lora-drop-bf16", "bf16", dict(lora_dropout=0.05)),
+                        ("tinyllama-b4-lora-hfgc-bf16", "bf16", dict(recompute="full", checkpoint_impl="hf"))):
+        c.append(Case(name, "transformers", "llama", "causal-lm", dict(TINYLLAMA), 4, 1024, p, lora=True, **kw))
+    return c
 
 
 def _cases() -> list[Case]:
@@ -541,6 +644,7 @@ def _cases() -> list[Case]:
                   "fp32"))
     c.append(Case("tv-convnext_small-b96-fp32", "torchvision", "convnext_small", "image-classification", {}, 96, 224,
                   "fp32"))
+    c += _built_by_hand()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -610,8 +714,8 @@ def compat_cases() -> list[Case]:
         precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
                       [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
         for p in precisions:
-            out.append(replace(t, name=f"{'hf' if c.family == 'transformers' else 'tv'}-{c.arch}-{p}@tiny",
-                               precision=p))
+            prefix = {"transformers": "hf", "torchvision": "tv", "handmade": "hand"}[c.family]
+            out.append(replace(t, name=f"{prefix}-{c.arch}-{p}@tiny", precision=p))
     for arch, (task, o) in COMPAT_EXTRA.items():
         for p in ("amp-bf16",):
             out.append(Case(f"hf-{arch}-{p}@tiny", "transformers", arch, task, dict(o, pad_token_id=0, bos_token_id=1, eos_token_id=2), 2,

@@ -93,6 +93,15 @@ def test_doctor_on_a_binary_oom_text(tmp_path, capsys):
     ([{"allocated_bytes.all.current": 1}, "x"], r"stats.json\[1\]: a memory_stats\(\) sample is a dict"),
     ({"stats": [], "oom_message": "x"}, r"'stats' is a list"),
     ("just text", r"got a str"),
+    # issue 27: impossible statistics are refused, not read as "no out-of-memory cause found"
+    ({"allocated_bytes.all.current": -5, "reserved_bytes.all.current": 10},
+     r"'allocated_bytes.all.current': expected a non-negative integer \(memory_stats\(\) counts\), got '-5'"),
+    ({"allocated_bytes.all.current": "lots"}, r"'allocated_bytes.all.current': expected a non-negative integer"),
+    ({"allocated_bytes.all.current": 20, "reserved_bytes.all.current": 10},
+     r"20 bytes allocated exceed the 10 bytes reserved: impossible"),
+    ({"reserved_bytes.all.current": 10, "reserved_bytes.all.peak": 5}, r"current 10 exceeds its peak 5"),
+    ({"stats": {"num_ooms": -1}, "oom_message": "x"}, r"stats: 'num_ooms': expected a non-negative integer"),
+    ([{"allocated_bytes.all.current": 1.5}], r"stats.json\[0\]: 'allocated_bytes.all.current'"),
 ])
 def test_doctor_on_malformed_stats(tmp_path, capsys, doc, match):
     s = tmp_path / "stats.json"

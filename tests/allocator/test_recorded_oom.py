@@ -132,3 +132,35 @@ def test_recorded_message_texts_alone(name, kind):
     d = diagnose(oom_text=text)
     assert d.primary == kind, d.kinds
     assert "=" in d.findings[0].evidence[0] or kind == "other_process"
+
+
+@pytest.mark.parametrize("name", ["too_large", "fragmentation", "leak"])
+@pytest.mark.parametrize("factor", [0.97, 0.995, 1.02, 1.2])
+def test_the_verdict_follows_the_replays_at_caps_around_the_need(name, factor):
+    """Issue 27: at caps just below and just above what the recorded step needs (its uncapped allocated peak), the
+    doctor's verdict is the simulator's: where no setting fits, too_large first ("no setting saves this run", after
+    growth) and the allocator-blaming findings refuted; where a setting fits, fragmentation first naming it. Each
+    premise is checked here by replaying every setting."""
+    from labkit.allocator.doctor import NO_SETTING
+
+    d = case(name)
+    path = recorded.oom_snapshot_path(name)
+    tr = compile_trace(read_snapshot(path))
+    cap = int(replay(tr, "").allocated_peak_bytes * factor)
+    fits = {c: replay(tr, c, cap_bytes=cap).num_ooms == 0
+            for c in ("", "expandable_segments:True", "max_split_size_mb:128")}
+    diag = diagnose(stats=d, snapshot=path, cap_bytes=cap)
+    if fits[""]:
+        return                      # the recorded setting fits under this cap: no OOM for the replays to explain
+    first = diag.findings[0]
+    if not any(fits.values()):
+        lead = diag.findings[1] if first.kind == "growth" else first
+        assert lead.kind == "too_large" and lead.verified is True and NO_SETTING in lead.evidence[0], diag.kinds
+        for f in diag.findings:
+            if f.kind in ("fragmentation", "cache_held"):
+                assert f.verified is False and "Refuted" in f.simulator_check
+    else:
+        saving = [c for c, ok in fits.items() if ok]
+        assert first.kind == "fragmentation" and first.verified is True, diag.kinds
+        assert any(c in first.fix for c in saving)
+        assert all(f.verified is False for f in diag.findings if f.kind == "too_large")

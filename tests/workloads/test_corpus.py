@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 from labkit.core.errors import LabkitError
 from labkit.core.provenance import load_measurement
 from labkit.workloads.corpus import CASES, corpus_cases, get_case, tiny
@@ -34,7 +36,12 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 170         # every case runs at CI size in the support corpus: keep CI time in mind
+    assert 60 <= len(CASES) <= 200         # every case runs at CI size in the support corpus: keep CI time in mind
+    # issue 27: models built by hand from PyTorch's modules, cuDNN RNNs, 3-D and transposed convolutions,
+    # segmentation heads, more torchvision classifiers and the LoRA orders
+    assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
+            "segmentation.fcn_resnet50", "regnet_y_1_6gf"} <= archs
+    assert {c.lora_order for c in CASES if c.lora} == {"cast-before", "cast-before-bf16-adapters", "cast-after"}
 
 
 def test_tiny_shrinks_layers_and_widths():
@@ -104,3 +111,84 @@ def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
     for r in rows:
         assert r["output_shape"] == [2, 128, 28, 28]
         assert all(k in r for k in ("forward", "backward_data", "backward_filter", "backward"))
+
+
+def _gpu_script(name):
+    """A benchmarks/gpu script as a module (run in this process: no interpreter start, no second import of torch)."""
+    import importlib
+
+    path = str(REPO / "benchmarks" / "gpu")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+def test_lora_orders_give_the_adapters_their_dtype():
+    """peft keeps adapters in float32 on a bf16 base (autocast_adapter_dtype=True, the default) when the base is
+    cast first; autocast_adapter_dtype=False leaves them bf16; casting after get_peft_model casts them too."""
+    from labkit.workloads.corpus import build_model
+
+    want = {"tinyllama-b4-lora-bf16": torch.float32, "tinyllama-b4-lora-bf16adapters-bf16": torch.bfloat16,
+            "tinyllama-b4-lora-cast-after-bf16": torch.bfloat16}
+    for name, dtype in want.items():
+        model = build_model(get_case(f"{name}@tiny"))
+        trainable = {p.dtype for p in model.parameters() if p.requires_grad}
+        frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+        assert trainable == {dtype} and frozen == {torch.bfloat16}, name
+
+
+def test_hand_built_cases_run_as_a_user_writes_them():
+    """The plain loop (what the H200 records) runs every new kind of case at CI size on the CPU."""
+    from labkit.workloads.corpus import plain_step, prepare_plain
+
+    for name in ("hand-encoder-b16-s512-amp-bf16", "hand-lstm-b64-s256-fp32", "hand-unet-b16-s256-fp32",
+                 "tv-r3d_18-b16-fp32", "tv-fcn_resnet50-b16-s384-fp32"):
+        case = get_case(f"{name}@tiny")
+        model, opt, batch = prepare_plain(case, "cpu")
+        plain_step(case, model, opt, batch, device_type="cpu")
+        assert all(p.grad is None for p in model.parameters())        # zero_grad(set_to_none=True) ran
+
+
+def test_plain_recording_script_records_several_named_cases(tmp_path):
+    """record_plain.py --case NAME, repeated: the new cases' families at CI size (in one process here; --fresh
+    gives each its own, as the test above checks)."""
+    names = ["hand-gru-b64-s256-amp-bf16", "tv-r3d_18-b16-fp32"]
+    record_plain = _gpu_script("record_plain")
+    assert record_plain.main(["--out", str(tmp_path), "--smoke", "--no-clue", "--no-profile"]
+                             + [a for n in names for a in ("--case", f"{n}@tiny")]) == 0
+    rows = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")["data"]["cases"]
+    assert sorted(row["name"] for row in rows) == sorted(f"{n}@tiny" for n in names)
+    assert not any("error" in row for row in rows), rows
+
+
+def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
+    from labkit.core.provenance import header, write_measurement
+
+    merge = _gpu_script("merge_plain").merge
+    old = {"name": "gpt2-b8-fp32", "split": get_case("gpt2-b8-fp32").split, "peak_allocated": 1}
+    into = write_measurement(tmp_path / "fresh.json", "measure_plain",
+                             {"process": "fresh", "cases": [old]}, provenance=header("old run"))
+    new_rows = [{"name": "hand-lstm-b64-s256-fp32", "peak_allocated": 5, "peak_reserved": 6},
+                {"name": "gpt2-b8-amp-bf16", "peak_allocated": 2},
+                {"name": "hand-gru-b64-s256-fp32", "error": "OutOfMemoryError: x"}]
+    new = write_measurement(tmp_path / "new.json", "measure_plain", {"process": "fresh", "smoke": False,
+                                                                    "cases": new_rows}, provenance=header("new run"))
+    s = merge(new, into, note="issue 27's cases")
+    assert s["added"] == ["hand-lstm-b64-s256-fp32", "gpt2-b8-amp-bf16"] and len(s["failed"]) == 1
+    doc = load_measurement(into, kind="measure_plain")
+    rows = doc["data"]["cases"]
+    assert [r["name"] for r in rows] == ["gpt2-b8-fp32", "gpt2-b8-amp-bf16", "hand-lstm-b64-s256-fp32"]
+    assert rows[0] == old and rows[2]["provenance"]["command"] == "new run"
+    assert doc["provenance"]["command"] == "old run" and "issue 27" in doc["provenance"]["rows_with_own_provenance_note"]
+    bad = write_measurement(tmp_path / "bad.json", "measure_plain", {"process": "in-process", "cases": []},
+                            provenance=header("x"))
+    with pytest.raises(LabkitError, match="not a --fresh recording"):
+        merge(bad, into)
+
+
+def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
+    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke"]) == 0
+    rnn = load_measurement(tmp_path / "rnn_cudnn.json", kind="cudnn_rnn")["data"]["rows"]
+    conv = load_measurement(tmp_path / "conv_workspace_3d_transposed.json", kind="conv_workspace")["data"]["rows"]
+    assert len(rnn) == 2 and len(conv) == 2 and not any("error" in r for r in rnn + conv), (rnn, conv)
+    assert {r["transposed"] for r in conv} == {True, False}

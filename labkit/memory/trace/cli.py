@@ -200,17 +200,91 @@ def run(args: argparse.Namespace) -> int:
         raise LabkitError("--lora applies to a Hugging Face model: give --hf-config")
     if args.no_kv_cache and not args.hf_config:
         raise LabkitError("--no-kv-cache applies to a Hugging Face model: give --hf-config")
-    if args.hf_config:
-        rep, what = _run_hf(args)
-    elif args.factory:
-        rep, what = _run_factory(args)
-    else:
-        rep, what = _run_gpt(args)
+    try:
+        if args.hf_config:
+            rep, what = _run_hf(args)
+        elif args.factory:
+            rep, what = _run_factory(args)
+        else:
+            rep, what = _run_gpt(args)
+    except LabkitError as exc:
+        if args.device != "fake-cuda" or not _fake_refusal(exc):
+            raise
+        raise LabkitError(_refusal_with_command(args, exc, _runs_without_cache(args))) from None
     if args.json:
         print(dumps(rep))
         return 0
     _print_report(args, rep, what)
     return 0
+
+
+def _fake_refusal(exc: Exception) -> bool:
+    from labkit.memory.trace.step import FakeModeUnsupported
+
+    return isinstance(exc, FakeModeUnsupported) or str(exc).startswith(("fake-cuda cannot run", "fake mode cannot run"))
+
+
+def _kv_cache_grows(args: argparse.Namespace) -> bool:
+    """A Hugging Face causal LM with its KV cache on under torch.utils.checkpoint: the recomputation appends to the
+    cache the forward filled, so the recomputed layer's keys no longer match its mask (Gemma 2: "Attempting to
+    broadcast a dimension of length 32", on the CPU and on a GPU alike); ``use_cache=False`` runs."""
+    return bool(args.hf_config and args.recompute != "none" and args.recompute_via == "torch"
+                and not args.no_kv_cache and (args.task or "causal-lm") == "causal-lm")
+
+
+def _runs_without_cache(args: argparse.Namespace) -> bool:
+    """Whether the refused step runs in fake mode with ``use_cache=False`` (tried, where the cache may be the cause)."""
+    from labkit.core.errors import LabkitError
+
+    if not _kv_cache_grows(args):
+        return False
+    try:
+        _run_hf(argparse.Namespace(**{**vars(args), "no_kv_cache": True}))
+    except LabkitError:
+        return False
+    return True
+
+
+def suggested_command(args: argparse.Namespace, without_cache: bool = False) -> list[str]:
+    """The command to run instead of a step fake mode refused: the same command with ``--no-kv-cache`` where the
+    step runs so (``without_cache``: :func:`_runs_without_cache` tried it), else on the CPU (``--device cpu``: real
+    tensors run what fake tensors cannot)."""
+    argv = list(getattr(args, "argv", None) or ["measure"])
+    if without_cache:
+        return ["labkit", *argv, "--no-kv-cache"]
+    out, skip = [], False
+    for a in argv:                      # drop --device X / --device=X, then ask for the CPU
+        if skip:
+            skip = False
+            continue
+        if a == "--device":
+            skip = True
+            continue
+        if a.startswith("--device="):
+            continue
+        out.append(a)
+    return ["labkit", *out, "--device", "cpu"]
+
+
+def _refusal_with_command(args: argparse.Namespace, exc: Exception, without_cache: bool) -> str:
+    """Fake mode's refusal with one command that runs (a test executes it)."""
+    import shlex
+
+    from labkit.memory.trace.step import FakeModeUnsupported
+
+    cmd = shlex.join(suggested_command(args, without_cache))
+    if isinstance(exc, FakeModeUnsupported):
+        where = f" in module {exc.module}" if exc.module else ""
+        head = f"fake mode cannot run {'op ' + exc.op if exc.op else 'this step'}{where} during {exc.phase} ({exc.cause})"
+    else:
+        head = str(exc).split("; measure it with", 1)[0]
+    if without_cache:
+        why = ("the model keeps its KV cache on under recomputation (use_cache, transformers' default: the recomputed "
+               "layers append to the cache the forward filled, and their shapes no longer match on any device); "
+               "with use_cache=False the step runs")
+    else:
+        why = "real tensors run it on the CPU (slowly for a large model; or size it with labkit estimate)"
+    return f"{head}; {why}: {cmd}"
 
 
 def _optimizer(args: argparse.Namespace):

@@ -55,8 +55,19 @@ cl``): depthwise convolutions run cuDNN's NHWC kernels, see :func:`_channels_las
 fp32's reserved: -7.4% -> 0.0% held-out); dense ones take at most 17 MB for most geometries and are assumed
 to take none.
 
-Not measured, assumed as stated in :data:`ASSUMPTIONS`: transposed, 1-D and 3-D convolutions, fp16
-depthwise in NCHW, ``cudnn.benchmark = True``.
+**Transposed convolutions** follow from PyTorch's source, not from a measurement: ``ConvShared.cpp``
+(``cudnn_convolution_transpose``, ``cudnn_convolution_transpose_backward_input``,
+``cudnn_convolution_transpose_backward_weight``) runs a transposed convolution's forward as cuDNN's
+backward-data of the convolution it transposes (its input in the role of that convolution's output
+gradient, its output in the role of the input gradient), its input gradient as that convolution's forward
+on the output gradient, and its weight gradient as that convolution's backward-filter with input and output
+gradient swapped; the weight tensor is the same. :func:`conv_workspace_bytes` sizes each pass as the pass it
+runs (:data:`TRANSPOSED_PASS`).
+
+Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D and 3-D convolutions (the 2-D rule's NDHWC
+copies would raise R3D-18's predicted float32 peak by 4%: too large a guess to make unmeasured; its
+workspaces are recorded by ``benchmarks/gpu/record_handmade.py --part conv``), fp16 depthwise in NCHW,
+``cudnn.benchmark = True``.
 """
 
 from __future__ import annotations
@@ -69,7 +80,8 @@ import torch
 _HALF = (torch.float16, torch.bfloat16)
 
 ASSUMPTIONS = {
-    "other": "cuDNN convolution workspace for a transposed, 1-D or 3-D convolution: not measured, assumed none",
+    "other": "cuDNN convolution workspace for a 1-D or 3-D convolution: not measured, assumed none "
+             "(benchmarks/gpu/record_handmade.py --part conv records R3D-18's)",
     "channels_last": "cuDNN convolution workspace for a dense channels-last convolution: not modelled, assumed "
                      "none (measured on the H200 at most 17 MB for most geometries; the channels-last stem and patchify "
                      "take several times their input)",
@@ -153,10 +165,14 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     the assumption made, if any (see the module docstring)."""
     if pass_ not in ("forward", "backward_data", "backward_filter"):
         raise ValueError(f"pass_ {pass_!r}: expected forward, backward_data or backward_filter")
+    if transposed:
+        # cuDNN runs a transposed convolution as the passes of the convolution it transposes (see the module doc)
+        return conv_workspace_bytes(TRANSPOSED_PASS[pass_], y_shape, w_shape, x_shape, stride, padding, dilation,
+                                    groups, dtype, channels_last=channels_last)
     cin = x_shape[1]
     if groups == cin and groups > 1 and dtype != torch.float16 and not channels_last:
         return 0, None                                   # PyTorch's depthwise kernel, not cuDNN
-    if transposed or len(x_shape) != 4:
+    if len(x_shape) != 4:
         return 0, ASSUMPTIONS["other"]
     if channels_last and groups == cin and groups > 1:
         return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)
@@ -177,3 +193,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return 0, None
     partials = n * math.prod(w_shape) * 4
     return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k), None
+
+
+# the pass of the ordinary convolution that a transposed convolution's pass runs (x and y swap roles)
+TRANSPOSED_PASS = {"forward": "backward_data", "backward_data": "forward", "backward_filter": "backward_filter"}

@@ -60,6 +60,7 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
+from labkit.memory.trace.constants import known_value
 from labkit.memory.trace.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.grad_accumulation import engine_accumulation
@@ -472,6 +473,10 @@ class CudaEmulator:
         routed = self.routing.replace(func, args, kwargs)    # MoE dispatch's data-dependent shapes
         if routed is not NotImplemented:
             return routed
+        if tracker.phases[-1] == "init":          # the model's constructor: what it computes from Python numbers
+            known = known_value(func, args, kwargs)      # alone has a value (constants.py)
+            if known is not NotImplemented:
+                return known
         if func is torch.ops.aten._local_scalar_dense.default:
             return self._scalar_read(args[0])
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,

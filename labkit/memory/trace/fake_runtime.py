@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Callable, Iterator
 
 import torch
@@ -102,6 +103,12 @@ _SDPA_DEFAULTS: dict[str, Any] = {"attn_mask": None, "dropout_p": 0.0, "is_causa
                                   "enable_gqa": False}
 
 
+# torch._VF's recurrent layers (nn.LSTM, nn.GRU, nn.RNN call them), which a CUDA GPU runs as one cuDNN call
+# (cudnn_rnn.py)
+_CUDNN_RNN = {torch._VF.lstm: "lstm", torch._VF.gru: "gru", torch._VF.rnn_tanh: "rnn_tanh",
+              torch._VF.rnn_relu: "rnn_relu"}
+
+
 class CudaFunctionRules(TorchFunctionMode):
     """Python-level GPU choices for one fake run (see the module docstring)."""
 
@@ -126,6 +133,15 @@ class CudaFunctionRules(TorchFunctionMode):
             self.emulator.note_sdpa(choice)
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
+        if func in _CUDNN_RNN and self.emulator._tracker is not None:
+            from labkit.memory.trace.cudnn_rnn import ASSUMPTION, run_cudnn_rnn
+
+            em = self.emulator
+            dtype = em.policy.autocast_dtype if em.autocast_state.depth > 0 else None
+            out = run_cudnn_rnn(_CUDNN_RNN[func], args, kwargs, em._tracker, dtype)
+            if out is not NotImplemented:
+                em.assume(ASSUMPTION)
+                return out
         if func is torch.nn.functional.dropout:
             p = dict(zip(("input", "p", "training", "inplace"), args))
             p.update(kwargs)
@@ -196,6 +212,36 @@ def checkpoint_autocast(emulator: Any) -> Iterator[None]:
         cp.CheckpointFunction = original_fn
 
 
+class FakeDeepcopy(TorchFunctionMode):
+    """``copy.deepcopy`` of a fake tensor: a clone in the same fake mode.
+
+    ``Tensor.__deepcopy__`` (torch/_tensor.py) clones a wrapper subclass only when its ``data_ptr()`` is 0;
+    a ``FakeTensor`` answers the read with a warning and a nonzero pointer, so its storage is deep-copied into
+    tensors of another fake mode ("Mixing fake modes NYI" at their first use: the copy of ``__dict__`` copies the
+    tensor's ``fake_mode`` too). A parameter made in fake mode
+    is a ``FakeTensor`` flagged ``_is_param`` (``Parameter.__new__`` for a custom tensor type,
+    torch/nn/parameter.py), so ``Parameter.__deepcopy__`` does not apply either. PyTorch's own modules copy
+    themselves this way: ``nn.TransformerEncoder`` and ``nn.TransformerDecoder`` clone their layer
+    ``num_layers`` times with ``copy.deepcopy`` (``_get_clones``, torch/nn/modules/transformer.py)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+            t, memo = args[0], args[1]
+            if id(t) in memo:
+                return memo[id(t)]
+            with torch.no_grad():
+                new = t.clone(memory_format=torch.preserve_format)
+            new.requires_grad_(t.requires_grad)
+            for key, value in t.__dict__.items():    # _is_param and the user's attributes; not the fake tensor's
+                if key not in new.__dict__:          # own fields (its fake_mode above all: a deep copy is a new mode)
+                    new.__dict__[key] = copy.deepcopy(value, memo)
+            memo[id(t)] = new
+            return new
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def fake_module_conversion() -> Iterator[None]:
     """``Module._apply`` on fake parameters: new ``Parameter`` objects, tied parameters kept tied."""
@@ -253,6 +299,7 @@ def fake_run(emulator: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(emulator.modules.active())
         stack.enter_context(fake_module_conversion())
+        stack.enter_context(FakeDeepcopy())
         stack.enter_context(checkpoint_autocast(emulator))
         if emulator.target.emulate_kernels:
             stack.enter_context(CudaFunctionRules(emulator))

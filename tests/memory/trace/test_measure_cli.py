@@ -19,6 +19,30 @@ def run(capsys, *args):
     return rc, out.out, out.err
 
 
+def run_suggested(capsys, line):
+    """Run the command a refusal suggests (the text after its last ': labkit ')."""
+    import shlex
+
+    cmd = shlex.split("labkit " + line.rsplit(": labkit ", 1)[1])
+    assert cmd[:2] == ["labkit", "measure"], cmd
+    rc = main(cmd[1:])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_gemma2_checkpointed_with_its_kv_cache_suggests_what_runs(capsys):
+    """Issue 27: Gemma 2 under torch.utils.checkpoint with use_cache on fails in the recomputation (on the CPU too);
+    the refusal suggests --no-kv-cache, and that command runs."""
+    args = ["--hf-config", "gemma2", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "512",
+            "--micro-batch", "2", "--seq", "32", "--precision", "amp-bf16", "--recompute", "full"]
+    rc, out, err = run(capsys, *args)
+    assert rc == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.endswith(" ".join(args) + " --no-kv-cache") and "--device cpu" not in line, line
+    rc, out, err = run_suggested(capsys, line)
+    assert rc == 0 and "predicted for an H200" in out, err
+
+
 def test_hf_config_model_type_with_size_overrides(capsys):
     rc, out, err = run(capsys, *TINY_LLAMA, "--precision", "bf16", "--json")
     assert rc == 0, err
@@ -142,9 +166,8 @@ def test_fake_mode_refusal_is_one_line_naming_op_and_module(tmp_path, capsys):
         assert "fake mode cannot run op corpus_cli.opaque" in line and "in module block (Block)" in line
         assert "during forward" in line and "--device cpu" in line and "labkit estimate" in line
         assert "Traceback" not in err
-        rc, out, err = run(capsys, "--factory", "corpus_cli_opaque:net", "--micro-batch", "2", "--seq", "8",
-                           "--device", "cpu")
-        assert rc == 0 and "measured on this CPU" in out
+        rc, out, err = run_suggested(capsys, line)           # the command the refusal names, as it stands
+        assert rc == 0 and "measured on this CPU" in out, err
     finally:
         sys.path.remove(str(tmp_path))
 

@@ -1,0 +1,208 @@
+"""Ground truth for the kernels of hand-built models (issue 27), recorded on the GPU:
+
+1. **cuDNN RNN reserve and workspace** (``--part rnn``): for a grid of ``nn.LSTM`` / ``nn.GRU`` shapes
+   (1 and 2 layers, hidden 256 and 1024, batch 16 and 64, 64 and 256 steps, float32 and bfloat16,
+   ``batch_first``), the reserve space ``torch._cudnn_rnn`` returns (its 4th output: a uint8 tensor of exactly
+   cudnnGetRNNTempSpaceSizes' reserve bytes), and for the module's forward and backward as autograd runs them
+   the bytes kept and the transient blocks (the allocator's own trace: the contiguous input copy, the
+   workspaces), as ``record_vision.py`` measures convolutions (``measure_call``: the second call of each).
+2. **3-D and transposed convolution workspaces** (``--part conv``): R3D-18's convolutions and a UNet's
+   ``ConvTranspose2d`` (2x2, stride 2) at batch 8 and 16, float32 and bfloat16, contiguous, with
+   ``cudnn.benchmark`` False: forward, backward-data and backward-filter (``torch.ops.aten.convolution`` and
+   ``convolution_backward`` with ``transposed`` set where it applies), measured as ``record_vision.py``'s grid.
+
+    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv] [--smoke]
+
+Writes ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``), ``DIR/conv_workspace_3d_transposed.json`` (kind
+``conv_workspace``) and ``DIR/log.txt``. ``--smoke``: one shape of each on the CPU (no memory figures), to
+check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from labkit.core.provenance import header, write_measurement  # noqa: E402
+
+T0 = time.perf_counter()
+LOG: list[str] = []
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# (mode, layers, hidden, batch, steps)
+RNN_GRID = [(m, L, h, b, s) for m in ("lstm", "gru") for L in (1, 2) for h in (256, 1024) for b in (16, 64)
+            for s in (64, 256)]
+RNN_SMOKE = [("lstm", 2, 32, 2, 8), ("gru", 1, 32, 2, 8)]
+CUDNN_MODE = {"lstm": 2, "gru": 3}       # cudnnRNNMode_t: RNN_RELU 0, RNN_TANH 1, LSTM 2, GRU 3
+# (label, in channels, out channels, input spatial size, kernel, stride, padding, transposed)
+CONV_GEOMETRIES: tuple[tuple[str, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], bool],
+                       ...] = (
+    ("r3d-stem", 3, 64, (16, 112, 112), (3, 7, 7), (1, 2, 2), (1, 3, 3), False),
+    ("r3d-3x3x3-64", 64, 64, (16, 56, 56), (3, 3, 3), (1, 1, 1), (1, 1, 1), False),
+    ("r3d-3x3x3s2-128", 64, 128, (16, 56, 56), (3, 3, 3), (2, 2, 2), (1, 1, 1), False),
+    ("r3d-3x3x3-128", 128, 128, (8, 28, 28), (3, 3, 3), (1, 1, 1), (1, 1, 1), False),
+    ("r3d-3x3x3-256", 256, 256, (4, 14, 14), (3, 3, 3), (1, 1, 1), (1, 1, 1), False),
+    ("r3d-3x3x3-512", 512, 512, (2, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), False),
+    ("r3d-down1x1x1s2-128", 64, 128, (16, 56, 56), (1, 1, 1), (2, 2, 2), (0, 0, 0), False),
+    ("unet-up-1024", 1024, 512, (16, 16), (2, 2), (2, 2), (0, 0), True),
+    ("unet-up-512", 512, 256, (32, 32), (2, 2), (2, 2), (0, 0), True),
+    ("unet-up-256", 256, 128, (64, 64), (2, 2), (2, 2), (0, 0), True),
+    ("unet-up-128", 128, 64, (128, 128), (2, 2), (2, 2), (0, 0), True),
+    ("unet-3x3-64-256", 64, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
+)
+CONV_BATCHES = (8, 16)
+
+
+def log(msg: str) -> None:
+    line = f"[{time.perf_counter() - T0:6.1f}s] {msg}"
+    LOG.append(line)
+    print(line, flush=True)
+
+
+def rnn_probe(mode: str, layers: int, hidden: int, batch: int, steps: int, dtype_name: str, device: str) -> dict:
+    from record_vision import measure_call
+
+    dt = DTYPES[dtype_name]
+    cuda = device == "cuda"
+    row: dict[str, Any] = {"mode": mode, "layers": layers, "hidden": hidden, "input_size": hidden, "batch": batch,
+                           "steps": steps, "dtype": dtype_name, "batch_first": True, "bidirectional": False}
+    try:
+        cls = torch.nn.LSTM if mode == "lstm" else torch.nn.GRU
+        with torch.device(device):
+            m = cls(hidden, hidden, layers, batch_first=True).to(dt)
+        m.train()
+        x = torch.randn(batch, steps, hidden, device=device, dtype=dt, requires_grad=True)
+        if cuda:
+            h0 = torch.zeros(layers, batch, hidden, device=device, dtype=dt)
+            c0 = torch.zeros_like(h0) if mode == "lstm" else None
+            out = torch._cudnn_rnn(x, m._flat_weights, 4, None, h0, c0, CUDNN_MODE[mode], hidden, 0, layers, True,
+                                   0.0, True, False, [], None)
+            row["reserve_bytes"] = int(out[3].numel() * out[3].element_size())
+            row["weight_buf_numel"] = int(out[4].numel()) if out[4] is not None else None
+            del out
+        row["forward"] = measure_call(lambda: m(x)[0], cuda)
+        y = m(x)[0]
+        gy = torch.randn_like(y)
+        row["backward"] = measure_call(lambda: torch.autograd.grad(y, [x] + list(m.parameters()), gy,
+                                                                   retain_graph=True), cuda)
+        del y, gy, x, m
+    except Exception as exc:  # noqa: BLE001 - one failing shape must not lose the others
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def rnn_section(device: str, smoke: bool) -> dict[str, Any]:
+    rows = []
+    for shape in (RNN_SMOKE if smoke else RNN_GRID):
+        for dtype_name in (("fp32",) if smoke else DTYPES):
+            r = rnn_probe(*shape, dtype_name, device)
+            rows.append(r)
+            log(f"rnn {shape} {dtype_name}: reserve {r.get('reserve_bytes')}, fwd transient "
+                f"{(r.get('forward') or {}).get('transient_blocks')}{' ' + r['error'] if 'error' in r else ''}")
+    return {"device": device, "smoke": smoke, "method": __doc__.split("\n\n")[1],
+            "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "rows": rows}
+
+
+def conv_probe(geom: tuple, n: int, dtype_name: str, device: str) -> dict[str, Any]:
+    from record_vision import measure_call
+
+    label, cin, cout, size, k, s, p, transposed = geom
+    dt = DTYPES[dtype_name]
+    cuda = device == "cuda"
+    x = torch.randn(n, cin, *size, device=device, dtype=dt)
+    # a transposed convolution's weight is (in, out, *k); an ordinary one's (out, in, *k)
+    w = torch.randn(*((cin, cout) if transposed else (cout, cin)), *k, device=device, dtype=dt)
+    nd = len(size)
+    dil, outpad = [1] * nd, [0] * nd
+    row: dict[str, Any] = {"geometry": label, "batch": n, "dtype": dtype_name, "in_channels": cin,
+                           "out_channels": cout, "spatial": list(size), "kernel": list(k), "stride": list(s),
+                           "padding": list(p), "transposed": transposed, "groups": 1,
+                           "input_shape": list(x.shape), "weight_shape": list(w.shape)}
+    conv, bwd = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
+    try:
+        y = conv(x, w, None, list(s), list(p), dil, transposed, outpad, 1)
+        row["output_shape"] = list(y.shape)
+        gy = torch.randn_like(y)
+        passes = {"forward": lambda: conv(x, w, None, list(s), list(p), dil, transposed, outpad, 1),
+                  "backward_data": lambda: bwd(gy, x, w, None, list(s), list(p), dil, transposed, outpad, 1,
+                                               [True, False, False]),
+                  "backward_filter": lambda: bwd(gy, x, w, None, list(s), list(p), dil, transposed, outpad, 1,
+                                                 [False, True, False])}
+        for name, fn in passes.items():
+            row[name] = measure_call(fn, cuda)
+        del y, gy
+    except Exception as exc:  # noqa: BLE001 - one failing geometry must not lose the others
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    del x, w
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def conv_section(device: str, smoke: bool) -> dict[str, Any]:
+    rows = []
+    for geom in CONV_GEOMETRIES:
+        if smoke:
+            label, cin, cout, size, k, s, p, t = geom
+            if label not in ("r3d-3x3x3-512", "unet-up-1024"):
+                continue
+            geom = (label, cin // 16, cout // 16, tuple(max(2, d // 4) for d in size), k, s, p, t)
+        for dtype_name in (("fp32",) if smoke else DTYPES):
+            for n in ((2,) if smoke else CONV_BATCHES):
+                r = conv_probe(geom, n, dtype_name, device)
+                rows.append(r)
+                log(f"conv {geom[0]} n={n} {dtype_name}: transient fwd "
+                    f"{(r.get('forward') or {}).get('transient_peak_bytes')}, data "
+                    f"{(r.get('backward_data') or {}).get('transient_peak_bytes')}, filter "
+                    f"{(r.get('backward_filter') or {}).get('transient_peak_bytes')}"
+                    f"{' ' + r['error'] if 'error' in r else ''}")
+    return {"device": device, "smoke": smoke, "method": __doc__.split("\n\n")[1],
+            "settings": {"cudnn_benchmark_default": torch.backends.cudnn.benchmark,
+                         "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+                         else None},
+            "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv")
+    ap.add_argument("--smoke", action="store_true", help="one shape of each on the CPU (checks the script)")
+    args = ap.parse_args(argv)
+    parts = set(args.part.split(","))
+    if parts - {"rnn", "conv"}:
+        ap.error(f"--part {args.part!r}: the parts are rnn and conv")
+    args.out.mkdir(parents=True, exist_ok=True)
+    import record_plain
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = "cuda" if cuda else "cpu"
+    cmd = "python3 benchmarks/gpu/record_handmade.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    prov = header(cmd)
+    prov.update(record_plain.versions())
+    log(f"device {device}; torch {torch.__version__}; {prov.get('gpu_name')}; cudnn {prov.get('cudnn')}")
+    try:
+        if "rnn" in parts:
+            write_measurement(args.out / "rnn_cudnn.json", "cudnn_rnn", rnn_section(device, args.smoke),
+                              provenance=prov)
+        if "conv" in parts:
+            write_measurement(args.out / "conv_workspace_3d_transposed.json", "conv_workspace",
+                              conv_section(device, args.smoke), provenance=prov)
+        log("done: " + ", ".join(sorted(parts)))
+    finally:
+        (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Values fake mode can know: tensors a program computes from Python numbers alone.
+
+Fake tensors carry no data, so an integer read (``.item()``, ``.tolist()``, ``int(t)``) of one refuses:
+the value could decide what follows. But a tensor made by ``torch.arange``, ``torch.linspace`` or
+``torch.full`` from Python numbers, and whatever is computed from such tensors only, has a value that
+depends on no input: the program computes it the same way on any device. PyTorch's ``FakeTensorMode``
+already keeps such values (a fake tensor's ``constant``) for ``torch.tensor(...)`` and for one-element
+results (``CONSTANT_NUMEL_LIMIT = 1`` and the ``all_constant`` path of ``FakeTensorMode._dispatch_impl``,
+torch/_subclasses/fake_tensor.py); :func:`known_value` extends the rule to factories and ``torch.tensor``
+of Python numbers
+and to small results (up to :data:`KNOWN_NUMEL_LIMIT` elements) computed from known values only.
+
+Fake mode applies it while the model is built (the ``init`` phase): a constructor's arithmetic on such
+values decides the model's shapes. Example: torchvision's RegNet computes its stage widths at construction
+(``BlockParams.from_init_params``, torchvision/models/regnet.py: ``torch.arange(depth) * w_a + w_0``,
+``torch.round``, ``torch.log``, then ``.int().tolist()``); that read is now answered with the value the
+GPU run computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+aten = torch.ops.aten
+# factories whose arguments are Python numbers only (shapes, ranges, fill values)
+FACTORIES = frozenset({aten.arange.default, aten.arange.start, aten.arange.start_step, aten.linspace.default,
+                       aten.logspace.default, aten.scalar_tensor.default, aten.full.default})
+LIFTS = frozenset({aten.lift_fresh.default, aten.lift_fresh_copy.default})
+# results up to this many elements are computed for real (the widths of a network's stages, a short table):
+# the computation costs nothing, while a large one would spend real memory on the CPU
+KNOWN_NUMEL_LIMIT = 4096
+
+
+def _fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for m in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(m, FakeTensorMode):
+            return m
+    return None
+
+
+def known_value(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func``'s result as fake tensors that know their value (``constant``), where every input is a
+    Python number or such a tensor and the result is small; else ``NotImplemented``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._mode_utils import no_dispatch
+
+    if not isinstance(func, torch._ops.OpOverload):
+        return NotImplemented
+    for a in args:      # the common case, an op on data, leaves at once
+        if isinstance(a, FakeTensor) and a.constant is None:
+            return NotImplemented
+    flat, spec = tree_flatten((args, kwargs))
+    tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+    if tensors:
+        # a real tensor here is a Python number the dispatcher wrapped (``x * 2.5``: a 0-dim CPU tensor)
+        if not all(t.constant is not None if isinstance(t, FakeTensor) else t.device.type == "cpu" for t in tensors):
+            return NotImplemented
+        fakes = [t for t in tensors if isinstance(t, FakeTensor)]
+        if not fakes and func not in LIFTS:     # torch.tensor([...]) of Python numbers arrives as a lift
+            return NotImplemented
+        if (torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable
+                or any(t.numel() > KNOWN_NUMEL_LIMIT for t in tensors)):
+            return NotImplemented
+        mode = fakes[0].fake_mode if fakes else _fake_mode()
+        if mode is None:
+            return NotImplemented
+    else:
+        if func not in FACTORIES:
+            return NotImplemented
+        mode = _fake_mode()
+        if mode is None:
+            return NotImplemented
+        fake = func(*args, **kwargs)           # the fake result first: its size says whether to compute it
+        if fake.numel() > KNOWN_NUMEL_LIMIT or fake.device.type != "cpu":
+            return fake
+    real = tree_unflatten([a.constant if isinstance(a, FakeTensor) else a for a in flat], spec)
+    with no_dispatch():
+        out = func(*real[0], **real[1])
+    if func is aten._local_scalar_dense.default:
+        return out                             # the number itself (``.item()``, each element of ``.tolist()``)
+    if any(t.numel() > KNOWN_NUMEL_LIMIT for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
+        return NotImplemented                  # small inputs, a large result (an expand): fake mode makes it
+    with no_dispatch():
+        out = tree_map_only(torch.Tensor, lambda t: t.clone(), out)
+    with _disable_current_modes():             # as FakeTensorMode makes its constants: outside every mode
+        return tree_map_only(torch.Tensor,
+                             lambda t: mode.fake_tensor_converter.from_real_tensor(mode, t, make_constant=True), out)
+
+
+__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "known_value"]
