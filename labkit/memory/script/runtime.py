@@ -46,6 +46,16 @@ from labkit.memory.trace.storage import Roles
 _UNPADDED = {"attention_mask": torch.ones(1)}
 
 
+def _import_masking_utils() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is not None:
+        try:
+            import transformers.masking_utils  # noqa: F401
+        except Exception:  # noqa: BLE001 - an unusable transformers: its models cannot run either
+            pass
+
+
 class StopScript(BaseException):
     """Raised after the last optimizer step asked for (``max_steps``): ends the program there. A
     ``BaseException``, so that a training framework's ``except Exception`` does not swallow it."""
@@ -266,9 +276,11 @@ class FakeGPU:
         st = self._stack = contextlib.ExitStack()
         try:
             st.enter_context(_quiet_fake_tensor_warnings())
-            st.enter_context(self.fake)
-            # transformers' mask checks, answered as measure_step answers them for a batch without padding
+            # transformers' mask checks, answered as measure_step answers them for a batch without padding (the
+            # library is imported first when it is installed: the script imports it later)
+            _import_masking_utils()
             self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED))
+            st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())
             st.enter_context(checkpoint_autocast(self.emulator))
