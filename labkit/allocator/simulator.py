@@ -281,6 +281,14 @@ class CachingAllocatorSim:
         """``emptyCache``: ``release_cached_blocks``."""
         self._release_cached_blocks()
 
+    def reset_peak_stats(self) -> None:
+        """``resetPeakStats`` (``torch.cuda.reset_peak_memory_stats``): every statistic's peak becomes its current
+        value."""
+        for name in STAT_NAMES:
+            stat = getattr(self, name)
+            for j in range(0, len(stat), 2):
+                stat[j + 1] = stat[j]
+
     # ================================================================== malloc, rule by rule
     def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
         """``get_free_block``: the smallest cached block >= size on this stream, subject to max_split_size."""

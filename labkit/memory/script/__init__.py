@@ -6,18 +6,18 @@ accumulation, clipping, an EMA copy, ``GradScaler``, an evaluation pass, Lightni
 
 Modules, one concern each:
 
-* ``placement``: which tensors live on the GPU. Every tensor is a CPU fake tensor; a tensor is "on the
+* ``tensor_placement``: which tensors live on the GPU. Every tensor is a CPU fake tensor; a tensor is "on the
   GPU" when the tracker registered its storage. ``device="cuda"``, ``.cuda()``, ``.to("cuda")`` place
   there, ``.cpu()`` takes a host copy, every other op's output follows its inputs; user code sees
   ``x.device == cuda:0`` for a GPU tensor.
 * ``tracker``: the storage tracker restricted to GPU tensors, with the user's file:line of each allocation.
-* ``live``: the caching-allocator simulator fed in step with the tracker, so that
+* ``live_allocator``: the caching-allocator simulator fed in step with the tracker, so that
   ``torch.cuda.memory_allocated()`` and friends answer mid-run, and the whole run's peaks come from it.
 * ``cuda_api``: ``torch.cuda``'s answers (availability, properties, memory statistics, streams, events).
 * ``frameworks``: what Lightning, Hugging Face ``Trainer``, accelerate, ``DataLoader`` and ``torch.compile``
   need to see the target GPU.
 * ``runtime``: :func:`fake_gpu`, the context manager that puts it all together and measures phases and
-  optimizer steps; ``report``: :class:`ScriptReport`; ``run``: :func:`trace_script` (a file, in a fresh process
+  optimizer steps; ``script_report``: :class:`ScriptReport`; ``run``: :func:`trace_script` (a file, in a fresh process
   by default).
 
 Importing this package does not import torch.
@@ -26,7 +26,7 @@ Importing this package does not import torch.
 _LAZY = {
     "fake_gpu": "labkit.memory.script.runtime",
     "FakeGPU": "labkit.memory.script.runtime",
-    "ScriptReport": "labkit.memory.script.report",
+    "ScriptReport": "labkit.memory.script.script_report",
     "trace_script": "labkit.memory.script.run",
 }
 

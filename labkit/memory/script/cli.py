@@ -58,7 +58,7 @@ def run_script_cli(args: argparse.Namespace) -> int:
     import dataclasses
 
     from labkit.core.serialize import dumps, to_jsonable
-    from labkit.memory.script.report import render_ranks, render_text
+    from labkit.memory.script.script_report import render_ranks, render_text
     from labkit.memory.script.run import check_script, run_script
 
     _refuse_step_flags(args)

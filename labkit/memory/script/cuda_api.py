@@ -1,7 +1,7 @@
 """``torch.cuda`` as the target GPU answers it, for a faked program.
 
 Availability, device count, names and properties come from the target (:class:`GpuFacts`); the memory
-statistics from the live allocator (:mod:`labkit.memory.script.live`), so a script's own
+statistics from the live allocator (:mod:`labkit.memory.script.live_allocator`), so a script's own
 ``print(torch.cuda.max_memory_allocated())`` prints the prediction. Streams and events exist and do
 nothing (one stream: the program's work is already in order); an event's ``elapsed_time`` is 0.0 (no
 time is predicted here). Random-number state is a host tensor.

@@ -10,7 +10,7 @@ it did in the run's notes:
   figures are the eager program's (said in the notes).
 * ``torch.save``: fake tensors have no values; nothing is written (said in the notes).
 * Lightning, accelerate and Hugging Face ``Trainer`` read the GPU through ``torch.cuda`` (answered in
-  :mod:`.cuda_api`) and move tensors with ``.to(device)`` (:mod:`.placement`): nothing of theirs is patched.
+  :mod:`.cuda_api`) and move tensors with ``.to(device)`` (:mod:`.tensor_placement`): nothing of theirs is patched.
 """
 
 from __future__ import annotations

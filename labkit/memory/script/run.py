@@ -70,7 +70,7 @@ def run_script(path: str, argv: list[str] | None = None, *, max_steps: int | Non
                stdout_to_stderr: bool = False, banner: bool = True, gpu: Any = None, launch: Any = None,
                rank: int = 0) -> Any:
     """Run ``path`` with ``argv`` on a fake GPU in this process; returns its
-    :class:`~labkit.memory.script.report.ScriptReport`. ``max_steps``: stop after that many optimizer steps.
+    :class:`~labkit.memory.script.script_report.ScriptReport`. ``max_steps``: stop after that many optimizer steps.
     ``launch`` (a :class:`~labkit.memory.script.ranks.Launch`): run it as ``rank`` of that torchrun launch."""
     import torch
 
@@ -131,6 +131,6 @@ def trace_script(path: str, argv: list[str] | None = None, *, max_steps: int | N
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise LabkitError(last.split("error: ", 1)[-1] if "error: " in last else last)
-    from labkit.memory.script.report import report_from_json
+    from labkit.memory.script.script_report import report_from_json
 
     return report_from_json(json.loads(proc.stdout))

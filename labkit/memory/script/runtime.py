@@ -6,16 +6,16 @@
     print(gpu.report())
 
 Inside, every tensor is a CPU fake tensor (no memory is used), ``torch.cuda`` answers as the target
-(:mod:`.cuda_api`), GPU placement follows :mod:`.placement`, and what the GPU would allocate is what
+(:mod:`.cuda_api`), GPU placement follows :mod:`.tensor_placement`, and what the GPU would allocate is what
 ``measure_step``'s fake mode allocates: the same tracker, kernel rules (:class:`CudaEmulator`: SDPA kernels,
 cuBLAS and cuDNN workspaces, reductions, embedding backward, dropout masks) and caching-allocator
-simulator, fed as the program runs (:mod:`.live`). CUDA autocast follows the program's own
+simulator, fed as the program runs (:mod:`.live_allocator`). CUDA autocast follows the program's own
 ``torch.autocast("cuda")`` regions (the emulated casts apply while ``torch.is_autocast_enabled("cuda")``).
 
 Phases: ``setup`` until the first forward, ``forward`` (a top-level module called with gradients on),
 ``eval`` (called without), ``loss`` (between a forward and the next backward), ``backward``
 (``torch.autograd.backward``/``grad``), ``optimizer`` (``Optimizer.step``), ``other``. Each
-``Optimizer.step`` ends an optimizer step (:class:`labkit.memory.script.live.StepMark`); ``max_steps`` stops
+``Optimizer.step`` ends an optimizer step (:class:`labkit.memory.script.live_allocator.StepMark`); ``max_steps`` stops
 the program after that many.
 """
 
@@ -31,8 +31,8 @@ import torch.nn as nn
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
-from labkit.memory.script.live import LiveAllocator
-from labkit.memory.script.placement import DeviceMode, local_tensor, reported_devices
+from labkit.memory.script.live_allocator import LiveAllocator
+from labkit.memory.script.tensor_placement import DeviceMode, local_tensor, reported_devices
 from labkit.memory.script.tracker import GpuTracker, Sites
 from labkit.memory.trace.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
                                            data_dependent_choices)
@@ -314,7 +314,7 @@ class FakeGPU:
         return exc_type is StopScript
 
     def report(self, *, what: str | None = None, outcome: str | None = None) -> Any:
-        from labkit.memory.script.report import build_report
+        from labkit.memory.script.script_report import build_report
 
         return build_report(self, what=what or self.what, outcome=outcome)
 
@@ -322,7 +322,7 @@ class FakeGPU:
 def fake_gpu(*, max_steps: int | None = None, target: CudaTarget | None = None, facts: GpuFacts | None = None,
              user_roots: tuple[str, ...] = (), launch: Any = None, rank: int = 0) -> FakeGPU:
     """A context manager that runs the code inside it on a fake GPU (see the module docstring); its
-    ``report()`` is a :class:`labkit.memory.script.report.ScriptReport`. ``max_steps``: stop after that many
+    ``report()`` is a :class:`labkit.memory.script.script_report.ScriptReport`. ``max_steps``: stop after that many
     ``Optimizer.step`` calls. ``target``: the GPU's kernel choices (default: an H200 in a fresh process)."""
     if max_steps is not None and max_steps < 1:
         raise LabkitError(f"max_steps must be >= 1, got {max_steps}")

@@ -1,7 +1,7 @@
 """The storage tracker of a faked program: GPU tensors only, each allocation with its file:line.
 
 :class:`GpuTracker` is :class:`labkit.memory.trace.storage.StorageTracker` (the same events, rounding
-and emulator hooks as ``measure_step``) with the placement rules of :mod:`labkit.memory.script.placement`
+and emulator hooks as ``measure_step``) with the placement rules of :mod:`labkit.memory.script.tensor_placement`
 at the dispatch level: an op whose outputs land on the host runs untracked and unemulated (a CPU matmul
 takes no cuBLAS workspace), a ``device=cuda`` that reaches the dispatcher (from C++ or a checkpoint's
 recomputation) is made ``cpu`` and tracked. Each GPU allocation remembers the innermost frame of the
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from labkit.memory.script.placement import Placement, is_cuda_device
+from labkit.memory.script.tensor_placement import Placement, is_cuda_device
 from labkit.memory.trace.storage import StorageTracker
 
 _CPU = torch.device("cpu")

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.allocator.simulator import STAT_NAMES
-
 
 @dataclass
 class StepMark:
@@ -128,10 +126,7 @@ class LiveAllocator:
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats()``: every peak becomes the current value."""
         self.sync()
-        for name in STAT_NAMES:
-            stat = getattr(self._sim, name)
-            for j in range(0, len(stat), 2):
-                stat[j + 1] = stat[j]
+        self._sim.reset_peak_stats()
         self.peak, self.peak_event = self.allocated, max(len(self.tracker.events) - 1, 0)
         self.reserved_peak = self.reserved
 
