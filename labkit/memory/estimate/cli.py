@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
+    from labkit.memory.estimate.planner import (cluster_from_topology, explain, nic_400g, nvswitch_nvlink4, plan,
+                                                uniform_cluster)
 
     model = _model(args)
     if args.global_batch is None:
@@ -235,7 +236,7 @@ def run_plan(args: argparse.Namespace) -> int:
             raise LabkitError(f"--topology {args.topology} has {cl.gpus_per_node} GPUs per node, not --gpus-per-node {per_node}")
     else:
         cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, per_node, mem,
-                             LinkSpec(450e9, 3.4e-6, "450 GB/s (NVLink4-class)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
+                             nvswitch_nvlink4("NVLink4-class through NVSwitch"), nic_400g(),
                              achievable_flops=flops)
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
                   framework=args.framework or "megatron")
