@@ -55,4 +55,4 @@ def test_chapters_are_attributes_and_record_is_reachable():
 def test_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'measure'"):
         labkit.measure  # noqa: B018
-    assert not hasattr(labkit, "FACTS")
+    assert not hasattr(labkit, "no_such_name")
