@@ -390,4 +390,5 @@ def h100_cluster(gpus: int = 64, gpus_per_node: int = 8) -> Cluster:
 
 
 __all__ = ["Candidate", "Cluster", "DEFAULT_ACHIEVABLE_FLOPS", "LinkSpec", "Plan", "StepTime", "cluster_from_topology",
-           "explain", "h100_cluster", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time", "training_flops_per_token", "uniform_cluster"]
+           "explain", "h100_cluster", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time",
+           "training_flops_per_token", "uniform_cluster"]

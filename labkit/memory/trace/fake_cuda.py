@@ -108,9 +108,9 @@ class CudaTarget:
     ``labkit/memory/trace/targets/h200.json`` (the H200 the lab's recordings ran on, with the torch and cuDNN
     it ran), each with its source there (:meth:`source`); :meth:`from_facts` reads another such file.
 
-    ``torch_version`` is the torch whose rules fake mode applies. It selects the version-dependent rules (SDPA: which backends take GQA, cuDNN's
-    place in the priority list and its dropout check; see :mod:`labkit.memory.trace.sdpa`); ``sm``
-    and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
+    ``torch_version`` is the torch whose rules fake mode applies. It selects the version-dependent rules
+    (SDPA: which backends take GQA, cuDNN's place in the priority list and its dropout check; see
+    :mod:`labkit.memory.trace.sdpa`); ``sm`` and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
     emulated kernels allocate.
 
     ``warm_process``: when the cuBLAS workspaces are allocated. ``CublasHandlePool.cpp``

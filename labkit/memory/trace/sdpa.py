@@ -23,11 +23,11 @@ Where the rules change with the torch and cuDNN versions and the GPU, they read 
 ``targets/sdpa_gates.json`` (:data:`labkit.memory.trace.targets.SDPA_GATES`), each with its source:
 which backends take GQA, cuDNN's place in the priority list, cuDNN's dropout checks and head_dim
 limits, each backend's GPU range. The default target (:class:`SdpaTarget`) is the H200 of
-``targets/h200.json`` (the torch and cuDNN its recordings ran). Checked against the H200 recordings (plain loops, the kernels the profiler saw; reference
-cases only): cuDNN ran for every fp16/bf16 call, including HF's attention dropout 0.1 (so the 1/16
-dropout check of the current source is newer than 2.11) and head_dim 256 (Gemma: cuDNN 9.19, so 2.11
-still had the earlier cuDNN >= 9.10 rule); a mask that requires grad (T5's learned relative-position
-bias) ran the math path, not mem-efficient.
+``targets/h200.json`` (the torch and cuDNN its recordings ran). Checked against the H200 recordings
+(plain loops, the kernels the profiler saw; reference cases only): cuDNN ran for every fp16/bf16 call,
+including HF's attention dropout 0.1 (so the 1/16 dropout check of the current source is newer than
+2.11) and head_dim 256 (Gemma: cuDNN 9.19, so 2.11 still had the earlier cuDNN >= 9.10 rule); a mask
+that requires grad (T5's learned relative-position bias) ran the math path, not mem-efficient.
 
 Nested tensors and ROCm are not modelled (fake mode sees dense CUDA-like tensors).
 """
@@ -146,7 +146,8 @@ def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget)
             return "attn_mask shape"
         if mask.dim() not in (2, 4):
             return "attn_mask must be 2-D or 4-D"
-    if t.torch_version >= _from_torch("cudnn_dropout_sixteenths") and dropout_p * 16.0 != math.floor(dropout_p * 16.0):
+    sixteenths = t.torch_version >= _from_torch("cudnn_dropout_sixteenths")
+    if sixteenths and dropout_p * 16.0 != math.floor(dropout_p * 16.0):
         return "dropout not a multiple of 1/16"
     g = SDPA_GATES["cudnn_dropout_unsupported"]
     if dropout_p > 0.0 and g["cudnn_above"] < t.cudnn_version < g["cudnn_below"]:
@@ -164,12 +165,14 @@ def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget)
     limit = 128
     g = SDPA_GATES["cudnn_head_dim_256_sm90"]
     if t.torch_version >= parse_version(g["torch"]):
-        d256 = sm90x and t.cudnn_version > g["cudnn_above"] and (t.cudnn_frontend_d256 or not g["needs_frontend_d256"])
+        frontend = t.cudnn_frontend_d256 or not g["needs_frontend_d256"]
+        d256 = sm90x and t.cudnn_version > g["cudnn_above"] and frontend
     else:
         d256 = t.sm == tuple(g["before"]["sm"]) and t.cudnn_version >= g["before"]["cudnn_at_least"]
     if d256:
         limit = 256
-    elif sm90x and t.cudnn_version >= SDPA_GATES["cudnn_head_dim_192_128"]["cudnn_at_least"] and d_qk == 192 and d_v == 128:
+    elif (sm90x and t.cudnn_version >= SDPA_GATES["cudnn_head_dim_192_128"]["cudnn_at_least"]
+          and d_qk == 192 and d_v == 128):
         limit = 192
     if d_qk > limit or d_v > limit:
         return f"head_dim {max(d_qk, d_v)} > {limit}"
