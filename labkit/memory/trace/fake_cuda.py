@@ -110,8 +110,8 @@ class CudaTarget:
 
     ``torch_version`` is the torch whose rules fake mode applies. It selects the version-dependent rules
     (SDPA: which backends take GQA, cuDNN's place in the priority list and its dropout check; see
-    :mod:`labkit.memory.trace.sdpa`); ``sm`` and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
-    emulated kernels allocate.
+    :mod:`labkit.memory.trace.sdpa`); ``sm`` and ``cudnn_version`` the hardware- and library-dependent
+    ones. Other fields are the sizes the emulated kernels allocate.
 
     ``warm_process``: when the cuBLAS workspaces are allocated. ``CublasHandlePool.cpp``
     (``getCurrentCUDABlasHandle``) takes a handle from a per-thread pool and, the first time that
