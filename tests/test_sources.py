@@ -1,8 +1,8 @@
 """Sources cited in the code are public (a URL, a paper, PyTorch's source file) or files of this repository.
 
 A citation of a file that is not in the repository (the lab's old notes ``FACTS.md``, the helpers'
-``../shared`` folder, a path on the machine that wrote the code, a ``*.md`` that is not here) sends a
-reader nowhere: this test finds them in every text file under labkit/, benchmarks/ and tests/.
+``../shared`` folder, a path on the machine that wrote the code, a ``*.md`` or a recording under
+``data/`` that is not here) sends a reader nowhere: this test finds them in every text file under labkit/, benchmarks/ and tests/.
 """
 
 import re
@@ -21,6 +21,7 @@ OUTSIDE = [
 ]
 URL = re.compile(r"https?://\S+")
 MARKDOWN = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
+RECORDING = re.compile(r"(?<![\w/.-])(data/[\w./-]*\w\.(?:json|txt|xml|csv|yaml|pickle|pkl))\b")
 
 
 def _files() -> list[Path]:
@@ -44,6 +45,9 @@ def _findings(path: Path, text: str) -> list[str]:
             doc = m.group(1)
             if not ((ROOT / doc).exists() or (path.parent / doc).exists()):
                 out.append(f"{path.relative_to(ROOT)}:{n}: {doc} is not in the repository")
+        for m in RECORDING.finditer(URL.sub(" ", line)):
+            if not (ROOT / m.group(1)).exists():
+                out.append(f"{path.relative_to(ROOT)}:{n}: {m.group(1)} is not in the repository")
     return out
 
 
@@ -62,6 +66,9 @@ def test_no_file_cites_a_file_outside_the_repository():
     ('SHARED = Path("/' + 'work/shared/topologies")', True),
     ("see ../" + "shared/reference/ARCHITECTURE.md", True),
     ("the notes in docs/NOTES.md", True),
+    ("recorded: data/measurements/measure/plain__fresh.json", False),
+    ("recorded: data/measurements/measure/plain__nowhere.json", True),
+    ('f"data/measurements/allocator/fid__{name}.json"', False),
     ("nccl-tests' (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md)", False),
     ("benchmarks/gpu/README.md lists the scripts", False),
     ("PyTorch c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc", False),
