@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--gpus-per-node", type=positive_int, help="default: 8, or --gpus when fewer")
     pl.add_argument("--gpu-memory", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
-                    "default: NVSwitch-like 450 GB/s links")
+                    "default: every GPU on NVSwitch with its NVLink4 links (labkit.core.interconnect)")
     pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
     pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default 400)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
