@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 NVLINK_PAGE = "https://www.nvidia.com/en-us/data-center/nvlink/"
 HOPPER_WHITEPAPER = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
-NCCL_TUNING = "https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc"
+H200_PAGE = "https://www.nvidia.com/en-us/data-center/h200/"
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,6 @@ class NVLinkPart:
         return f"{self.document} ({self.url})" if self.url else self.document
 
 
-H200_PAGE = "https://www.nvidia.com/en-us/data-center/h200/"
-
 # Parts by the name NVML reports (first match wins: keep specific names before general ones).
 NVLINK_PARTS: dict[str, NVLinkPart] = {
     "H800": NVLinkPart(8, 4, "NVIDIA H800 SXM data sheet: NVLink 400 GB/s both ways, i.e. 8 NVLink4 links"),
@@ -85,17 +83,19 @@ NVLINK_PARTS: dict[str, NVLinkPart] = {
 NVLINK4_NODE_Bps = NVLINK_PARTS["H200"].Bps
 NVLINK4_NODE_SOURCE = NVLINK_PARTS["H200"].source
 
-# PCIe x16 per direction (PCI-SIG base specifications): lanes x GT/s x 128/130 (encoding) / 8 bits.
+# PCIe x16 per direction: lanes x GT/s x 128/130 (encoding) / 8 bits. Source: the PCI-SIG PCI Express base
+# specifications 3.0, 4.0 and 5.0 (8, 16 and 32 GT/s per lane, 128b/130b encoding), https://pcisig.com/specifications
 PCIE_X16_Bps: dict[int, float] = {3: 16 * 8e9 * 128 / 130 / 8, 4: 16 * 16e9 * 128 / 130 / 8,
                                   5: 16 * 32e9 * 128 / 130 / 8}
-PCIE_SOURCE = "PCI-SIG PCI Express base specifications 3.0-5.0: 8, 16, 32 GT/s per lane, 128b/130b encoding"
 
-# NCCL's own per-step latency of a ring with the Simple protocol (hwLat[link][Ring][Simple], microseconds).
+# NCCL's own per-step latency of a ring with the Simple protocol, over NVLink and over PCIe. Source: NCCL
+# src/graph/tuning.cc, hwLat[NVLINK|PCI][Ring][Simple] in microseconds,
+# https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc
 NCCL_RING_STEP_S = {"NVLINK": 3.4e-6, "PCIE": 5.7e-6}
-NCCL_RING_STEP_SOURCE = f"NCCL src/graph/tuning.cc, hwLat[.][Ring][Simple] ({NCCL_TUNING})"
 
 # Between nodes: one 400 Gb/s NIC per GPU (InfiniBand NDR / 400GbE), 400e9 / 8 bytes/s per direction.
 # Its per-step latency is an assumption of this lab (a few microseconds), not a vendor figure.
 NIC_400G_Bps = 400e9 / 8
 NIC_STEP_S = 5e-6
-NIC_SOURCE = "a 400 Gb/s NIC per GPU (NDR InfiniBand / 400GbE: 50 GB/s per direction); 5 us per step assumed"
+NIC_SOURCE = (f"a 400 Gb/s NIC per GPU (NDR InfiniBand / 400GbE: {NIC_400G_Bps / 1e9:g} GB/s per direction); "
+              f"{NIC_STEP_S * 1e6:g} us per step assumed")

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
-from labkit.core.interconnect import NCCL_RING_STEP_S, NIC_400G_Bps, NIC_STEP_S, NVLINK4_NODE_Bps, NVLINK4_NODE_SOURCE
+from labkit.core.interconnect import (NCCL_RING_STEP_S, NIC_400G_Bps, NIC_SOURCE, NIC_STEP_S, NVLINK4_NODE_Bps,
+                                     NVLINK4_NODE_SOURCE)
 from labkit.core.units import GiB, fmt_bytes
 from labkit.core.vocab import Recompute
 from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
@@ -381,12 +382,12 @@ def explain(p: Plan, top: int = 3) -> list[str]:
 def h200_cluster(gpus: int = 2, gpus_per_node: int = 8) -> Cluster:
     """H200 nodes (NVLink4 through NVSwitch), 400 Gb/s NIC per GPU: :func:`nvswitch_nvlink4`, :func:`nic_400g`."""
     return uniform_cluster(f"{gpus} x H200 (141 GB)", gpus, min(gpus, gpus_per_node), 141 * 10**9,
-                           nvswitch_nvlink4(), nic_400g(), source=f"nominal figures ({NVLINK4_NODE_SOURCE})")
+                           nvswitch_nvlink4(), nic_400g(), source=f"nominal figures: {NVLINK4_NODE_SOURCE}; {NIC_SOURCE}")
 
 
 def h100_cluster(gpus: int = 64, gpus_per_node: int = 8) -> Cluster:
     return uniform_cluster(f"{gpus} x H100 80GB", gpus, min(gpus, gpus_per_node), 80 * GiB,
-                           nvswitch_nvlink4(), nic_400g(), source=f"nominal figures ({NVLINK4_NODE_SOURCE})")
+                           nvswitch_nvlink4(), nic_400g(), source=f"nominal figures: {NVLINK4_NODE_SOURCE}; {NIC_SOURCE}")
 
 
 __all__ = ["Candidate", "Cluster", "DEFAULT_ACHIEVABLE_FLOPS", "LinkSpec", "Plan", "StepTime", "cluster_from_topology",
