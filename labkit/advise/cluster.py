@@ -25,7 +25,7 @@ class Machine:
 
 
 def resolve(src: MachineSource) -> Machine:
-    from labkit.memory.estimate.planner import LinkSpec, cluster_from_topology, uniform_cluster
+    from labkit.memory.estimate.planner import cluster_from_topology, nic_400g, nvswitch_nvlink4, uniform_cluster
 
     notes: list[str] = []
     topo = None
@@ -66,8 +66,8 @@ def resolve(src: MachineSource) -> Machine:
                           "node without a topology")
     nodes = total // per_node
     cluster = uniform_cluster(f"{total} GPUs", total, per_node, src.gpu_memory_bytes,
-                              LinkSpec(450e9, 3.4e-6, "NVLink4 through NVSwitch (assumed)"),
-                              LinkSpec(50e9, 5e-6, "400 Gb/s NIC per GPU (assumed)"),
+                              nvswitch_nvlink4("NVLink4 through NVSwitch (assumed)"),
+                              nic_400g("400 Gb/s NIC per GPU (assumed)"),
                               source="no topology given: NVSwitch inside a node, 400 Gb/s NIC per GPU (assumed)")
     notes.append("no topology given: GPUs inside a node assumed all on NVSwitch (NVLink4 figures)")
     return Machine(f"{nodes} x {per_node} GPUs, {fmt_bytes(src.gpu_memory_bytes)} per GPU", total, per_node, nodes,

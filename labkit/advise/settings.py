@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from labkit.core.units import MiB
 
-# The allocator settings worth trying for a training step (FACTS section 3; labkit.allocator).
+# The allocator settings worth trying for a training step (labkit.allocator simulates each), among the options of
+# PYTORCH_ALLOC_CONF that PyTorch documents in its CUDA semantics notes (memory management):
+# https://docs.pytorch.org/docs/stable/notes/cuda.html
 ALLOC_CANDIDATES = ("", "expandable_segments:True", "max_split_size_mb:128", "roundup_power2_divisions:4")
 BUCKET_SIZES_MB = (1, 5, 10, 25, 50, 100, 200)
 

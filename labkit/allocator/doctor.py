@@ -241,8 +241,11 @@ def effective_limit(m: OOMMessage) -> int | None:
 def _from_oom(m: OOMMessage) -> list[Finding]:
     """The fake-OOM rule. At an OOM, P is allocated, U reserved but unallocated, R requested, L the limit of what
     this process's allocator may reserve. Before raising, the allocator has already freed its whole cached segments
-    and retried (FACTS 3), so U is what sits in split blocks of segments that still hold live tensors (or in private
-    pools). Headroom H = L - (P + U) could not hold R. If P + R <= L, the bytes exist but U could not serve the request:
+    and retried (PyTorch c10/cuda/CUDACachingAllocator.cpp, ``DeviceCachingAllocator::malloc``: after a failed
+    ``alloc_block``, ``release_available_cached_blocks`` then ``release_cached_blocks``, each followed by a retry;
+    https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp), so U is what sits in split
+    blocks of segments that still hold live tensors (or in private pools). Headroom H = L - (P + U) could not hold
+    R. If P + R <= L, the bytes exist but U could not serve the request:
     fragmentation, which expandable segments remove. If P + R > L: too large (or other processes' memory)."""
     out: list[Finding] = []
     R = m.request_bytes

@@ -1,9 +1,7 @@
 """Nominal per-direction GPU-to-GPU link rates, to state measured bus bandwidth as a fraction of them.
 
-Figures (GB = 1e9 B per second, one direction): NVLink4 on H100/H200 is 18 links x 25 GB/s =
-450 GB/s; H800 8 links = 200 GB/s; NVLink3 on A100 12 x 25 = 300 GB/s; NVLink5 on B200/B300
-18 x 50 = 900 GB/s; PCIe Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s (theoretical). Sources: NVIDIA's
-NVLink pages and the H100/H200/A100/B200 data sheets, collected in the lab's FACTS.md section 1.
+The figures and their sources are :mod:`labkit.core.interconnect`'s (GB = 1e9 B per second, one
+direction): an SXM part's NVLinks, all together.
 Published nccl-tests single-node all-reduce bus bandwidth for comparison: 8x A100 ~230 GB/s,
 8x H100 ~370 GB/s ring (~480 GB/s with NVLS), from NVIDIA's nccl-tests results.
 """
@@ -11,6 +9,8 @@ Published nccl-tests single-node all-reduce bus bandwidth for comparison: 8x A10
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from labkit.core.interconnect import NVLINK_GENERATIONS, NVLINK_PARTS
 
 
 @dataclass(frozen=True)
@@ -20,15 +20,8 @@ class NominalLink:
     source: str
 
 
-_NVLINK = (
-    ("H800", NominalLink("NVLink4 x8 (H800)", 200.0, "NVIDIA H800: 8 NVLink4 links x 25 GB/s per direction")),
-    ("H100", NominalLink("NVLink4 x18", 450.0, "NVIDIA H100/H200: 18 NVLink4 links x 25 GB/s per direction")),
-    ("H200", NominalLink("NVLink4 x18", 450.0, "NVIDIA H100/H200: 18 NVLink4 links x 25 GB/s per direction")),
-    ("GH200", NominalLink("NVLink4 x18", 450.0, "NVIDIA GH200: 18 NVLink4 links x 25 GB/s per direction")),
-    ("A100", NominalLink("NVLink3 x12", 300.0, "NVIDIA A100 SXM: 12 NVLink3 links x 25 GB/s per direction")),
-    ("B200", NominalLink("NVLink5 x18", 900.0, "NVIDIA B200: 18 NVLink5 links x 50 GB/s per direction")),
-    ("B300", NominalLink("NVLink5 x18", 900.0, "NVIDIA B300: 18 NVLink5 links x 50 GB/s per direction")),
-)
+_NVLINK = tuple((key, NominalLink(f"{NVLINK_GENERATIONS[p.generation].name} x{p.links}", p.Bps / 1e9, p.source))
+                for key, p in NVLINK_PARTS.items())
 
 PUBLISHED_ALLREDUCE_BUSBW_GBps = {
     "8x A100 (nccl-tests, ring)": 230.0,

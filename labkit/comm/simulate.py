@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 
 from labkit.core import collectives
 from labkit.core.errors import LabkitError
+from labkit.core.interconnect import NIC_400G_Bps, NVLINK4_NODE_Bps
 from labkit.core.units import MiB
 
 
@@ -36,9 +37,9 @@ class GradEvent:
 class LinkModel:
     gpus_per_node: int = 8
     nodes: int = 1
-    intra_bw_GBps: float = 450.0  # per direction, GB = 1e9 B/s (NVLink4)
+    intra_bw_GBps: float = NVLINK4_NODE_Bps / 1e9  # per direction, GB = 1e9 B/s (NVLink4 through NVSwitch)
     intra_latency_us: float = 5.0  # per ring step
-    inter_bw_GBps: float = 50.0  # per GPU per direction (a 400 Gb/s NIC per GPU)
+    inter_bw_GBps: float = NIC_400G_Bps / 1e9  # per GPU per direction (a 400 Gb/s NIC per GPU)
     inter_latency_us: float = 10.0
 
     def __post_init__(self) -> None:

@@ -1,6 +1,7 @@
 """Collective-communication arithmetic shared by the topology, comm and memory chapters.
 
-Bus-bandwidth factors are nccl-tests' (doc/PERFORMANCE.md): ``busbw = algbw * factor`` with
+Bus-bandwidth factors are nccl-tests'
+(https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): ``busbw = algbw * factor`` with
 AllReduce ``2(n-1)/n``, ReduceScatter/AllGather/AlltoAll ``(n-1)/n``, Broadcast/Reduce ``1``.
 ``bytes`` is the size nccl-tests reports: for all_gather and reduce_scatter, the *total* (gathered)
 size S, so that each rank contributes S/n.

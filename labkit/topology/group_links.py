@@ -5,8 +5,8 @@
   DGX-1 hybrid cube mesh the 8 GPUs have SYS pairs, but a ring over NVLink alone exists).
 * ``collective_time``: alpha-beta ring estimate, ``steps * alpha + bytes * busbw_factor / bandwidth``
   (``labkit.core.collectives``: nccl-tests' bus-bandwidth factors), over the ring's bottleneck link.
-  alpha per step is NCCL's own ring/Simple hardware latency (src/graph/tuning.cc, ``hwLat``):
-  3.4 us over NVLink, 5.7 us over PCIe.
+  alpha per step is NCCL's own ring/Simple hardware latency (``labkit.core.interconnect.NCCL_RING_STEP_S``:
+  NCCL's src/graph/tuning.cc, ``hwLat``), one figure over NVLink, one over PCIe.
 
 Simplifications, stated: one ring at the bottleneck's nominal per-direction bandwidth (real NCCL runs
 several channels and may use trees or NVLS); PCIe sharing behind one switch is not modelled.
@@ -20,12 +20,12 @@ from typing import Sequence
 
 from labkit.core.collectives import alpha_beta_time, bus_factor
 from labkit.core.errors import LabkitError
+from labkit.core.interconnect import NCCL_RING_STEP_S
 from labkit.topology.links import NVLINK, Link
 from labkit.topology.model import Topology
 
-# NCCL src/graph/tuning.cc hwLat[.][Ring][Simple], microseconds per ring step.
-ALPHA_NVLINK_S = 3.4e-6
-ALPHA_PCIE_S = 5.7e-6
+ALPHA_NVLINK_S = NCCL_RING_STEP_S["NVLINK"]
+ALPHA_PCIE_S = NCCL_RING_STEP_S["PCIE"]
 
 
 @dataclass

@@ -5,18 +5,15 @@ PCIe bridge; ``PXB`` several PCIe bridges, no host bridge; ``PHB`` through a PCI
 CPU); ``NODE`` between host bridges inside one NUMA node; ``SYS`` across the inter-socket link
 (QPI/UPI). Drivers of 2016 (367.x) print ``SOC`` for what is now ``SYS`` and have no ``NODE``.
 
-Nominal bandwidth is per direction, in bytes/s (decimal GB = 1e9, as vendors quote it):
+Nominal bandwidth is per direction, in bytes/s (decimal GB = 1e9, as vendors quote it), from
+:mod:`labkit.core.interconnect` (each figure with its source):
 
-* NVLink, per link per direction (NVIDIA architecture whitepapers and product pages):
-  NVLink1 (P100) 20 GB/s; NVLink2 (V100) 25 GB/s; NVLink3 (A100, A30) 25 GB/s; GA102 cards
-  (RTX 3090, RTX A6000, A40) ~14.06 GB/s (112.5 GB/s both ways over 4 links); NVLink4
-  (H100/H200/H800) 25 GB/s (18 links = 450 GB/s per direction, 900 GB/s both ways); NVLink5
-  (B200/B300) 50 GB/s. A label ``NV12`` means 12 links bonded, so 12 x the per-link figure.
-* PCIe x16 per direction (PCI-SIG base specifications, 128b/130b encoding): Gen3 8 GT/s -> 15.75
-  GB/s, Gen4 16 GT/s -> 31.5 GB/s, Gen5 32 GT/s -> 63.0 GB/s. ``PIX``..``SYS`` all move over the
-  GPU's own PCIe link, so its nominal figure is that link's; what differs is the path (bridges, host
-  bridge, inter-socket link) and therefore latency and contention, not the nominal peak. The
-  ``distance`` rank keeps that order for placement.
+* NVLink, per link per direction, by generation; a label ``NV12`` means 12 links bonded, so 12 x the
+  per-link figure.
+* PCIe x16 per direction. ``PIX``..``SYS`` all move over the GPU's own PCIe link, so its nominal
+  figure is that link's; what differs is the path (bridges, host bridge, inter-socket link) and
+  therefore latency and contention, not the nominal peak. The ``distance`` rank keeps that order
+  for placement.
 
 These are peaks on paper. Measured figures (``labkit.topology.measure``) are lower: that is the point
 of the lab's measured-beside-nominal tables.
@@ -28,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from labkit.core.errors import LabkitError
+from labkit.core.interconnect import NVLINK_GENERATIONS, PCIE_X16_Bps
 
 # Link kinds, from closest to farthest.
 SELF = "X"
@@ -53,10 +51,9 @@ LEGEND = {
 
 _NV = re.compile(r"^NV([0-9]{1,6})$")
 
-# Per-link, per-direction NVLink bandwidth (bytes/s) by NVLink generation; see module docstring.
-NVLINK_PER_LINK_BPS = {1: 20e9, 2: 25e9, 3: 25e9, "GA102": 112.5e9 / 2 / 4, 4: 25e9, 5: 50e9}
-# PCIe x16 per direction (bytes/s): lanes * GT/s * 128/130 / 8.
-PCIE_X16_BPS = {3: 16 * 8e9 * 128 / 130 / 8, 4: 16 * 16e9 * 128 / 130 / 8, 5: 16 * 32e9 * 128 / 130 / 8}
+# Per-link, per-direction NVLink bandwidth (bytes/s) by NVLink generation, and PCIe x16 per direction.
+NVLINK_PER_LINK_BPS = {g: v.per_link_Bps for g, v in NVLINK_GENERATIONS.items()}
+PCIE_X16_BPS = PCIE_X16_Bps
 
 
 def pcie_bps(gen: int, width: int = 16) -> float:
@@ -85,26 +82,32 @@ class Generation:
         return pcie_bps(self.pcie_gen, self.pcie_width)
 
 
+def _source(nvlink: int | str, pcie_gen: int) -> str:
+    g = NVLINK_GENERATIONS[nvlink]
+    return f"{g.name} {g.per_link_Bps / 1e9:g} GB/s per link per direction: {g.document}; PCIe Gen{pcie_gen}"
+
+
 # (pattern on the GPU name, generation). First match wins: keep specific names before general ones.
 _GENERATIONS: list[tuple[str, Generation]] = [
     (r"\bGB?[23]00\b|\bB[23]00\b", Generation("Blackwell (B200/B300)", 5, 5,
-                                            source="NVIDIA Blackwell: NVLink5 18 links x 50 GB/s per direction")),
+                                            source=_source(5, 5))),
     (r"\bH100\b|\bH200\b|\bH800\b|\bGH200\b|\bH20\b", Generation("Hopper (H100/H200)", 4, 5,
-                                                          source="NVIDIA H100/H200: NVLink4 18 links x 25 GB/s per direction; PCIe Gen5")),
+                                                          source=_source(4, 5))),
     (r"\bA100\b|\bA800\b|\bA30\b", Generation("Ampere GA100 (A100/A30)", 3, 4,
-                                              source="NVIDIA A100 whitepaper: NVLink3 12 links x 25 GB/s per direction; PCIe Gen4")),
+                                              source=_source(3, 4))),
     (r"RTX 3090|RTX A6000|\bA40\b", Generation("Ampere GA102 (RTX 3090/A6000/A40)", "GA102", 4,
-                                               source="NVIDIA GA102: 4 NVLinks, 112.5 GB/s both ways; PCIe Gen4")),
-    (r"\bV100\b", Generation("Volta (V100)", 2, 3, source="NVIDIA V100 whitepaper: NVLink2 6 links x 25 GB/s per direction; PCIe Gen3")),
-    (r"\bP100\b", Generation("Pascal (P100)", 1, 3, source="NVIDIA P100 whitepaper: NVLink1 4 links x 20 GB/s per direction; PCIe Gen3")),
+                                               source=_source("GA102", 4))),
+    (r"\bV100\b", Generation("Volta (V100)", 2, 3, source=_source(2, 3))),
+    (r"\bP100\b", Generation("Pascal (P100)", 1, 3, source=_source(1, 3))),
     (r"RTX 4090|RTX 6000 Ada|\bL40S?\b|\bL4\b|Ada Generation", Generation("Ada (RTX 4090/RTX 6000 Ada/L40)", None, 4,
                                                                         source="NVIDIA Ada: no NVLink; PCIe Gen4")),
     (r"\bK80\b|\bK40\b|Tesla K", Generation("Kepler (K80)", None, 3, source="NVIDIA Tesla K80: no NVLink; PCIe Gen3")),
 ]
 
 # When the GPU is not known (a topology text carries no GPU names): stated as a warning, never silent.
-FALLBACK = Generation("unknown GPU (assumed NVLink 25 GB/s per link, PCIe Gen4 x16)", 3, 4,
-                      source="fallback: GPU model unknown")
+FALLBACK_ASSUMES = f"NVLink {NVLINK_PER_LINK_BPS[3] / 1e9:g} GB/s per link and PCIe Gen4 x16"
+FALLBACK = Generation(f"unknown GPU (assumed {FALLBACK_ASSUMES})", 3, 4,
+                      source="fallback: GPU model unknown; " + _source(3, 4))
 
 
 def generation_for(name: str | None) -> Generation | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.core.errors import LabkitError
-from labkit.topology.links import FALLBACK, Generation, Link, generation_for, make_link
+from labkit.topology.links import FALLBACK, FALLBACK_ASSUMES, Generation, Link, generation_for, make_link
 
 
 MAX_GPUS = 512  # GPUs in one topology; beyond, a matrix of link labels is not one server's
@@ -94,7 +94,7 @@ def build(source: str, gpus: list[GPU], matrix: list[list[str]], *, nics: list[N
     if gen is None:
         gen = FALLBACK
         what = f"GPU {name!r} is not in the bandwidth table" if name else "the GPU model is not known"
-        warnings.append(f"{what}: nominal bandwidths assume NVLink 25 GB/s per link and PCIe Gen4 x16 "
+        warnings.append(f"{what}: nominal bandwidths assume {FALLBACK_ASSUMES} "
                         f"(pass gpu_name= / --gpu-name to choose)")
     return Topology(source=source, gpus=gpus, matrix=matrix, nics=nics or [], warnings=warnings, origin=origin,
                     gpu_model=name, generation=gen, p2p=p2p, raw_text=raw_text)

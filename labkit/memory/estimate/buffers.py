@@ -38,7 +38,10 @@ MiB = 1024**2
 ALLOCATOR_OVERHEAD = 0.109           # median reserved/allocated - 1 at the peak, 16 recorded H200 cases
 WORKSPACE_BYTES = 70 * MiB           # median CUDA peak - tracked tensors, same cases
 CUDA_CONTEXT_BYTES = 619 * MiB       # device memory used after creating the context, minus torch's reserve
-NCCL_BYTES_PER_COMMUNICATOR = 300 * MiB  # not measured here (no 2-GPU machine was lent): "hundreds of MB" (FACTS)
+# Not measured here (no 2-GPU machine was lent): hundreds of MB, growing with each communicator and its channels
+# (NCCL's maintainers, https://github.com/NVIDIA/nccl/issues/864; 544-688 MB per communicator on 4 x A100 NVLink,
+# https://github.com/NVIDIA/nccl/issues/964).
+NCCL_BYTES_PER_COMMUNICATOR = 300 * MiB
 DEFAULTS_SOURCE = ("allocator overhead and workspace: recorded on 1 x NVIDIA H200, 2026-11-29 "
                    "(data/measurements/measure/, the lab GPT's 16 reference cases); CUDA context: recorded on "
                    "1 x NVIDIA H200, 2026-11-29 (data/measurements/parallel_memory/summary.json, torch 2.11, "

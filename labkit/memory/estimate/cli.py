@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--gpus-per-node", type=positive_int, help="default: 8, or --gpus when fewer")
     pl.add_argument("--gpu-memory", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
-                    "default: NVSwitch-like 450 GB/s links")
+                    "default: every GPU on NVSwitch with its NVLink4 links (labkit.core.interconnect)")
     pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
     pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default 400)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
+    from labkit.memory.estimate.planner import (cluster_from_topology, explain, nic_400g, nvswitch_nvlink4, plan,
+                                                uniform_cluster)
 
     model = _model(args)
     if args.global_batch is None:
@@ -235,7 +236,7 @@ def run_plan(args: argparse.Namespace) -> int:
             raise LabkitError(f"--topology {args.topology} has {cl.gpus_per_node} GPUs per node, not --gpus-per-node {per_node}")
     else:
         cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, per_node, mem,
-                             LinkSpec(450e9, 3.4e-6, "450 GB/s (NVLink4-class)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
+                             nvswitch_nvlink4("NVLink4-class through NVSwitch"), nic_400g(),
                              achievable_flops=flops)
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
                   framework=args.framework or "megatron")

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
+from labkit.core.interconnect import (NCCL_RING_STEP_S, NIC_400G_Bps, NIC_SOURCE, NIC_STEP_S, NVLINK4_NODE_Bps,
+                                     NVLINK4_NODE_SOURCE)
 from labkit.core.units import GiB, fmt_bytes
 from labkit.core.vocab import Recompute
 from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
@@ -42,6 +44,17 @@ class LinkSpec:
     bandwidth_Bps: float
     latency_s: float
     name: str = ""
+
+
+def nvswitch_nvlink4(name: str = "NVLink4 (NV18)") -> LinkSpec:
+    """Inside an H100/H200 node: every GPU on the NVSwitches with its 18 NVLink4 links, NCCL's ring step
+    latency over NVLink (figures and sources: :mod:`labkit.core.interconnect`)."""
+    return LinkSpec(NVLINK4_NODE_Bps, NCCL_RING_STEP_S["NVLINK"], name)
+
+
+def nic_400g(name: str = "400 Gb/s NIC") -> LinkSpec:
+    """Between nodes: one 400 Gb/s NIC per GPU (:mod:`labkit.core.interconnect`; its latency assumed)."""
+    return LinkSpec(NIC_400G_Bps, NIC_STEP_S, name)
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,7 @@ def cluster_from_topology(topo, *, nodes: int = 1, gpu_memory_bytes: int | None 
     mem = gpu_memory_bytes or next((g.memory_bytes for g in topo.gpus if g.memory_bytes), None)
     if not mem:
         raise LabkitError("the topology does not say the GPU memory: pass gpu_memory_bytes")
-    inter = inter or LinkSpec(50e9, 5e-6, "400 Gb/s NIC per GPU (assumed)")
+    inter = inter or nic_400g("400 Gb/s NIC per GPU (assumed)")
     return Cluster(name or f"{nodes} x {n}-GPU node", nodes * n, n, int(mem), intra, inter, achievable_flops,
                    source=f"topology: {getattr(topo, 'source', None) or 'given'}; inter-node {inter.name}")
 
@@ -367,17 +380,16 @@ def explain(p: Plan, top: int = 3) -> list[str]:
 
 
 def h200_cluster(gpus: int = 2, gpus_per_node: int = 8) -> Cluster:
-    """H200 nodes (NVLink4 through NVSwitch: 450 GB/s per direction, FACTS), 400 Gb/s NIC per GPU."""
+    """H200 nodes (NVLink4 through NVSwitch), 400 Gb/s NIC per GPU: :func:`nvswitch_nvlink4`, :func:`nic_400g`."""
     return uniform_cluster(f"{gpus} x H200 (141 GB)", gpus, min(gpus, gpus_per_node), 141 * 10**9,
-                           LinkSpec(450e9, 3.4e-6, "NVLink4 (NV18)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
-                           source="nominal figures (FACTS: NVLink4 18 x 25 GB/s)")
+                           nvswitch_nvlink4(), nic_400g(), source=f"nominal figures: {NVLINK4_NODE_SOURCE}; {NIC_SOURCE}")
 
 
 def h100_cluster(gpus: int = 64, gpus_per_node: int = 8) -> Cluster:
     return uniform_cluster(f"{gpus} x H100 80GB", gpus, min(gpus, gpus_per_node), 80 * GiB,
-                           LinkSpec(450e9, 3.4e-6, "NVLink4 (NV18)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
-                           source="nominal figures (FACTS: NVLink4 18 x 25 GB/s)")
+                           nvswitch_nvlink4(), nic_400g(), source=f"nominal figures: {NVLINK4_NODE_SOURCE}; {NIC_SOURCE}")
 
 
 __all__ = ["Candidate", "Cluster", "DEFAULT_ACHIEVABLE_FLOPS", "LinkSpec", "Plan", "StepTime", "cluster_from_topology",
-           "explain", "h100_cluster", "h200_cluster", "plan", "step_time", "training_flops_per_token", "uniform_cluster"]
+           "explain", "h100_cluster", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time",
+           "training_flops_per_token", "uniform_cluster"]

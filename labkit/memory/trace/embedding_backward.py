@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from labkit.memory.trace.targets import H200
+
 NROWS_PER_THREAD = 10
 ATOMIC_FAST_PATH_MAX_INDICES = 3072
 MAX_ATOMIC_ACCUM_BLOCKS_PER_SM = 4
@@ -36,7 +38,7 @@ WARP = 32
 
 
 def embedding_backward_temporaries(grad: torch.Tensor, indices: torch.Tensor, num_weights: int,
-                                   scale_grad_by_freq: bool = False, sm_count: int = 132) -> list[int]:
+                                   scale_grad_by_freq: bool = False, sm_count: int = H200["sm_count"]) -> list[int]:
     """Bytes of each buffer ``embedding_dense_backward`` holds besides its result (all live together)."""
     n = indices.numel()
     if n <= ATOMIC_FAST_PATH_MAX_INDICES and not scale_grad_by_freq:

@@ -1,7 +1,10 @@
 """Fake-GPU mode: reproduce on CPU fake tensors what a CUDA GPU would allocate.
 
 On a CPU-only build, backward on fake ``cuda`` tensors fails, so the step runs on fake ``cpu``
-tensors and the GPU's different choices are made deliberately:
+tensors and the GPU's different choices are made deliberately, by the rules of one torch on one GPU
+(:class:`CudaTarget`: by default the H200 of ``targets/h200.json`` with the torch its recordings ran). The
+report says which torch the rules are for and which is installed (``emulation["torch"]``); when the two
+differ, fake mode warns once per process (:class:`TorchVersionWarning`).
 
 * **Autocast**: CPU autocast casts a different set of ops than CUDA autocast. :class:`CudaAutocast`
   is a ``TorchFunctionMode`` that applies CUDA's lists (``ATen/autocast_mode.h``: lower-precision
@@ -52,21 +55,22 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
+from labkit.core.facts import Facts
 from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.constants import known_value
 from labkit.memory.trace.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.grad_accumulation import engine_accumulation
 from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
-
-MiB = 1 << 20
+from labkit.memory.trace.targets import H200
 
 # CUDA autocast op lists (torch ATen/autocast_mode.h), by Python-level function name.
 LOWER_PRECISION = frozenset({
@@ -101,12 +105,14 @@ def _op_name(func: Any) -> str:
 
 @dataclass(frozen=True)
 class CudaTarget:
-    """The GPU whose choices fake mode reproduces (defaults: an H200, sm90, with torch 2.11, CUDA 13).
+    """The GPU whose choices fake mode reproduces. The defaults are the facts of
+    ``labkit/memory/trace/targets/h200.json`` (the H200 the lab's recordings ran on, with the torch and cuDNN
+    it ran), each with its source there (:meth:`source`); :meth:`from_facts` reads another such file.
 
-    ``torch_version`` selects the version-dependent rules (SDPA: which backends take GQA, cuDNN's
-    place in the priority list and its dropout check; see :mod:`labkit.memory.trace.sdpa`); ``sm``
-    and ``cudnn_version`` the hardware- and library-dependent ones. Other fields are the sizes the
-    emulated kernels allocate.
+    ``torch_version`` is the torch whose rules fake mode applies. It selects the version-dependent rules
+    (SDPA: which backends take GQA, cuDNN's place in the priority list and its dropout check; see
+    :mod:`labkit.memory.trace.sdpa`); ``sm`` and ``cudnn_version`` the hardware- and library-dependent
+    ones. Other fields are the sizes the emulated kernels allocate.
 
     ``warm_process``: when the cuBLAS workspaces are allocated. ``CublasHandlePool.cpp``
     (``getCurrentCUDABlasHandle``) takes a handle from a per-thread pool and, the first time that
@@ -118,18 +124,18 @@ class CudaTarget:
     autograd thread's from whatever block the cache has free at the first backward matmul (False).
     """
 
-    name: str = "NVIDIA H200"
-    allocator_rounding: int = 512
-    cublas_workspace_bytes: int = 32 * MiB   # sm90 default CUBLAS_WORKSPACE_CONFIG :4096:8
-    cublas_handles: int = 2                   # forward thread + autograd device thread
+    name: str = H200["name"]
+    allocator_rounding: int = H200["allocator_rounding"]          # every allocation rounds up to this
+    cublas_workspace_bytes: int = H200["cublas_workspace_bytes"]  # per cuBLAS handle and stream
+    cublas_handles: int = H200["cublas_handles"]                  # forward thread + autograd device thread
     warm_process: bool = True                 # the cuBLAS workspaces exist before the model (see below)
-    torch_version: str = "2.11"              # the torch whose kernel choices are reproduced
-    sm: tuple[int, int] = (9, 0)              # compute capability
-    cudnn_version: int = 92300                # cuDNN runtime: > 9.15 puts cuDNN attention first; > 9.22 allows head_dim 256
-    cudnn_frontend_d256: bool = True          # the frontend torch was built with supports head_dim 256
-    efficient_lse_block: int = 32             # mem-efficient kernel (float32) pads logsumexp to 32 rows
-    sm_count: int = 132                       # streaming multiprocessors (reduction launch configuration)
-    max_threads_per_sm: int = 2048
+    torch_version: str = H200["torch_version"]                    # the torch whose kernel choices are reproduced
+    sm: tuple[int, int] = tuple(H200["sm"])                       # type: ignore[assignment]  # compute capability
+    cudnn_version: int = H200["cudnn_version"]                    # cuDNN runtime (SDPA gates: sdpa_gates.json)
+    cudnn_frontend_d256: bool = H200["cudnn_frontend_d256"]       # the frontend torch was built with: head_dim 256
+    efficient_lse_block: int = H200["efficient_lse_block"]        # mem-efficient kernel pads logsumexp to these rows
+    sm_count: int = H200["sm_count"]                              # streaming multiprocessors (reduction launches)
+    max_threads_per_sm: int = H200["max_threads_per_sm"]
     cudnn_conv_workspaces: bool = True        # cuDNN convolution workspaces (labkit.memory.trace.conv_workspace)
     emulate_kernels: bool = True              # False: count exactly what the CPU kernels allocate
     simulate_allocator: bool = True           # replay the requests through the caching-allocator simulator
@@ -140,6 +146,20 @@ class CudaTarget:
         return cls(name="plain (CPU kernels)", cublas_workspace_bytes=0, emulate_kernels=False,
                    simulate_allocator=False)
 
+    @classmethod
+    def from_facts(cls, facts: Facts, **overrides: Any) -> "CudaTarget":
+        """The target a facts file describes (the same fact names as ``targets/h200.json``)."""
+        known = {f.name for f in fields(cls)}
+        values = {name: facts[name] for name in facts if name in known}
+        if "sm" in values:
+            values["sm"] = tuple(values["sm"])
+        return cls(**{**values, **overrides})
+
+    @staticmethod
+    def source(name: str) -> str:
+        """Where the default of field ``name`` comes from (``targets/h200.json``)."""
+        return H200.source(name)
+
     @property
     def sdpa(self) -> SdpaTarget:
         return SdpaTarget(sm=self.sm, torch_version=parse_version(self.torch_version), cudnn_version=self.cudnn_version,
@@ -147,6 +167,39 @@ class CudaTarget:
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class TorchVersionWarning(UserWarning):
+    """Fake mode runs with an installed torch other than the one its rules are for."""
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def torch_versions(target: CudaTarget) -> dict[str, Any]:
+    """Which torch fake mode's rules are for (``target.torch_version``), which torch is installed, and,
+    when the two differ, a sentence saying what that means (the report's ``emulation["torch"]``)."""
+    rules, installed = target.torch_version, torch.__version__
+    out: dict[str, Any] = {"rules": rules, "installed": installed,
+                           "same": parse_version(rules) == parse_version(installed)}
+    if not out["same"]:
+        major, minor = parse_version(installed)
+        out["note"] = (f"fake mode's rules are for torch {rules} (CudaTarget.torch_version), the installed torch is "
+                       f"{installed}: the step's ops come from {installed}, the GPU's kernel choices and workspaces "
+                       f"from the rules for {rules} (CudaTarget(torch_version=\"{major}.{minor}\") applies "
+                       f"{major}.{minor}'s; the H200 recordings ran {H200['torch_version']})")
+    return out
+
+
+def warn_if_other_torch(target: CudaTarget) -> dict[str, Any]:
+    """:func:`torch_versions`, warning once per process (:class:`TorchVersionWarning`, on stderr) when the
+    installed torch is not the rules' torch."""
+    info = torch_versions(target)
+    key = (info["rules"], info["installed"])
+    if not info["same"] and key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(info["note"], TorchVersionWarning, stacklevel=3)
+    return info
 
 
 def _cast(x: Any, dtype: torch.dtype, cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None) -> Any:
@@ -244,6 +297,7 @@ class CudaEmulator:
 
         self.target = target
         self.policy = policy
+        self.torch = warn_if_other_torch(target)
         self.autocast_state = _AutocastState()
         self._workspaces = 0
         self._backward_thread_ws = False
@@ -459,7 +513,7 @@ class CudaEmulator:
         tracker.transient_group(embedding_backward_temporaries(grad, indices, num_weights, scale, self.target.sm_count))
 
     def describe(self) -> dict[str, Any]:
-        return {"target": self.target.describe(), "cublas_workspaces": self._workspaces,
+        return {"target": self.target.describe(), "torch": dict(self.torch), "cublas_workspaces": self._workspaces,
                 "sdpa": dict(self.sdpa_choices), "assumptions": list(self.assumptions),
                 "moe_routing": self.routing.describe()}
 
@@ -694,7 +748,8 @@ def _last_pow2(n: int) -> int:
 
 
 def reduction_global_buffer_bytes(shape: list[int], strides: list[int], reduce_dims: list[int], elem_size: int,
-                                  sm_count: int = 132, max_threads_per_sm: int = 2048) -> int:
+                                  sm_count: int = H200["sm_count"],
+                                  max_threads_per_sm: int = H200["max_threads_per_sm"]) -> int:
     """Bytes of the inter-block staging buffer a CUDA reduction allocates (``Reduce.cuh``
     ``setReduceConfig`` and ``ReduceConfig::global_memory_size``; accumulation in float32).
 

@@ -19,23 +19,15 @@ checks all pass runs. Sources read (pytorch/pytorch on GitHub, through the lab's
   only with ``enable_gqa`` on a backend that supports it, and Hq % Hkv == 0), ``check_tensor_shapes``
   (4-D), ``check_nonzero_sequence_lengths_dense``, ``check_last_dim_stride_equals_1_dense``.
 
-Checked against the H200 recordings (torch 2.11, plain loops, the kernels the profiler saw; reference
-cases only): cuDNN ran for every fp16/bf16 call, including HF's attention dropout 0.1 (so the 1/16
-dropout check of the current source is newer than 2.11) and head_dim 256 (Gemma: so the H200's
-cuDNN is > 9.22 with a frontend supporting d256); a mask that requires grad (T5's learned
-relative-position bias) ran the math path, not mem-efficient.
-
-How the rules change with the torch version (:class:`SdpaTarget` ``torch_version``):
-
-* ``enable_gqa`` exists from torch 2.5; flash supports it from then, cuDNN accepts unequal head
-  counts (GQA/MQA) in 2.9+ (``supports_gqa`` in its dense checks).
-* mem-efficient attention supports GQA only from PR pytorch#191085 (July 2026, "Add memory-efficient
-  GQA"); before it a float32 GQA call with ``enable_gqa=True`` has no fused kernel and runs the math
-  path, which keeps the (B, H, Sq, Sk) probabilities for backward. The first release holding it is
-  taken to be 2.13 (its release branch was cut after the merge); the H200 runs 2.11, so it falls back.
-* before 2.5 (and on 2.4's priority list) cuDNN is tried after math, i.e. never.
-* cuDNN's dropout resolution check (a multiple of 1/16) is taken to start with 2.12 (absent on 2.11,
-  as recorded).
+Where the rules change with the torch and cuDNN versions and the GPU, they read a named gate of
+``targets/sdpa_gates.json`` (:data:`labkit.memory.trace.targets.SDPA_GATES`), each with its source:
+which backends take GQA, cuDNN's place in the priority list, cuDNN's dropout checks and head_dim
+limits, each backend's GPU range. The default target (:class:`SdpaTarget`) is the H200 of
+``targets/h200.json`` (the torch and cuDNN its recordings ran). Checked against the H200 recordings
+(plain loops, the kernels the profiler saw; reference cases only): cuDNN ran for every fp16/bf16 call,
+including HF's attention dropout 0.1 (so the 1/16 dropout check of the current source is newer than
+2.11) and head_dim 256 (Gemma: cuDNN 9.19, so 2.11 still had the earlier cuDNN >= 9.10 rule); a mask
+that requires grad (T5's learned relative-position bias) ran the math path, not mem-efficient.
 
 Nested tensors and ROCm are not modelled (fake mode sees dense CUDA-like tensors).
 """
@@ -46,6 +38,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+from labkit.memory.trace.targets import H200, SDPA_GATES
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
 _HALF = (torch.float16, torch.bfloat16)
@@ -58,20 +52,37 @@ def parse_version(v: str | tuple[int, int]) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def _from_torch(gate: str) -> tuple[int, int]:
+    """The torch version a gate of ``sdpa_gates.json`` starts with."""
+    return parse_version(SDPA_GATES[gate]["torch"])
+
+
+def _sm_range(gate: str, sm: tuple[int, int]) -> str:
+    """"" when ``sm`` is inside the gate's GPU range, else why not ("needs sm80-sm121")."""
+    g = SDPA_GATES[gate]
+    lo, hi = tuple(g["sm_from"]), tuple(g["sm_to"])
+    return "" if lo <= sm <= hi else f"needs sm{lo[0]}{lo[1]}-sm{hi[0]}{hi[1]}"
+
+
+def _cudnn_name(v: int) -> str:
+    return f"{v // 10000}.{v // 100 % 100}"
+
+
 @dataclass(frozen=True)
 class SdpaTarget:
     """What SDPA selection depends on besides the call: the GPU, the torch and cuDNN versions."""
 
-    sm: tuple[int, int] = (9, 0)
-    torch_version: tuple[int, int] = (2, 11)
-    # cuDNN runtime and frontend: on the H200 (torch 2.11, cu130) cuDNN attention ran for head_dim 256
-    # (recorded Gemma cases), which the source allows only with cuDNN > 9.22 and frontend >= 1.24
-    cudnn_version: int = 92300
-    cudnn_frontend_d256: bool = True
+    # defaults: the H200 of targets/h200.json (each fact with its source there)
+    sm: tuple[int, int] = tuple(H200["sm"])                      # type: ignore[assignment]
+    torch_version: tuple[int, int] = parse_version(H200["torch_version"])
+    cudnn_version: int = H200["cudnn_version"]
+    cudnn_frontend_d256: bool = H200["cudnn_frontend_d256"]
 
     @property
     def priority(self) -> tuple[str, ...]:
-        if self.torch_version >= (2, 5) and self.sm[0] in (9, 10) and self.cudnn_version > 91500:
+        g = SDPA_GATES["cudnn_first"]
+        if (self.torch_version >= parse_version(g["torch"]) and self.sm[0] in g["sm_major"]
+                and self.cudnn_version > g["cudnn_above"]):
             return ("cudnn", "flash", "efficient", "math")
         return ("flash", "efficient", "math", "cudnn")
 
@@ -119,10 +130,11 @@ def _common_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 
 def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget) -> str:
-    if t.torch_version < (2, 5):
+    if t.torch_version < _from_torch("cudnn_tried"):
         return "not tried before math in this torch version"
-    if not (8, 0) <= t.sm <= (12, 1):
-        return "needs sm80-sm121"
+    r = _sm_range("cudnn_sm", t.sm)
+    if r:
+        return r
     if not (q.dtype == k.dtype == v.dtype and q.dtype in _HALF):
         return f"dtype {q.dtype} (cuDNN needs fp16/bf16)"
     if mask is not None:
@@ -134,14 +146,16 @@ def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget)
             return "attn_mask shape"
         if mask.dim() not in (2, 4):
             return "attn_mask must be 2-D or 4-D"
-    if t.torch_version >= (2, 12) and dropout_p * 16.0 != math.floor(dropout_p * 16.0):
+    sixteenths = t.torch_version >= _from_torch("cudnn_dropout_sixteenths")
+    if sixteenths and dropout_p * 16.0 != math.floor(dropout_p * 16.0):
         return "dropout not a multiple of 1/16"
-    if dropout_p > 0.0 and 91100 < t.cudnn_version < 91400:
-        return "dropout unsupported in cuDNN 9.11-9.13"
+    g = SDPA_GATES["cudnn_dropout_unsupported"]
+    if dropout_p > 0.0 and g["cudnn_above"] < t.cudnn_version < g["cudnn_below"]:
+        return f"dropout unsupported in cuDNN {_cudnn_name(g['cudnn_above'])}-{_cudnn_name(g['cudnn_below'] - 100)}"
     r = _common_dense(q, k, v, mask, True)
     if r:
         return r
-    r = _heads_ok(q, k, v, True, t.torch_version >= (2, 9))  # cuDNN does not require equal head counts
+    r = _heads_ok(q, k, v, True, t.torch_version >= _from_torch("cudnn_gqa"))  # no equal head counts needed
     if r:
         return r
     if q.size(0) > 65535 or q.size(1) > 65535:
@@ -149,9 +163,16 @@ def _cudnn(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget)
     d_qk, d_v = q.size(3), v.size(3)
     sm90x = (t.sm[0] == 9 and t.sm[1] == 0) or t.sm[0] == 10
     limit = 128
-    if sm90x and t.cudnn_version > 92200 and t.cudnn_frontend_d256:
+    g = SDPA_GATES["cudnn_head_dim_256_sm90"]
+    if t.torch_version >= parse_version(g["torch"]):
+        frontend = t.cudnn_frontend_d256 or not g["needs_frontend_d256"]
+        d256 = sm90x and t.cudnn_version > g["cudnn_above"] and frontend
+    else:
+        d256 = t.sm == tuple(g["before"]["sm"]) and t.cudnn_version >= g["before"]["cudnn_at_least"]
+    if d256:
         limit = 256
-    elif sm90x and t.cudnn_version >= 91100 and d_qk == 192 and d_v == 128:
+    elif (sm90x and t.cudnn_version >= SDPA_GATES["cudnn_head_dim_192_128"]["cudnn_at_least"]
+          and d_qk == 192 and d_v == 128):
         limit = 192
     if d_qk > limit or d_v > limit:
         return f"head_dim {max(d_qk, d_v)} > {limit}"
@@ -173,25 +194,28 @@ def _flash(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget)
         return "explicit attn_mask (flash takes is_causal only)"
     if not (q.size(-1) == k.size(-1) == v.size(-1) and q.size(-1) <= 256):
         return "head_dims differ or exceed 256"
-    if not (8, 0) <= t.sm <= (12, 1):
-        return "needs sm80-sm121"
-    if grad and ((8, 6) <= t.sm <= (8, 9) or (12, 0) <= t.sm <= (12, 1)):
+    r = _sm_range("flash_sm", t.sm)
+    if r:
+        return r
+    g = SDPA_GATES["flash_training_head_dim_sm"]
+    if grad and any(tuple(lo) <= t.sm <= tuple(hi) for lo, hi in g["ranges"]):
         d = q.size(-1)
-        if not (d <= 192 or (dropout_p == 0.0 and d > 224)):
+        if not (d <= g["head_dim_at_most"] or (dropout_p == 0.0 and d > g["without_dropout_above"])):
             return "training with this head_dim unsupported on this GPU"
     if is_causal and q.size(-2) != k.size(-2):
         return "is_causal with seq_q != seq_k"
     if not (q.dtype == k.dtype == v.dtype and q.dtype in _HALF):
         return f"dtype {q.dtype} (flash needs fp16/bf16)"
-    r = _heads_ok(q, k, v, enable_gqa, t.torch_version >= (2, 5))
+    r = _heads_ok(q, k, v, enable_gqa, t.torch_version >= _from_torch("flash_gqa"))
     if r:
         return r
     return _common_dense(q, k, v, None, True)
 
 
 def _efficient(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTarget) -> str:
-    if not (5, 0) <= t.sm <= (12, 1):
-        return "needs sm50-sm121"
+    r = _sm_range("efficient_sm", t.sm)
+    if r:
+        return r
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "query, key and value must be 4-D"
     half = q.dtype in _HALF
@@ -210,7 +234,7 @@ def _efficient(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTar
     r = _common_dense(q, k, v, mask, False)
     if r:
         return r
-    r = _heads_ok(q, k, v, enable_gqa, t.torch_version >= (2, 13))
+    r = _heads_ok(q, k, v, enable_gqa, t.torch_version >= _from_torch("efficient_gqa"))
     if r:
         return r
     allowed = (torch.float16, torch.float32, torch.bfloat16) if t.sm[0] >= 8 else (torch.float16, torch.float32)
@@ -225,7 +249,8 @@ _CHECKS = {"cudnn": _cudnn, "flash": _flash, "efficient": _efficient}
 def select_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
                    dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False, *,
                    grad: bool | None = None, target: SdpaTarget | None = None) -> SdpaChoice:
-    """The backend ``select_sdp_backend`` picks for this call on ``target`` (default: H200, torch 2.11).
+    """The backend ``select_sdp_backend`` picks for this call on ``target`` (default: the H200 of
+    ``targets/h200.json``).
 
     ``grad``: whether autograd records the call (default: grad mode on and an input requires grad).
     """

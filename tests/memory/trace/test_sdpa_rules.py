@@ -19,9 +19,10 @@ from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.sdpa import SdpaTarget, select_backend
 from labkit.memory.trace.step import measure_step
 
-H200 = SdpaTarget()                                   # sm90, torch 2.11, cuDNN 9.23 (frontend with d256)
-CUDNN_916 = SdpaTarget(cudnn_version=91600, cudnn_frontend_d256=False)
+H200 = SdpaTarget()                                   # sm90, torch 2.11, cuDNN 9.19 (targets/h200.json)
+CUDNN_916 = SdpaTarget(torch_version=(2, 12), cudnn_version=91600, cudnn_frontend_d256=False)
 T212 = SdpaTarget(torch_version=(2, 12))
+T211_CUDNN_909 = SdpaTarget(cudnn_version=90900)
 
 
 def qkv(dtype=torch.bfloat16, B=2, H=8, Hkv=None, S=128, Sk=None, D=64, grad=True):
@@ -48,11 +49,17 @@ TABLE = [
      dict(is_causal=True, enable_gqa=True), SdpaTarget(torch_version=(2, 13)), "efficient"),
     ("bf16 GQA", dict(Hkv=2), dict(is_causal=True, enable_gqa=True), H200, "cudnn"),
     ("heads not a multiple of kv heads", dict(H=6, Hkv=4), dict(enable_gqa=True), H200, "math"),
-    ("bf16 head_dim 256 with cuDNN 9.16: cuDNN stops at 128 -> flash", dict(D=256), dict(is_causal=True),
+    ("bf16 head_dim 256 on 2.12 with cuDNN 9.16: cuDNN stops at 128 -> flash", dict(D=256), dict(is_causal=True),
      CUDNN_916, "flash"),
-    ("bf16 head_dim 256 with cuDNN > 9.22 and frontend d256 (Gemma on the H200)", dict(D=256),
-     dict(is_causal=True), H200, "cudnn"),
-    ("bf16 head_dim 192 with cuDNN 9.16: flash", dict(D=192), dict(), CUDNN_916, "flash"),
+    ("bf16 head_dim 256 on 2.12 with cuDNN 9.19: 256 needs cuDNN > 9.22 -> flash", dict(D=256),
+     dict(is_causal=True), T212, "flash"),
+    ("bf16 head_dim 256 on 2.12 with cuDNN > 9.22 and frontend d256", dict(D=256), dict(is_causal=True),
+     SdpaTarget(torch_version=(2, 12), cudnn_version=92300), "cudnn"),
+    ("bf16 head_dim 256 on 2.11 with cuDNN 9.19 (Gemma on the H200)", dict(D=256), dict(is_causal=True), H200,
+     "cudnn"),
+    ("bf16 head_dim 256 on 2.11 with cuDNN 9.9: 256 needs cuDNN 9.10 -> flash", dict(D=256), dict(is_causal=True),
+     T211_CUDNN_909, "flash"),
+    ("bf16 head_dim 192 on 2.12 with cuDNN 9.16: flash", dict(D=192), dict(), CUDNN_916, "flash"),
     ("bf16 head_dim 100: cuDNN wants a multiple of 8", dict(D=100), dict(), H200, "flash"),
     ("bf16 head_dim 512: above flash's 256", dict(D=512), dict(), H200, "efficient"),
     ("fp32 head_dim 66: mem-efficient wants a multiple of 4", dict(dtype=torch.float32, D=66), dict(), H200, "math"),

@@ -1,0 +1,23 @@
+"""The facts fake mode's rules rest on, in data files beside this module, each with its source.
+
+* ``h200.json``: the GPU fake mode reproduces by default (SM count, threads per SM, compute capability,
+  the torch and cuDNN it ran, cuBLAS workspace size, allocator rounding, ...):
+  :class:`~labkit.memory.trace.fake_cuda.CudaTarget`'s and :class:`~labkit.memory.trace.sdpa.SdpaTarget`'s
+  defaults.
+* ``sdpa_gates.json``: where PyTorch's SDPA backend selection changed with the torch and cuDNN versions
+  and the GPU; :mod:`labkit.memory.trace.sdpa` reads each gate by name.
+
+A new target is a new file of the same facts (``CudaTarget.from_facts(load_facts(path))``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from labkit.core.facts import Facts, load_facts
+
+HERE = Path(__file__).resolve().parent
+H200: Facts = load_facts(HERE / "h200.json")
+SDPA_GATES: Facts = load_facts(HERE / "sdpa_gates.json")
+
+__all__ = ["H200", "HERE", "SDPA_GATES"]
