@@ -20,6 +20,7 @@ or when the framework keeps a persistent gradient buffer (Megatron); none otherw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -191,6 +192,9 @@ def spec_dict(obj) -> dict:
     """A spec's fields as plain values (a recompute policy as its spelling; the deprecated
     ``recompute_every`` alias, always folded into ``recompute``, left out)."""
     out = {k: getattr(obj, k) for k in obj.__dataclass_fields__ if k != "recompute_every"}
+    for k, v in out.items():
+        if dataclasses.is_dataclass(v):
+            out[k] = dataclasses.asdict(v)
     if "recompute" in out:
         out["recompute"] = str(out["recompute"])
     return out
