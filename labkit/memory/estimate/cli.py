@@ -20,7 +20,7 @@ ESTIMATE_ONLY = ("tp", "pp", "dp", "cp", "zero", "sp", "vpp", "schedule", "no_vo
 PLAN_ONLY = ("gpus", "gpus_per_node", "gpu_memory", "topology", "margin", "tflops")
 DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "dropout": 0.0, "precision": "bf16-mixed",
             "optimizer": "adamw", "optimizer_impl": "foreach", "gpus": 8, "gpu_memory": "80GiB", "margin": 0.10,
-            "tflops": 400.0}
+            "tflops": None}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
                     "default: NVSwitch-like 450 GB/s links")
     pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
-    pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default 400)")
+    pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default: the recorded H200 matmul "
+                    "rate at the model's MLP GEMM per micro-batch, the rate advise uses)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 
@@ -215,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import LinkSpec, cluster_from_topology, explain, plan, uniform_cluster
+    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, LinkSpec, cluster_from_topology, explain, plan,
+                                                uniform_cluster)
 
     model = _model(args)
     if args.global_batch is None:
@@ -223,7 +225,12 @@ def run_plan(args: argparse.Namespace) -> int:
     mem = parse_bytes(args.gpu_memory, what="--gpu-memory")
     if mem < 1:
         raise LabkitError(f"--gpu-memory must be positive, got {args.gpu_memory!r}")
-    flops = args.tflops * 1e12
+    flops = args.tflops * 1e12 if args.tflops is not None else DEFAULT_ACHIEVABLE_FLOPS
+    rate = None
+    if args.tflops is None:
+        from labkit.memory.estimate.rates import measured_rates
+
+        rate = measured_rates(model, args.precision, model.seq)
     per_node = args.gpus_per_node if args.gpus_per_node is not None else min(8, args.gpus)
     if per_node > args.gpus:
         raise LabkitError(f"--gpus-per-node {per_node} is more than --gpus {args.gpus}")
@@ -238,7 +245,7 @@ def run_plan(args: argparse.Namespace) -> int:
                              LinkSpec(450e9, 3.4e-6, "450 GB/s (NVLink4-class)"), LinkSpec(50e9, 5e-6, "400 Gb/s NIC"),
                              achievable_flops=flops)
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
-                  framework=args.framework or "megatron")
+                  framework=args.framework or "megatron", rate=rate)
     if args.json:
         print(dumps(result))
         return 0
