@@ -1,0 +1,93 @@
+"""The estimator against the fake-mode trace and the H200 recordings on the corpus's causal LMs at
+tp=pp=dp=1 (issue 26): each recorded Hugging Face causal-LM case of :mod:`labkit.workloads.corpus`
+as the estimator reads it (its ``config.json`` through :func:`spec_from_hf_config`, the case's batch,
+precision, recompute policy, optimizer and loop), beside ``measure_step`` in fake mode and the
+recorded peak (``data/measurements/measure/plain__fresh.json``). Reference and held-out cases (the
+corpus's name hash) are reported apart; the estimator's rules were written against reference cases.
+
+Out of the estimator's domain, listed with the reason: mixture-of-experts models, LoRA (a frozen
+base), encoders, encoder-decoders and vision models (the tracer covers them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.core import paths
+from labkit.core.errors import LabkitError
+
+RECORDING = paths.DATA_DIR / "measurements" / "measure" / "plain__fresh.json"
+TOLERANCE_PCT = 5.0
+
+
+@dataclass
+class EstimateCheck:
+    name: str
+    split: str
+    estimated: int | None
+    recorded: int | None
+    traced: int | None = None
+    reason: str = ""                     # why the estimator does not cover the case (then estimated is None)
+
+    def err(self, against: str) -> float | None:
+        ref = self.traced if against == "trace" else self.recorded
+        if self.estimated is None or not ref:
+            return None
+        return (self.estimated / ref - 1) * 100
+
+
+def case_inputs(case: Any):
+    """(ModelSpec, ParallelSpec, TrainSpec) of a corpus case, or LabkitError naming why not."""
+    from labkit.memory.estimate import ParallelSpec, TrainSpec
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+    from labkit.workloads.corpus import hf_config
+
+    if case.family != "transformers" or case.task != "causal-lm":
+        raise LabkitError(f"{case.name}: a {case.task} model (the estimator covers decoder-only causal LMs)")
+    if case.lora:
+        raise LabkitError(f"{case.name}: LoRA on a frozen base (the estimator has no frozen parameters)")
+    model = spec_from_hf_config(hf_config(case).to_dict(), seq=case.seq, name=case.name)
+    train = TrainSpec(micro_batch=case.micro_batch, seq=case.seq, precision=case.precision,
+                      optimizer=case.optimizer, optimizer_impl=case.optimizer_impl,
+                      recompute=case.recompute, framework="pytorch", keep_logits=case.loop == "keep-output")
+    return model, ParallelSpec(), train
+
+
+def recorded_peaks(path=RECORDING) -> dict[str, int]:
+    from labkit.core.provenance import load_measurement
+
+    doc = load_measurement(path)
+    return {c["name"]: int(c["peak_allocated"]) for c in doc["data"]["cases"] if c.get("peak_allocated")}
+
+
+def check(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
+    """One row per recorded transformers case (``names``: only these); ``trace`` also runs fake mode
+    (about 10 s a case on a 2-core CPU)."""
+    from labkit.memory.estimate import estimate
+    from labkit.workloads import corpus
+
+    rec = recorded_peaks()
+    out = []
+    for case in corpus.CASES:
+        if case.family != "transformers" or (names is not None and case.name not in names) or case.name not in rec:
+            continue
+        row = EstimateCheck(case.name, case.split, None, rec[case.name])
+        try:
+            row.estimated = estimate(*case_inputs(case)).peak_allocated
+        except LabkitError as exc:
+            row.reason = str(exc).split(": ", 1)[-1]
+        if trace and row.estimated is not None:
+            row.traced = corpus.predict(case).peak_bytes
+        out.append(row)
+    return out
+
+
+def summary(rows: list[EstimateCheck], against: str = "recorded") -> dict[str, dict[str, Any]]:
+    """Per split: cases, within TOLERANCE_PCT, median and worst absolute error (%)."""
+    out = {}
+    for split in ("reference", "held-out"):
+        errs = sorted(abs(e) for r in rows if r.split == split and (e := r.err(against)) is not None)
+        out[split] = {"cases": len(errs), "within": sum(e <= TOLERANCE_PCT for e in errs),
+                      "median_pct": errs[len(errs) // 2] if errs else None, "worst_pct": errs[-1] if errs else None}
+    return out
