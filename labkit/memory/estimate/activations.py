@@ -224,6 +224,9 @@ class StageActivations:
     head: int              # final norm input and output (last stage)
     recompute_work: int    # what recomputation rebuilds at once in backward (one segment)
     backward_work: int
+    kv_cache: int = 0      # a transformers model's KV cache while it is alive (see kv_cache_terms)
+    cache_retained: int = 0  # with checkpointing: what the cache keeps alive at the end of backward
+    cache_through_backward: bool = False  # the cache lives until the end of backward (checkpointing)
 
 
 def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, stage: int,
@@ -251,8 +254,45 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
         # final norm input and output, targets; PyTorch SP gathers the sequence before the final norm
         gathered = train.framework == "pytorch" and par.sp
         head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
+    cache, retained = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
-                            backward_work=la.backward_work)
+                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
+                            cache_through_backward=bool(retained))
+
+
+def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, la: LayerActivations,
+                   n_layers: int) -> tuple[float, float]:
+    """(bytes the KV cache adds while it lives, bytes kept at the end of backward) of a transformers
+    causal LM whose config leaves ``use_cache`` on (the default): its training forward builds a
+    ``DynamicCache`` (modeling_llama.py, LlamaModel.forward: ``if use_cache and past_key_values is None:
+    past_key_values = DynamicCache(config=self.config)``) holding every layer's keys and values.
+
+    * Without recomputation the cache holds the tensors SDPA saves anyway, except that under autocast
+      the rotary embedding returns float32 keys (cos and sin take the float32 residual stream's dtype),
+      which SDPA casts to 16 bits: the float32 keys live until the output is freed after forward.
+    * Under torch.utils.checkpoint (``recompute``) the cache is an argument of every checkpointed
+      segment, so it lives through backward: its keys and values are extra from forward on; the
+      recomputation appends each layer's keys and values again (``torch.cat``: the cache grows to twice
+      the sequence), and the grown tensors' autograd history keeps the recomputed segment's saved
+      tensors alive (every layer of the segment but the last, and the last one's norm and QKV input)
+      until the cache is freed after backward. Hugging Face's own ``gradient_checkpointing_enable``
+      switches the cache off in training."""
+    if m.hf is None or train.framework != "pytorch" or not m.hf.use_cache:
+        return 0.0, 0.0
+    x = dims(m, par, train)
+    sb = x.s * x.b
+    kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
+    rope = not m.learned_pos_emb
+    k_bytes = 4 if (by.autocast and rope) else by.act
+    k = train.recompute.segment
+    if k is None:
+        return (n_layers * sb * kv_local * 4 if (by.autocast and rope) else 0.0), 0.0
+    per_layer = sb * kv_local * (k_bytes + by.act)
+    cache = n_layers * per_layer
+    segments = -(-n_layers // k)
+    pre_kv = sb * x.h * (by.resid + by.act + (4 if m.norm == "rmsnorm" else 0)) / x.t_sp
+    retained = (n_layers - segments) * la.full + segments * pre_kv + 2 * cache
+    return cache, retained
 
 
 @dataclass(frozen=True)

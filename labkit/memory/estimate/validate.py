@@ -11,6 +11,7 @@ base), encoders, encoder-decoders and vision models (the tracer covers them).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,9 @@ def case_inputs(case: Any):
     if case.lora:
         raise LabkitError(f"{case.name}: LoRA on a frozen base (the estimator has no frozen parameters)")
     model = spec_from_hf_config(hf_config(case).to_dict(), seq=case.seq, name=case.name)
+    if case.recompute != "none" and case.checkpoint_impl != "torch":
+        # transformers' gradient_checkpointing_enable turns the KV cache off in training
+        model = dataclasses.replace(model, hf=dataclasses.replace(model.hf, use_cache=False))
     train = TrainSpec(micro_batch=case.micro_batch, seq=case.seq, precision=case.precision,
                       optimizer=case.optimizer, optimizer_impl=case.optimizer_impl,
                       recompute=case.recompute, framework="pytorch", keep_logits=case.loop == "keep-output")
