@@ -183,10 +183,14 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes, math: bool) -> list[tuple
             out.append(("query/key RMSNorm: float32 copy and output", sb * (q_local + kv_local) * (4 + act), False))
     if not m.gated_mlp:
         if m.hf.act in ("gelu_new", "gelu_fast"):
-            # kept besides the input and the output: tanh's output, 0.5 * input and 1 + tanh; under
-            # autocast pow runs in float32 (the CUDA autocast op lists), so tanh and 1 + tanh are float32
-            wide = 4 if by.autocast else act
-            out.append(("gelu_new: the tanh formula's intermediates", sb * x.f / x.t * (2 * wide + act), False))
+            # kept besides the input and the output: tanh's output, 0.5 * input and 1 + tanh. Under
+            # autocast pow is a float32 op (CUDA autocast's op list, torch.amp docs): it casts the input to
+            # float32 and keeps that copy instead of the 16-bit input, and tanh and 1 + tanh are float32
+            if by.autocast:
+                extra = (4 - act) + 2 * 4 + act
+            else:
+                extra = 3 * act
+            out.append(("gelu_new: the tanh formula's intermediates", sb * x.f / x.t * extra, False))
         elif m.hf.act == "relu":
             out.append(("ReLU keeps only its output", -sb * x.f / x.t * act, False))
     return out
@@ -226,7 +230,6 @@ class StageActivations:
     backward_work: int
     kv_cache: int = 0      # a transformers model's KV cache while it is alive (see kv_cache_terms)
     cache_retained: int = 0  # with checkpointing: what the cache keeps alive at the end of backward
-    cache_through_backward: bool = False  # the cache lives until the end of backward (checkpointing)
 
 
 def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, stage: int,
@@ -256,8 +259,7 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
         head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
     cache, retained = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
-                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
-                            cache_through_backward=bool(retained))
+                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained))
 
 
 def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, la: LayerActivations,
@@ -267,12 +269,13 @@ def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes,
     ``DynamicCache`` (modeling_llama.py, LlamaModel.forward: ``if use_cache and past_key_values is None:
     past_key_values = DynamicCache(config=self.config)``) holding every layer's keys and values.
 
-    * Without recomputation the cache holds the tensors SDPA saves anyway, except that under autocast
-      the rotary embedding returns float32 keys (cos and sin take the float32 residual stream's dtype),
-      which SDPA casts to 16 bits: the float32 keys live until the output is freed after forward.
-    * Under torch.utils.checkpoint (``recompute``) the cache is an argument of every checkpointed
-      segment, so it lives through backward: its keys and values are extra from forward on; the
-      recomputation appends each layer's keys and values again (``torch.cat``: the cache grows to twice
+    * The cache's first ``update`` concatenates each layer's keys and values onto an empty tensor
+      (cache_utils.py, DynamicLayer.update: ``torch.cat([self.keys, key_states], dim=-2)``): a copy of
+      both per layer, the keys in the rotary embedding's output dtype (float32 under autocast: cos and
+      sin take the float32 residual stream's dtype). The fake-mode trace, which matches the H200, keeps
+      them through backward.
+    * Under torch.utils.checkpoint (``recompute``) the cache is also an argument of every checkpointed
+      segment; the recomputation appends each layer's keys and values again (``torch.cat``: the cache grows to twice
       the sequence), and the grown tensors' autograd history keeps the recomputed segment's saved
       tensors alive (every layer of the segment but the last, and the last one's norm and QKV input)
       until the cache is freed after backward. Hugging Face's own ``gradient_checkpointing_enable``
@@ -285,13 +288,16 @@ def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes,
     rope = not m.learned_pos_emb
     k_bytes = 4 if (by.autocast and rope) else by.act
     k = train.recompute.segment
-    if k is None:
-        return (n_layers * sb * kv_local * 4 if (by.autocast and rope) else 0.0), 0.0
     per_layer = sb * kv_local * (k_bytes + by.act)
     cache = n_layers * per_layer
+    if k is None:
+        return cache, 0.0
     segments = -(-n_layers // k)
     pre_kv = sb * x.h * (by.resid + by.act + (4 if m.norm == "rmsnorm" else 0)) / x.t_sp
-    retained = (n_layers - segments) * la.full + segments * pre_kv + 2 * cache
+    # a recomputed layer's attention takes the grown cache's keys and values (twice the sequence): it
+    # keeps them besides what the forward kept (repeated to every query head on the math path)
+    longer = 2 * sb * ((x.a * x.d / x.t) if attention_path(m, train) == "math" else kv_local) * by.act
+    retained = (n_layers - segments) * (la.full + longer) + segments * pre_kv + 2 * cache
     return cache, retained
 
 

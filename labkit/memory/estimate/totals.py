@@ -119,8 +119,7 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
         return {"parameters": params, "gradients": grads, "optimizer_state": ms.optimizer + extra_opt,
                 "activations": acts, "logits": logits, "comm_buffers": comm, "context": ws}
 
-    kv = sa.kv_cache  # a transformers KV cache: alive in forward (and through backward under checkpointing)
-    kv_bwd = kv if sa.cache_through_backward else 0
+    kv = kv_bwd = sa.kv_cache  # a transformers model's KV cache: alive in forward and through backward
     fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A + kv, (k - 1) * held + (lg.forward_peak if lg else 0),
               cb.persistent + cb.forward)
     # backward starts with the loss's backward (last stage), then the last layer's recompute and work
