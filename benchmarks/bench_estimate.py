@@ -13,7 +13,7 @@ Medians over --repeat runs; measured on this machine.
     PYTHONPATH=. python benchmarks/bench_estimate.py --validate [--no-trace] [--only NAME,NAME]
 
 prints instead the estimator against the fake-mode trace and the H200 recording at tp=pp=dp=1 on
-every recorded transformers case of the corpus (labkit.memory.estimate.validate), reference and
+every recorded transformers case of the corpus (labkit.memory.estimate.accuracy), reference and
 held-out cases apart; the trace takes about 10 s a case on a 2-core CPU (--no-trace: recorded only).
 """
 
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
 
 def validate(args) -> int:
     from labkit.core.units import fmt_bytes
-    from labkit.memory.estimate.validate import RECORDING, TOLERANCE_PCT, check, summary
+    from labkit.memory.estimate.accuracy import RECORDING, TOLERANCE_PCT, check, summary
 
     rows = check(args.only.split(",") if args.only else None, trace=not args.no_trace)
     if args.json:

@@ -18,6 +18,7 @@ from labkit.advise.cluster import Machine, resolve
 from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
 from labkit.advise.settings import ALLOC_CANDIDATES, BucketChoice, choose_alloc_conf, choose_buckets
 from labkit.memory.estimate.rates import measured_rates
+from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
 
@@ -307,13 +308,6 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                   alloc.conf,
                   buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best.tp * best.pp * best.dp, env), env, evidence,
                   notes=notes)
-
-
-# The estimator's measured error against the fake-mode trace (which matches the H200 within 1-3%) at
-# tp=pp=dp=1 on the corpus's causal-LM cases: `python benchmarks/bench_estimate.py --validate`.
-ESTIMATOR_ERROR = ("within 5% of the trace on most Hugging Face causal-LM cases of the corpus at tp=pp=dp=1, "
-                   "up to 50% low where torch.utils.checkpoint keeps transformers' KV cache "
-                   "(benchmarks/bench_estimate.py --validate)")
 
 
 def traced_headline(est_layout: int, est_single: int, traced_single: int, best) -> tuple[int, str]:

@@ -107,7 +107,7 @@ def estimator_vs_trace(case_name: str = ONE_GPU_CASE, smoke: bool = False) -> Se
     ``smoke``: the case at CI size (``corpus.tiny``, no recording at that size)."""
     from labkit.memory.estimate.activations import attention_path, layer_terms
     from labkit.memory.estimate.states import precision_bytes
-    from labkit.memory.estimate.validate import case_inputs, recorded_peaks
+    from labkit.memory.estimate.accuracy import case_inputs, recorded_peaks
     from labkit.workloads import corpus
 
     case = corpus.get_case(case_name + ("@tiny" if smoke else ""))

@@ -31,6 +31,7 @@ from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, fmt_bytes
 from labkit.core.vocab import Recompute
 from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
+from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
 
 # About 40% of the dense bf16 peak of an H100/H200 (989 TFLOP/s): a typical training MFU.
 DEFAULT_ACHIEVABLE_FLOPS = 400e12
@@ -352,6 +353,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
         "ranks: tensor-parallel fastest, then data, then pipeline; SP on whenever tp > 1",
         "DP gradient traffic overlaps backward; TP and PP traffic does not (alpha-beta ring model)",
         f"precision {precision}, optimizer {optimizer}, {framework} activation layout",
+        f"memory: the analytical estimator, not traced; its measured error: {ESTIMATOR_ERROR}",
     ]
     return Plan(cluster=cluster.name, model=model.name, global_batch=global_batch, usable_bytes=usable,
                 considered=considered, fitting=len(fitting), ranked=fitting[:keep], rejected=rejected,

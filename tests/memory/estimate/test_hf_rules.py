@@ -10,7 +10,7 @@ import pytest
 from labkit.core.errors import LabkitError
 from labkit.memory.estimate import estimate
 from labkit.memory.estimate.activations import attention_path
-from labkit.memory.estimate.validate import TOLERANCE_PCT, case_inputs, check, recorded_peaks
+from labkit.memory.estimate.accuracy import TOLERANCE_PCT, case_inputs, check, recorded_peaks
 from labkit.workloads.corpus import get_case
 
 PINNED = {
@@ -46,3 +46,19 @@ def test_out_of_domain_cases_are_named_not_guessed():
         case_inputs(get_case("llama-gqa-b4-lora-bf16"))
     with pytest.raises(LabkitError, match="masked-lm"):
         case_inputs(get_case("bert-base-mlm-b32-fp32"))
+
+
+def test_the_stated_error_is_what_the_recordings_give():
+    """ESTIMATOR_ERROR (what advise and the planner print) against the recorded half of --validate."""
+    import re
+
+    from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR, summary
+
+    rows = check()
+    s = summary(rows, "recorded")
+    within = s["reference"]["within"] + s["held-out"]["within"]
+    cases = s["reference"]["cases"] + s["held-out"]["cases"]
+    n, total = map(int, re.search(r"within 5% of the H200 on (\d+) of (\d+)", ESTIMATOR_ERROR).groups())
+    assert (within, cases) == (n, total)
+    worst = max(s["reference"]["worst_pct"], s["held-out"]["worst_pct"])
+    assert worst <= float(re.search(r"worst (\d+)%", ESTIMATOR_ERROR).group(1)) + 0.5

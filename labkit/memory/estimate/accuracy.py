@@ -20,6 +20,11 @@ from labkit.core.errors import LabkitError
 
 RECORDING = paths.DATA_DIR / "measurements" / "measure" / "plain__fresh.json"
 TOLERANCE_PCT = 5.0
+# What `python benchmarks/bench_estimate.py --validate` measured (tests/memory/estimate/test_hf_rules.py
+# keeps the recorded half of it true); advise and the planner state it where they use the estimator.
+ESTIMATOR_ERROR = ("per-GPU peak within 5% of the H200 on 96 of 107 recorded Hugging Face causal-LM cases at "
+                   "tp=pp=dp=1 (median 1.3%, worst 10% low: checkpointed Llama steps with the KV cache on); "
+                   "benchmarks/bench_estimate.py --validate")
 
 
 @dataclass
