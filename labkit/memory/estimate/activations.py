@@ -90,7 +90,7 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
     if math and m.hf is not None and pt:
         # PyTorch's math path (attention.cpp, _scaled_dot_product_attention_math) scales q and k by
         # sqrt(scale) and repeats GQA's k and v to every query head before the matmuls, which save
-        # them; BLOOM's eager attention keeps its fused QKV output and the expanded ALiBi bias instead
+        # them; BLOOM's eager attention (no GQA) keeps a query, key and value per head likewise
         terms.append(("Q, K, V as the math path saves them (scaled, repeated to every head)",
                       3 * sb * q_local * act, False))
     else:
@@ -113,7 +113,7 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
             terms.append(("attention dropout output", scores * act, True))
     terms.append(("projection input", sb * q_local * act, False))
     if m.hf is not None and pt:
-        terms += hf_layer_terms(m, x, by, math)
+        terms += hf_layer_terms(m, x, by)
     if drop:
         terms.append(("attention residual dropout mask", sb * x.h / x.t_sp, False))
     terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
@@ -161,7 +161,7 @@ def attention_path(m: ModelSpec, train: TrainSpec) -> str:
     return "fused"
 
 
-def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes, math: bool) -> list[tuple[str, float, bool]]:
+def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool]]:
     """What a transformers decoder layer saves beyond the generic pre-norm block (per micro-batch):
 
     * RMSNorm (modeling_llama.py, LlamaRMSNorm.forward: ``hidden_states.to(torch.float32)``, then
@@ -170,7 +170,7 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes, math: bool) -> list[tuple
       (in 16-bit models the float32 copy of the input, in float32 ones the normalised input), two per
       layer; Qwen3 and Gemma-3 normalise queries and keys per head the same way (``q_norm``, ``k_norm``);
     * the activation: ``gelu_new`` (activations.py, NewGELUActivation: the tanh formula in Python)
-      keeps four tensors of the MLP's width instead of one; ReLU keeps only its output, which is also
+      keeps three more tensors of the MLP's width than F.gelu; ReLU keeps only its output, which is also
       the down projection's input (one fewer than GELU's input and output)."""
     sb = x.s * x.b
     act = by.act

@@ -136,9 +136,22 @@ def _float(cfg: dict, *keys: str) -> float:
 _EAGER_ONLY = {"bloom"}
 
 
+def _with_defaults(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
+    """``cfg`` over its model type's transformers defaults (a config.json may leave out GPT-2's
+    dropouts, which the model then takes from GPT2Config); ``cfg`` alone without transformers."""
+    try:
+        from transformers import AutoConfig
+
+        base = AutoConfig.for_model(mt).to_dict()
+    except (ImportError, ValueError):  # no transformers, or a model type it does not know: the keys alone
+        return cfg
+    return {**base, **cfg}
+
+
 def hf_traits(cfg: dict[str, Any]) -> HfTraits:
     """What the transformers implementation of ``cfg`` does beyond the dimensions (see HfTraits)."""
     mt = str(cfg.get("model_type") or "")
+    cfg = _with_defaults(cfg, mt) if mt else cfg
     act = str(cfg.get("activation_function") or cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation")
               or ("gelu_new" if mt == "gpt2" else "silu"))
     impl = "eager" if mt in _EAGER_ONLY else str(cfg.get("_attn_implementation") or cfg.get("attn_implementation")

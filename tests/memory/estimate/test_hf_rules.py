@@ -62,3 +62,14 @@ def test_the_stated_error_is_what_the_recordings_give():
     assert (within, cases) == (n, total)
     worst = max(s["reference"]["worst_pct"], s["held-out"]["worst_pct"])
     assert worst <= float(re.search(r"worst (\d+)%", ESTIMATOR_ERROR).group(1)) + 0.5
+
+
+def test_traits_take_the_model_types_defaults_for_keys_a_config_leaves_out():
+    """A GPT-2 config.json without dropout keys still trains with GPT2Config's 0.1 dropouts."""
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+
+    m = spec_from_hf_config({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512})
+    assert (m.hf.act, m.hf.attn_dropout, m.hf.hidden_dropout, m.hf.embd_dropout) == ("gelu_new", 0.1, 0.1, 0.1)
+    off = spec_from_hf_config({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
+                               "resid_pdrop": 0.0, "use_cache": False})
+    assert off.hf.hidden_dropout == 0.0 and not off.hf.use_cache
