@@ -240,7 +240,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                  "model: labkit.memory.estimate.planner"),
     ]
     reserved = est.peak_reserved
-    headline = est.peak_allocated
+    headline, traced = est.peak_allocated, False
     step_time = best.step_time_s
     alloc = choose_alloc_conf(None)
     want_trace = trace if trace is not None else bool(model.hf_config)
@@ -255,6 +255,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
             evidence.append(Evidence("estimator for the same unsharded step", fmt_bytes(one.peak_allocated),
                                      f"({err:+.1f}% vs the trace)", "model: labkit.memory.estimate"))
             headline, how = traced_headline(est.peak_allocated, one.peak_allocated, rep.peak_bytes, best)
+            traced = True
             evidence[0] = Evidence("per-GPU peak allocated (most loaded GPU)", fmt_bytes(headline), "", how)
             evidence.insert(1, Evidence("estimator's per-GPU peak for this layout", fmt_bytes(est.peak_allocated),
                                         f"(its measured error on this model's unsharded step: {err:+.1f}%)",
@@ -300,11 +301,12 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
            "micro_batches": best.micro_batches, "recompute": best.recompute, "sp": best.sp,
            "fsdp": best.zero == 3}
     runners = [{"label": c.label, "step_time_s": c.step_time_s, "total_bytes": c.total_bytes} for c in ranked[1:4]]
-    if headline == est.peak_allocated:
+    if not traced:
         notes.append(f"per-GPU peak from the estimator (the model was not traced); its measured error: "
                      f"{ESTIMATOR_ERROR}")
     return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, headline, reserved,
-                  est.total + headline - est.peak_allocated, usable, step_time, job.global_batch * job.seq / step_time, runners, why_not, placement,
+                  est.total + headline - est.peak_allocated, usable, step_time, job.global_batch * job.seq / step_time,
+                  runners, why_not, placement,
                   alloc.conf,
                   buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best.tp * best.pp * best.dp, env), env, evidence,
                   notes=notes)
