@@ -104,7 +104,8 @@ def validate(args) -> int:
         print(json.dumps({"rows": [vars(r) for r in rows], "vs_recorded": summary(rows, "recorded"),
                           "vs_trace": summary(rows, "trace")}, indent=1))
         return 0
-    print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.workloads.corpus.predict (fake-cuda, H200 target)")
+    print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.memory.trace.corpus_check.predict_as_recorded "
+          "(fake-cuda, H200 target, the program the recording's transformers ran)")
 
     def pct(e):
         return "" if e is None else f"{e:+.1f}%"
@@ -122,6 +123,9 @@ def validate(args) -> int:
             if s["cases"]:
                 print(f"  vs {against}: {s['within']} of {s['cases']} within {TOLERANCE_PCT:g}%, median "
                       f"{s['median_pct']:.1f}%, worst {s['worst_pct']:.1f}%")
+    untraced = [r for r in rows if r.estimated is not None and r.reason]
+    if untraced:
+        print(f"\nnot traced ({len(untraced)}): " + "; ".join(f"{r.name} ({r.reason})" for r in untraced))
     out = [r for r in rows if r.estimated is None]
     if out:
         print(f"\nnot estimator cases ({len(out)}): " + "; ".join(f"{r.name} ({r.reason})" for r in out))

@@ -63,11 +63,17 @@ def case_inputs(case: Any):
     return model, ParallelSpec(), train
 
 
-def recorded_peaks(path=RECORDING) -> dict[str, int]:
+def recorded_rows(path=RECORDING) -> dict[str, dict]:
+    """name -> the recorded row, with the recording's transformers version under ``transformers``."""
     from labkit.core.provenance import load_measurement
 
     doc = load_measurement(path)
-    return {c["name"]: int(c["peak_allocated"]) for c in doc["data"]["cases"] if c.get("peak_allocated")}
+    version = doc["provenance"].get("transformers")
+    return {c["name"]: {**c, "transformers": version} for c in doc["data"]["cases"] if c.get("peak_allocated")}
+
+
+def recorded_peaks(path=RECORDING) -> dict[str, int]:
+    return {n: int(r["peak_allocated"]) for n, r in recorded_rows(path).items()}
 
 
 def check(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
@@ -76,18 +82,26 @@ def check(names: list[str] | None = None, *, trace: bool = False) -> list[Estima
     from labkit.memory.estimate import estimate
     from labkit.workloads import corpus
 
-    rec = recorded_peaks()
+    from labkit.memory.trace.corpus_check import predict_as_recorded
+    from labkit.memory.trace.step import FakeModeUnsupported
+
+    rec = recorded_rows()
     out = []
     for case in corpus.CASES:
         if case.family != "transformers" or (names is not None and case.name not in names) or case.name not in rec:
             continue
-        row = EstimateCheck(case.name, case.split, None, rec[case.name])
+        r = rec[case.name]
+        row = EstimateCheck(case.name, case.split, None, int(r["peak_allocated"]))
         try:
             row.estimated = estimate(*case_inputs(case)).peak_allocated
         except LabkitError as exc:
             row.reason = str(exc).split(": ", 1)[-1]
         if trace and row.estimated is not None:
-            row.traced = corpus.predict(case).peak_bytes
+            # the program the recording ran (its transformers' attention, rotary embedding, cache dtype)
+            try:
+                row.traced = predict_as_recorded(case, r.get("transformers"), r.get("attn_implementation"))[0].peak_bytes
+            except FakeModeUnsupported as exc:
+                row.reason = f"not traced: {str(exc)[:120]}"
         out.append(row)
     return out
 
