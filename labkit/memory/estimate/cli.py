@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = p.add_argument_group("model")
     m.add_argument("--model", metavar="PRESET", help="a preset name (see --list-models); dimension flags override it")
     m.add_argument("--list-models", action="store_true", help="list the model presets and exit")
+    m.add_argument("--hf-config", metavar="PATH_OR_TYPE",
+                   help="a Hugging Face config.json (or a model type): its dimensions and what its transformers "
+                        "implementation keeps (RMSNorm copies, the KV cache...); dimension flags override it")
     for d in DIMS:
         m.add_argument(f"--{d.replace('_', '-')}", type=positive_int, dest=d)
     m.add_argument("--gated", action="store_true", default=None, help="gated (SwiGLU) MLP")
@@ -122,11 +125,19 @@ def _model(args):
         given["gated_mlp"] = True
     if args.untied:
         given["tied_embeddings"] = False
+    if args.model and args.hf_config:
+        raise LabkitError("give --model PRESET or --hf-config CONFIG, not both")
     if args.model:
         return dataclasses.replace(get_preset(args.model), **given)
+    if args.hf_config:
+        from labkit.memory.estimate.hf_config import load_hf_config, spec_from_hf_config
+
+        spec = spec_from_hf_config(load_hf_config(args.hf_config), seq=given.pop("seq", None),
+                                   layers=given.pop("layers", None), hidden=given.pop("hidden", None))
+        return dataclasses.replace(spec, **given)
     missing = [f"--{d}" for d in ("layers", "hidden", "heads", "vocab") if d not in given]
     if missing:
-        raise LabkitError(f"give --model PRESET or the dimensions: missing {' '.join(missing)}")
+        raise LabkitError(f"give --model PRESET, --hf-config CONFIG or the dimensions: missing {' '.join(missing)}")
     return ModelSpec(**given)
 
 

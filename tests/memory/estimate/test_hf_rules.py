@@ -73,3 +73,23 @@ def test_traits_take_the_model_types_defaults_for_keys_a_config_leaves_out():
     off = spec_from_hf_config({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
                                "resid_pdrop": 0.0, "use_cache": False})
     assert off.hf.hidden_dropout == 0.0 and not off.hf.use_cache
+
+
+def test_estimate_cli_reads_a_hf_config(tmp_path, capsys):
+    """`labkit estimate --hf-config` applies the transformers rules (the same figure as the API)."""
+    import json
+
+    from labkit.cli import main
+    from labkit.memory.estimate import ParallelSpec, TrainSpec
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 512}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    assert main(["estimate", "--hf-config", str(f), "--seq", "256", "--precision", "fp32", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    want = estimate(spec_from_hf_config(cfg, seq=256), ParallelSpec(), TrainSpec(precision="fp32", optimizer_impl="foreach"))
+    assert doc["peak_allocated"] == want.peak_allocated and doc["model"]["hf"]["model_type"] == "llama"
+    assert main(["estimate", "--hf-config", str(f), "--model", "llama3-8b"]) == 2
+    assert "not both" in capsys.readouterr().err
