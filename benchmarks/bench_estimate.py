@@ -9,6 +9,12 @@
 3. The planner at its largest accepted cluster (``PLAN_MAX_GPUS``, 2^20 GPUs, global batch 2^20):
    under 1 s too (shapes refused by heads/layers are counted, not built; larger clusters are refused).
 Medians over --repeat runs; measured on this machine.
+
+    PYTHONPATH=. python benchmarks/bench_estimate.py --validate [--no-trace] [--only NAME,NAME]
+
+prints instead the estimator against the fake-mode trace and the H200 recording at tp=pp=dp=1 on
+every recorded transformers case of the corpus (labkit.memory.estimate.accuracy), reference and
+held-out cases apart; the trace takes about 10 s a case on a 2-core CPU (--no-trace: recorded only).
 """
 
 from __future__ import annotations
@@ -36,8 +42,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--validate", action="store_true", help="estimator vs trace vs recorded, per corpus case")
+    ap.add_argument("--no-trace", action="store_true", help="--validate without fake mode (recorded only)")
+    ap.add_argument("--only", help="--validate: comma-separated case names")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
+    if args.validate:
+        return validate(args)
     m = get_preset("llama2-70b")
     par = ParallelSpec(tp=8, pp=4, dp=2, sp=True)
     train = TrainSpec(micro_batch=1, global_batch=32, recompute="selective")
@@ -82,6 +93,43 @@ def main(argv=None) -> int:
         print(f"planner, llama2-70b on {PLAN_MAX_GPUS} GPUs (the largest accepted): median {big_med:.3f} s "
               f"(target < {TARGET_PLAN_S:.0f} s) {'OK' if res['plan_max_ok'] else 'MISSED'}")
     return 0 if res["estimate_ok"] and res["plan_ok"] and res["plan_max_ok"] else 1
+
+
+def validate(args) -> int:
+    from labkit.core.units import fmt_bytes
+    from labkit.memory.estimate.accuracy import RECORDING, TOLERANCE_PCT, check, summary
+
+    rows = check(args.only.split(",") if args.only else None, trace=not args.no_trace)
+    if args.json:
+        print(json.dumps({"rows": [vars(r) for r in rows], "vs_recorded": summary(rows, "recorded"),
+                          "vs_trace": summary(rows, "trace")}, indent=1))
+        return 0
+    print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.memory.trace.corpus_check.predict_as_recorded "
+          "(fake-cuda, H200 target, the program the recording's transformers ran)")
+
+    def pct(e):
+        return "" if e is None else f"{e:+.1f}%"
+
+    for split in ("reference", "held-out"):
+        print(f"\n{split} cases")
+        print(f"{'case':46s} {'estimate':>10s} {'trace':>10s} {'recorded':>10s} {'vs trace':>9s} {'vs rec.':>8s}")
+        for r in rows:
+            if r.split != split or r.estimated is None:
+                continue
+            print(f"{r.name:46s} {fmt_bytes(r.estimated):>10s} {fmt_bytes(r.traced) if r.traced else '':>10s} "
+                  f"{fmt_bytes(r.recorded):>10s} {pct(r.err('trace')):>9s} {pct(r.err('recorded')):>8s}")
+        for against in ("trace", "recorded"):
+            s = summary(rows, against)[split]
+            if s["cases"]:
+                print(f"  vs {against}: {s['within']} of {s['cases']} within {TOLERANCE_PCT:g}%, median "
+                      f"{s['median_pct']:.1f}%, worst {s['worst_pct']:.1f}%")
+    untraced = [r for r in rows if r.estimated is not None and r.reason]
+    if untraced:
+        print(f"\nnot traced ({len(untraced)}): " + "; ".join(f"{r.name} ({r.reason})" for r in untraced))
+    out = [r for r in rows if r.estimated is None]
+    if out:
+        print(f"\nnot estimator cases ({len(out)}): " + "; ".join(f"{r.name} ({r.reason})" for r in out))
+    return 0
 
 
 if __name__ == "__main__":

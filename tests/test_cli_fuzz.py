@@ -103,6 +103,7 @@ ESTIMATE = {
     "--zero": INTS, "--sp": None, "--vpp": INTS, "--schedule": value(["1f1b", "gpipe", "interleaved"]),
     "--no-vocab-parallel": None, "--shard-size": INTS, "--no-reshard": None, "--json": None,
     "--gpu-memory": SIZES, "--margin": FLOATS, "--tflops": FLOATS, "--list-models": None,
+    "--hf-config": value(["gpt2", "llama", "no_such_type", "/no/such/config.json"]),
 }
 # the planner's search is bounded by the cluster: small clusters here (its speed is benchmarks/' business)
 PLANNER = {"--model": value(PRESETS[:2]), "--global-batch": st.sampled_from(["8", "16", "8", "0", "-4", "x", "1e400"]),

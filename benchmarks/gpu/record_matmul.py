@@ -1,5 +1,5 @@
 """Record dense matmul throughput per dtype and size on this GPU: the compute rate behind the
-step-time model of `labkit advise` (labkit/advise/steptime.py).
+step-time model of `labkit advise` and `labkit estimate --plan` (labkit/memory/estimate/rates.py).
 
 Square GEMMs (n x n times n x n) for n from 256 to 8192, in bf16, fp16 and fp32 (PyTorch's default:
 TF32 off for matmul), and tf32 on; each the median of CUDA-event-timed repeats after warm-up. Also

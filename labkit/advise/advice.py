@@ -17,7 +17,8 @@ from typing import Any
 from labkit.advise.cluster import Machine, resolve
 from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
 from labkit.advise.settings import ALLOC_CANDIDATES, BucketChoice, choose_alloc_conf, choose_buckets
-from labkit.advise.steptime import achievable_flops
+from labkit.memory.estimate.rates import measured_rates
+from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
 
@@ -119,13 +120,12 @@ def _plan(spec, machine: Machine, job: Job):
     mbs = (job.micro_batch,) if job.micro_batch else tuple(m for m in MICRO_BATCHES if job.global_batch % m == 0)
     rec = (job.recompute,) if job.recompute else RECOMPUTE
     plans, rates = [], {}
+    rate_of = measured_rates(spec, job.precision, job.seq)   # the rate `labkit estimate --plan` charges too
     for mb in mbs:
-        rate = achievable_flops(spec, job.precision, mb, job.seq)
-        rates[mb] = rate
-        cl = dataclasses.replace(machine.cluster, achievable_flops=rate.flops_per_s)
-        plans.append(plan(spec, cl, job.global_batch, seq=job.seq, precision=job.precision, optimizer=job.optimizer,
-                          margin=machine.margin, micro_batches=(mb,), recompute=rec, framework="pytorch",
-                          keep=50))
+        rates[mb] = rate_of(mb)
+        plans.append(plan(spec, machine.cluster, job.global_batch, seq=job.seq, precision=job.precision,
+                          optimizer=job.optimizer, margin=machine.margin, micro_batches=(mb,), recompute=rec,
+                          framework="pytorch", keep=50, rate=lambda _mb, r=rates[mb]: r))
     ranked = sorted((c for p in plans for c in p.ranked), key=lambda c: (c.step_time_s, c.total_bytes))
     rejected: dict[str, int] = {}
     examples: dict[str, Any] = {}
@@ -240,6 +240,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                  "model: labkit.memory.estimate.planner"),
     ]
     reserved = est.peak_reserved
+    headline, traced = est.peak_allocated, False
     step_time = best.step_time_s
     alloc = choose_alloc_conf(None)
     want_trace = trace if trace is not None else bool(model.hf_config)
@@ -250,9 +251,19 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
             evidence.append(Evidence("fake-mode peak of one unsharded step (tp=pp=dp=1)", fmt_bytes(rep.peak_bytes), "",
                                      "model: labkit.memory.trace fake-cuda (the same call as `labkit measure`)"))
             one = estimate(spec, ParallelSpec(), dataclasses.replace(train, global_batch=None))
+            err = (one.peak_allocated / rep.peak_bytes - 1) * 100
             evidence.append(Evidence("estimator for the same unsharded step", fmt_bytes(one.peak_allocated),
-                                     f"({(one.peak_allocated / rep.peak_bytes - 1) * 100:+.1f}% vs the trace)",
-                                     "model: labkit.memory.estimate"))
+                                     f"({err:+.1f}% vs the trace)", "model: labkit.memory.estimate"))
+            headline, how = traced_headline(est.peak_allocated, one.peak_allocated, rep.peak_bytes, best)
+            traced = True
+            evidence[0] = Evidence("per-GPU peak allocated (most loaded GPU)", fmt_bytes(headline), "", how)
+            evidence.insert(1, Evidence("estimator's per-GPU peak for this layout", fmt_bytes(est.peak_allocated),
+                                        f"(its measured error on this model's unsharded step: {err:+.1f}%)",
+                                        "model: labkit.memory.estimate (the same call as `labkit estimate`)"))
+            if headline > usable:
+                notes.append(f"the traced per-GPU peak {fmt_bytes(headline)} is above the usable "
+                             f"{fmt_bytes(usable)}: the layout the estimator chose may not fit; give --micro-batch "
+                             "or --recompute to try a smaller step")
             rl = getattr(rep, "roofline", None)
             if rl:
                 single = best.tp * best.pp * best.dp == 1 and best.micro_batches == 1
@@ -264,7 +275,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
             picked = alloc.replay.get(alloc.conf) if alloc.replay else None
             if picked and picked.get("peak_allocated"):
                 ratio = picked["reserved_peak"] / picked["peak_allocated"]
-                reserved = int(est.peak_allocated * ratio)
+                reserved = int(headline * ratio)
                 evidence.append(Evidence("reserved / allocated in the replay under the chosen setting", round(ratio, 3),
                                          "", alloc.source))
     evidence.append(Evidence("allocator setting", alloc.conf or "(default)", "", alloc.reason))
@@ -290,11 +301,30 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
            "micro_batches": best.micro_batches, "recompute": best.recompute, "sp": best.sp,
            "fsdp": best.zero == 3}
     runners = [{"label": c.label, "step_time_s": c.step_time_s, "total_bytes": c.total_bytes} for c in ranked[1:4]]
-    return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, est.peak_allocated, reserved,
-                  est.total, usable, step_time, job.global_batch * job.seq / step_time, runners, why_not, placement,
+    if not traced:
+        notes.append(f"per-GPU peak from the estimator (the model was not traced); its measured error: "
+                     f"{ESTIMATOR_ERROR}")
+    return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, headline, reserved,
+                  est.total + headline - est.peak_allocated, usable, step_time, job.global_batch * job.seq / step_time,
+                  runners, why_not, placement,
                   alloc.conf,
                   buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best.tp * best.pp * best.dp, env), env, evidence,
                   notes=notes)
+
+
+def traced_headline(est_layout: int, est_single: int, traced_single: int, best) -> tuple[int, str]:
+    """The per-GPU peak advise headlines when the model was traced: the trace itself for one GPU
+    (tp=pp=dp=1); for data-parallel layouts (tp=pp=1, DDP or ZeRO) the estimator's figure for the layout
+    plus what it missed on the traced unsharded step (the missed bytes are activations and temporaries,
+    which data parallelism and ZeRO do not shard); for tensor and pipeline parallelism the estimator's."""
+    if best.tp == best.pp == best.dp == 1 and best.micro_batches == 1:
+        return traced_single, "model: labkit.memory.trace fake-cuda, this very step (the same call as `labkit measure`)"
+    if best.tp == best.pp == 1:
+        return (est_layout + traced_single - est_single,
+                "model: the estimator for this layout plus what it missed on the traced unsharded step "
+                "(labkit.memory.trace fake-cuda); per-rank traces of sharded layouts are not built yet")
+    return est_layout, ("model: labkit.memory.estimate (tensor/pipeline layouts are not traced per rank yet); "
+                        "its error on the unsharded step is the next line")
 
 
 def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: list[Evidence], notes: list[str]) -> Advice:

@@ -96,6 +96,53 @@ def model_check(measure_dir: Path | None = None) -> Section:
                                            source=src))
 
 
+# -- the estimator against the trace on a Hugging Face model --------------------------------------
+
+ONE_GPU_CASE = "llama-gqa-b4-fp32"
+
+
+def estimator_vs_trace(case_name: str = ONE_GPU_CASE, smoke: bool = False) -> Section:
+    """One Hugging Face model on one GPU (tp=pp=dp=1): the estimator without and with its transformers
+    rules, the fake-mode trace of the same step and the H200's recorded peak, and the rules' bytes.
+    ``smoke``: the case at CI size (``corpus.tiny``, no recording at that size)."""
+    from labkit.memory.estimate.activations import attention_path, layer_terms
+    from labkit.memory.estimate.states import precision_bytes
+    from labkit.memory.estimate.accuracy import case_inputs, recorded_peaks
+    from labkit.workloads import corpus
+
+    case = corpus.get_case(case_name + ("@tiny" if smoke else ""))
+    m, par, train = case_inputs(case)
+    generic = estimate(dataclasses.replace(m, hf=None), par, train)
+    est = estimate(m, par, train)
+    traced = corpus.predict(case).peak_bytes
+    rec = None if smoke else recorded_peaks().get(case.name)
+    sec = Section(f"The estimator against the trace: {case.describe()}, one GPU", source=MODEL)
+    sec.claim("Estimator, generic PyTorch layer", fmt_bytes(generic.peak_allocated),
+              f"({(generic.peak_allocated / traced - 1) * 100:+.1f}% vs the trace)")
+    sec.claim("Estimator with the transformers rules", fmt_bytes(est.peak_allocated),
+              f"({(est.peak_allocated / traced - 1) * 100:+.1f}% vs the trace)",
+              name="estimator_vs_trace_one_gpu_pct" if not smoke else None)
+    sec.claim("Fake-mode trace of the same step", fmt_bytes(traced), "",
+              source="model: labkit.memory.trace fake-cuda (labkit.workloads.corpus.predict)")
+    if rec:
+        sec.claim("Recorded peak of the plain loop", fmt_bytes(rec), f"(trace {(traced / rec - 1) * 100:+.1f}%)",
+                  source="recorded on 1 x NVIDIA H200 (data/measurements/measure/plain__fresh.json)")
+    by = precision_bytes(train)
+    mine = {n: v for n, v, _ in layer_terms(m, par, train, by)}
+    theirs = {n: v for n, v, _ in layer_terms(dataclasses.replace(m, hf=None), par, train, by)}
+    rows = []
+    for name in dict.fromkeys(list(theirs) + list(mine)):
+        a, b = theirs.get(name, 0), mine.get(name, 0)
+        if a != b:
+            rows.append([name, fmt_bytes(a), fmt_bytes(b), fmt_bytes((b - a) * m.layers)])
+    sec.table(["saved tensor (one layer, one micro-batch)", "generic", "transformers", f"difference x {m.layers} layers"],
+              rows, caption="What the transformers implementation keeps beyond the generic block "
+                            "(labkit.memory.estimate.activations; each rule cites the modeling code)")
+    sec.note(f"Attention path: {attention_path(m, train)} (fused: flash/cuDNN/memory-efficient; math keeps the "
+             "(batch, heads, s, s) probabilities). The whole corpus: `python benchmarks/bench_estimate.py --validate`.")
+    return sec
+
+
 # -- data parallelism and sharding ----------------------------------------------------------------
 
 

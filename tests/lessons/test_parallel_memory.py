@@ -119,3 +119,12 @@ def test_planner(s):
     assert sec.value("planner_best_layout") == p.best.label
     assert sec.value("planner_best_step_s") == pytest.approx(p.best.step_time_s, abs=1e-3)
     assert sec.rows and sec.notes[-1].startswith("Assumptions")
+
+
+def test_estimator_vs_trace_one_gpu_names_the_rules():
+    sec = lesson.estimator_vs_trace(smoke=True)
+    claims = {c.text: c for c in sec.claims}
+    assert "Fake-mode trace of the same step" in claims
+    names = [r[0] for r in sec.rows]
+    assert "softmax output" in names and any("RMSNorm" in n for n in names)   # fp32 GQA: math path; RMSNorm
+    assert "math" in sec.notes[0]

@@ -78,17 +78,24 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
     sb = x.s * x.b
     act, res = by.act, by.resid
     pt = train.framework == "pytorch"
-    drop = train.dropout > 0
+    drop = hidden_dropout(m, train) > 0
     gathered = pt and par.sp  # DTensor SP saves the all-gathered linear inputs
     kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
     q_local = x.a * x.d / x.t
+    math = attention_path(m, train) == "math"
     terms: list[tuple[str, float, bool]] = [
         ("norm 1 input (residual stream)", sb * x.h * res / x.t_sp, False),
         ("QKV input", sb * x.h * act / (1 if gathered else x.t_sp), False),
-        ("Q, K", sb * (q_local + kv_local) * act, False),
-        ("V", sb * kv_local * act, False),
     ]
-    if train.flash:
+    if math and m.hf is not None and pt:
+        # PyTorch's math path (attention.cpp, _scaled_dot_product_attention_math) scales q and k by
+        # sqrt(scale) and repeats GQA's k and v to every query head before the matmuls, which save
+        # them; BLOOM's eager attention (no GQA) keeps a query, key and value per head likewise
+        terms.append(("Q, K, V as the math path saves them (scaled, repeated to every head)",
+                      3 * sb * q_local * act, False))
+    else:
+        terms += [("Q, K", sb * (q_local + kv_local) * act, False), ("V", sb * kv_local * act, False)]
+    if not math:
         if pt:
             # SDPA keeps its output too, but that is the projection's input: the flash and
             # efficient kernels write it in (b, s, a, d) layout, so the transpose back is free.
@@ -96,10 +103,17 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
     else:
         scores = (x.a / x.t) * x.s * x.s * x.b
         terms.append(("softmax output", scores * act, True))
-        if drop:
+        if m.hf is not None and pt and m.hf.attn_impl == "eager" and act != 4:
+            # transformers' eager attention takes the softmax in float32 and casts it back
+            # (modeling_bloom.py: F.softmax(..., dtype=torch.float32).to(input_dtype)): both are kept
+            terms.append(("softmax output (float32)", scores * 4, True))
+        attn_drop = drop if m.hf is None else m.hf.attn_dropout > 0
+        if attn_drop:
             terms.append(("attention dropout mask", scores * 1, True))
             terms.append(("attention dropout output", scores * act, True))
     terms.append(("projection input", sb * q_local * act, False))
+    if m.hf is not None and pt:
+        terms += hf_layer_terms(m, x, by)
     if drop:
         terms.append(("attention residual dropout mask", sb * x.h / x.t_sp, False))
     terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
@@ -115,6 +129,71 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         stats = 8 if m.norm == "layernorm" else 4  # mean and rstd (fp32) per token
         terms.append(("norm statistics", 2 * sb * stats / x.t_sp, False))
     return terms
+
+
+def hidden_dropout(m: ModelSpec, train: TrainSpec) -> float:
+    """The residual dropout probability: the recipe's, or a transformers config's (GPT-2's resid_pdrop
+    0.1, OPT's dropout 0.1: ``model.train()`` switches them on)."""
+    if m.hf is not None and train.framework == "pytorch":
+        return max(train.dropout, m.hf.hidden_dropout)
+    return train.dropout
+
+
+def attention_path(m: ModelSpec, train: TrainSpec) -> str:
+    """``fused`` (flash, cuDNN or memory-efficient SDPA: no s x s tensor kept) or ``math`` (the
+    (b, heads, s, s) probabilities kept for backward).
+
+    ``train.flash=False`` asks for the math path. A transformers model takes it where its attention
+    is eager (BLOOM), and, on the H200's PyTorch 2.11, for float32 grouped-query attention: transformers
+    calls SDPA with ``enable_gqa=True`` (integrations/sdpa_attention.py, use_gqa_in_sdpa), flash and
+    cuDNN take no float32, and the memory-efficient kernel supports GQA only from PR pytorch#191085
+    (torch 2.13), so ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
+    falls back to math: the same rule as the tracer's :mod:`labkit.memory.trace.sdpa`."""
+    if not train.flash:
+        return "math"
+    if m.hf is None or train.framework != "pytorch":
+        return "fused"
+    if m.hf.attn_impl == "eager":
+        return "math"
+    # Falcon calls SDPA itself with keys and values expanded to every head (modeling_falcon.py)
+    if train.precision == "fp32" and m.kv < m.heads and m.hf.model_type != "falcon":
+        return "math"
+    return "fused"
+
+
+def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool]]:
+    """What a transformers decoder layer saves beyond the generic pre-norm block (per micro-batch):
+
+    * RMSNorm (modeling_llama.py, LlamaRMSNorm.forward: ``hidden_states.to(torch.float32)``, then
+      ``hidden_states * torch.rsqrt(variance + eps)``, then ``self.weight * hidden_states.to(input_dtype)``):
+      the multiplications keep a float32 tensor of the input's size besides the input and the output
+      (in 16-bit models the float32 copy of the input, in float32 ones the normalised input), two per
+      layer; Qwen3 and Gemma-3 normalise queries and keys per head the same way (``q_norm``, ``k_norm``);
+    * the activation: ``gelu_new`` (activations.py, NewGELUActivation: the tanh formula in Python)
+      keeps three more tensors of the MLP's width than F.gelu; ReLU keeps only its output, which is also
+      the down projection's input (one fewer than GELU's input and output)."""
+    sb = x.s * x.b
+    act = by.act
+    out: list[tuple[str, float, bool]] = []
+    if m.norm == "rmsnorm":
+        out.append(("RMSNorm float32 intermediates (2 norms)", 2 * sb * x.h * 4 / x.t_sp, False))
+        if m.hf.qk_norm:
+            q_local = x.a * x.d / x.t
+            kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
+            out.append(("query/key RMSNorm: float32 copy and output", sb * (q_local + kv_local) * (4 + act), False))
+    if not m.gated_mlp:
+        if m.hf.act in ("gelu_new", "gelu_fast"):
+            # kept besides the input and the output: tanh's output, 0.5 * input and 1 + tanh. Under
+            # autocast pow is a float32 op (CUDA autocast's op list, torch.amp docs): it casts the input to
+            # float32 and keeps that copy instead of the 16-bit input, and tanh and 1 + tanh are float32
+            if by.autocast:
+                extra = (4 - act) + 2 * 4 + act
+            else:
+                extra = 3 * act
+            out.append(("gelu_new: the tanh formula's intermediates", sb * x.f / x.t * extra, False))
+        elif m.hf.act == "relu":
+            out.append(("ReLU keeps only its output", -sb * x.f / x.t * act, False))
+    return out
 
 
 def layer_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> LayerActivations:
@@ -133,6 +212,9 @@ def layer_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
     # the activation's backward), plus the residual stream's gradient.
     n_f = 2 if not m.gated_mlp else 3
     backward_work = n_f * x.s * x.b * x.f / x.t * by.act + 2 * x.s * x.b * x.h * by.resid / x.t_sp
+    if attention_path(m, train) == "math":
+        # the math path's backward holds the gradients of the probabilities and of the scores at once
+        backward_work = max(backward_work, 2 * (x.a / x.t) * x.s * x.s * x.b * by.act)
     return LayerActivations(kept=int(kept), full=int(full), core=int(core), layer_input=int(layer_input),
                             backward_work=int(backward_work))
 
@@ -146,6 +228,8 @@ class StageActivations:
     head: int              # final norm input and output (last stage)
     recompute_work: int    # what recomputation rebuilds at once in backward (one segment)
     backward_work: int
+    kv_cache: int = 0      # a transformers model's KV cache while it is alive (see kv_cache_terms)
+    cache_retained: int = 0  # with checkpointing: what the cache keeps alive at the end of backward
 
 
 def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, stage: int,
@@ -165,15 +249,56 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
     emb = 0
     if stage == 0:
         emb = sb * 8  # token ids (int64), kept by the embedding's backward
-        if train.dropout > 0:
+        if (train.dropout > 0 if m.hf is None or train.framework != "pytorch"
+                else max(train.dropout, m.hf.embd_dropout) > 0):
             emb += sb * x.h / x.t_sp
     head = 0
     if stage == par.pp - 1:
         # final norm input and output, targets; PyTorch SP gathers the sequence before the final norm
         gathered = train.framework == "pytorch" and par.sp
         head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
+    cache, retained = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
-                            backward_work=la.backward_work)
+                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained))
+
+
+def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, la: LayerActivations,
+                   n_layers: int) -> tuple[float, float]:
+    """(bytes the KV cache adds while it lives, bytes kept at the end of backward) of a transformers
+    causal LM whose config leaves ``use_cache`` on (the default): its training forward builds a
+    ``DynamicCache`` (modeling_llama.py, LlamaModel.forward: ``if use_cache and past_key_values is None:
+    past_key_values = DynamicCache(config=self.config)``) holding every layer's keys and values.
+
+    * The cache's first ``update`` concatenates each layer's keys and values onto an empty tensor
+      (cache_utils.py, DynamicLayer.update: ``torch.cat([self.keys, key_states], dim=-2)``): a copy of
+      both per layer, the keys in the rotary embedding's output dtype (float32 under autocast: cos and
+      sin take the float32 residual stream's dtype). The fake-mode trace, which matches the H200, keeps
+      them through backward.
+    * Under torch.utils.checkpoint (``recompute``) the cache is also an argument of every checkpointed
+      segment; the recomputation appends each layer's keys and values again (``torch.cat``: the cache grows to twice
+      the sequence), and the grown tensors' autograd history keeps the recomputed segment's saved
+      tensors alive (every layer of the segment but the last, and the last one's norm and QKV input)
+      until the cache is freed after backward. Hugging Face's own ``gradient_checkpointing_enable``
+      switches the cache off in training."""
+    if m.hf is None or train.framework != "pytorch" or not m.hf.use_cache:
+        return 0.0, 0.0
+    x = dims(m, par, train)
+    sb = x.s * x.b
+    kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
+    rope = not m.learned_pos_emb
+    k_bytes = 4 if (by.autocast and rope) else by.act
+    k = train.recompute.segment
+    per_layer = sb * kv_local * (k_bytes + by.act)
+    cache = n_layers * per_layer
+    if k is None:
+        return cache, 0.0
+    segments = -(-n_layers // k)
+    pre_kv = sb * x.h * (by.resid + by.act + (4 if m.norm == "rmsnorm" else 0)) / x.t_sp
+    # a recomputed layer's attention takes the grown cache's keys and values (twice the sequence): it
+    # keeps them besides what the forward kept (repeated to every query head on the math path)
+    longer = 2 * sb * ((x.a * x.d / x.t) if attention_path(m, train) == "math" else kv_local) * by.act
+    retained = (n_layers - segments) * (la.full + longer) + segments * pre_kv + 2 * cache
+    return cache, retained
 
 
 @dataclass(frozen=True)
@@ -200,6 +325,10 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd))
     upcast = n * 4 if a != 4 else 0
     held = n * 4 + kept
+    if m.hf is not None and m.hf.logit_softcap:
+        # Gemma-2 caps the logits (modeling_gemma2.py: logits / cap, tanh, * cap): tanh keeps its output
+        held += n * a
+        upcast += 2 * n * a
     logits_alive = n * a  # the logits themselves while the loss is computed
     fwd = logits_alive + upcast + n * 4
     bwd = held + 2 * n * 4

@@ -20,7 +20,7 @@ ESTIMATE_ONLY = ("tp", "pp", "dp", "cp", "zero", "sp", "vpp", "schedule", "no_vo
 PLAN_ONLY = ("gpus", "gpus_per_node", "gpu_memory", "topology", "margin", "tflops")
 DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "dropout": 0.0, "precision": "bf16-mixed",
             "optimizer": "adamw", "optimizer_impl": "foreach", "gpus": 8, "gpu_memory": "80GiB", "margin": 0.10,
-            "tflops": 400.0}
+            "tflops": None}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = p.add_argument_group("model")
     m.add_argument("--model", metavar="PRESET", help="a preset name (see --list-models); dimension flags override it")
     m.add_argument("--list-models", action="store_true", help="list the model presets and exit")
+    m.add_argument("--hf-config", metavar="PATH_OR_TYPE",
+                   help="a Hugging Face config.json (or a model type): its dimensions and what its transformers "
+                        "implementation keeps (RMSNorm copies, the KV cache...); dimension flags override it")
     for d in DIMS:
         m.add_argument(f"--{d.replace('_', '-')}", type=positive_int, dest=d)
     m.add_argument("--gated", action="store_true", default=None, help="gated (SwiGLU) MLP")
@@ -80,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
                     "default: every GPU on NVSwitch with its NVLink4 links (labkit.core.interconnect)")
     pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
-    pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default 400)")
+    pl.add_argument("--tflops", type=finite_float(gt=0), help="achievable TFLOP/s per GPU (default: the recorded H200 matmul "
+                    "rate at the model's MLP GEMM per micro-batch, the rate advise uses)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 
@@ -121,11 +125,19 @@ def _model(args):
         given["gated_mlp"] = True
     if args.untied:
         given["tied_embeddings"] = False
+    if args.model and args.hf_config:
+        raise LabkitError("give --model PRESET or --hf-config CONFIG, not both")
     if args.model:
         return dataclasses.replace(get_preset(args.model), **given)
+    if args.hf_config:
+        from labkit.memory.estimate.hf_config import load_hf_config, spec_from_hf_config
+
+        spec = spec_from_hf_config(load_hf_config(args.hf_config), seq=given.pop("seq", None),
+                                   layers=given.pop("layers", None), hidden=given.pop("hidden", None))
+        return dataclasses.replace(spec, **given)
     missing = [f"--{d}" for d in ("layers", "hidden", "heads", "vocab") if d not in given]
     if missing:
-        raise LabkitError(f"give --model PRESET or the dimensions: missing {' '.join(missing)}")
+        raise LabkitError(f"give --model PRESET, --hf-config CONFIG or the dimensions: missing {' '.join(missing)}")
     return ModelSpec(**given)
 
 
@@ -215,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import (cluster_from_topology, explain, nic_400g, nvswitch_nvlink4, plan,
+    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, cluster_from_topology, explain, nic_400g,
+                                                nvswitch_nvlink4, plan,
                                                 uniform_cluster)
 
     model = _model(args)
@@ -224,7 +237,12 @@ def run_plan(args: argparse.Namespace) -> int:
     mem = parse_bytes(args.gpu_memory, what="--gpu-memory")
     if mem < 1:
         raise LabkitError(f"--gpu-memory must be positive, got {args.gpu_memory!r}")
-    flops = args.tflops * 1e12
+    flops = args.tflops * 1e12 if args.tflops is not None else DEFAULT_ACHIEVABLE_FLOPS
+    rate = None
+    if args.tflops is None:
+        from labkit.memory.estimate.rates import measured_rates
+
+        rate = measured_rates(model, args.precision, model.seq)
     per_node = args.gpus_per_node if args.gpus_per_node is not None else min(8, args.gpus)
     if per_node > args.gpus:
         raise LabkitError(f"--gpus-per-node {per_node} is more than --gpus {args.gpus}")
@@ -239,7 +257,7 @@ def run_plan(args: argparse.Namespace) -> int:
                              nvswitch_nvlink4("NVLink4-class through NVSwitch"), nic_400g(),
                              achievable_flops=flops)
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
-                  framework=args.framework or "megatron")
+                  framework=args.framework or "megatron", rate=rate)
     if args.json:
         print(dumps(result))
         return 0

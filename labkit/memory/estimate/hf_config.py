@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
-from labkit.memory.estimate.spec import ModelSpec
+from labkit.memory.estimate.spec import HfTraits, ModelSpec
 
 # families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
@@ -120,4 +120,47 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
         spec["ffn"] = None
     if spec.get("kv_heads") == spec["heads"]:
         spec["kv_heads"] = None
-    return ModelSpec(name=str(name), **spec)
+    return ModelSpec(name=str(name), hf=hf_traits(cfg), **spec)
+
+
+def _float(cfg: dict, *keys: str) -> float:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return 0.0
+
+
+# model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
+# its ALiBi bias with baddbmm and upcasts the scores (modeling_bloom.py, BloomAttention.forward)
+_EAGER_ONLY = {"bloom"}
+
+
+def _with_defaults(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
+    """``cfg`` over its model type's transformers defaults (a config.json may leave out GPT-2's
+    dropouts, which the model then takes from GPT2Config); ``cfg`` alone without transformers."""
+    try:
+        from transformers import AutoConfig
+
+        base = AutoConfig.for_model(mt).to_dict()
+    except (ImportError, ValueError):  # no transformers, or a model type it does not know: the keys alone
+        return cfg
+    return {**base, **cfg}
+
+
+def hf_traits(cfg: dict[str, Any]) -> HfTraits:
+    """What the transformers implementation of ``cfg`` does beyond the dimensions (see HfTraits)."""
+    mt = str(cfg.get("model_type") or "")
+    cfg = _with_defaults(cfg, mt) if mt else cfg
+    act = str(cfg.get("activation_function") or cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation")
+              or ("gelu_new" if mt == "gpt2" else "silu"))
+    impl = "eager" if mt in _EAGER_ONLY else str(cfg.get("_attn_implementation") or cfg.get("attn_implementation")
+                                                 or "sdpa")
+    softcap = cfg.get("final_logit_softcapping")
+    return HfTraits(model_type=mt, act=act, attn_impl="eager" if impl == "eager" else "sdpa",
+                    attn_dropout=_float(cfg, "attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
+                    hidden_dropout=_float(cfg, "resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"),
+                    embd_dropout=_float(cfg, "embd_pdrop", "embed_dropout"),
+                    use_cache=bool(cfg.get("use_cache", True)),
+                    logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
+                    qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"))

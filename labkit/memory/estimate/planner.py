@@ -23,7 +23,8 @@ by group size, between nodes), built by hand or from a ``labkit.topology`` topol
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
@@ -32,6 +33,7 @@ from labkit.core.interconnect import (NCCL_RING_STEP_S, NIC_400G_Bps, NIC_SOURCE
 from labkit.core.units import GiB, fmt_bytes
 from labkit.core.vocab import Recompute
 from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
+from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
 
 # About 40% of the dense bf16 peak of an H100/H200 (989 TFLOP/s): a typical training MFU.
 DEFAULT_ACHIEVABLE_FLOPS = 400e12
@@ -272,8 +274,10 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
          precision: str = "bf16-mixed", optimizer: str = "adamw", margin: float = 0.10,
          micro_batches: tuple[int, ...] = (1, 2, 4, 8), recompute: tuple[str, ...] = ("none", "selective", "full"),
          zero_stages: tuple[int, ...] = (0, 1, 2, 3), framework: str = "megatron", overheads: Overheads | None = None,
-         keep: int = 20) -> Plan:
-    """Search the layouts; see the module docstring for the time model."""
+         keep: int = 20, rate=None) -> Plan:
+    """Search the layouts; see the module docstring for the time model. ``rate``: a function
+    ``micro_batch -> Rate`` (:func:`labkit.memory.estimate.rates.measured_rates`, what advise uses)
+    replacing ``cluster.achievable_flops`` for each micro-batch."""
     if not 0 <= margin < 1:
         raise LabkitError(f"margin must be in [0, 1), got {margin}")
     if global_batch < 1:
@@ -291,6 +295,13 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
         # the example shown is the nearest miss (smallest memory need) of its class
         if old is None or (c.total_bytes is not None and old.total_bytes is not None and c.total_bytes < old.total_bytes):
             examples[cls] = c
+
+    measured: dict[int, Any] = {}
+
+    def rates_used(mb: int):
+        if mb not in measured:
+            measured[mb] = rate(mb)
+        return measured[mb]
 
     n = cluster.gpus
     if n > PLAN_MAX_GPUS:
@@ -312,6 +323,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
                 continue
             for zero in zeros:
                 for mb in micro_batches:
+                    cl_mb = cluster if rate is None else replace(cluster, achievable_flops=rates_used(mb).flops_per_s)
                     for rec in recompute:
                         considered += 1
                         c = Candidate(tp, pp, dp, zero, mb, rec, tp > 1, 0, False, "")
@@ -337,17 +349,24 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
                             reject(c, "does not fit in memory")
                             continue
                         c.fits = True
-                        c.time = step_time(model, par, train, cluster, est.micro_batches)
+                        c.time = step_time(model, par, train, cl_mb, est.micro_batches)
                         c.step_time_s = c.time.total_s
                         c.tokens_per_s = global_batch * (seq or model.seq) / c.step_time_s
                         fitting.append(c)
     fitting.sort(key=lambda c: (c.step_time_s, c.total_bytes))
+    if measured:
+        r = sorted(measured.items())
+        compute = ("compute rate per micro-batch " + ", ".join(f"{mb}: {v.flops_per_s / 1e12:.0f}" for mb, v in r)
+                   + f" TFLOP/s per GPU (matmul rate at the MLP GEMM, {r[0][1].source})")
+    else:
+        compute = f"achievable compute {cluster.achievable_flops / 1e12:.0f} TFLOP/s per GPU (model)"
     assumptions = [
-        f"achievable compute {cluster.achievable_flops / 1e12:.0f} TFLOP/s per GPU (model)",
+        compute,
         f"memory margin {margin:.0%}: usable {fmt_bytes(usable)} of {fmt_bytes(cluster.gpu_memory_bytes)} per GPU",
         "ranks: tensor-parallel fastest, then data, then pipeline; SP on whenever tp > 1",
         "DP gradient traffic overlaps backward; TP and PP traffic does not (alpha-beta ring model)",
         f"precision {precision}, optimizer {optimizer}, {framework} activation layout",
+        f"memory: the analytical estimator, not traced; its measured error: {ESTIMATOR_ERROR}",
     ]
     return Plan(cluster=cluster.name, model=model.name, global_batch=global_batch, usable_bytes=usable,
                 considered=considered, fitting=len(fitting), ranked=fitting[:keep], rejected=rejected,

@@ -24,6 +24,23 @@ FRAMEWORKS = ("pytorch", "megatron")
 
 
 @dataclass(frozen=True)
+class HfTraits:
+    """What a Hugging Face ``transformers`` implementation of the model does beyond its dimensions,
+    read from its ``config.json`` (:func:`labkit.memory.estimate.hf_config.spec_from_hf_config`).
+    The estimator's rules for them (``activations.hf_layer_terms``) cite the modeling code."""
+
+    model_type: str
+    act: str = "silu"                    # hidden_act / activation_function (ACT2FN name)
+    attn_impl: str = "sdpa"              # sdpa, or eager (the model's own softmax(QK^T)V, e.g. BLOOM's ALiBi)
+    attn_dropout: float = 0.0
+    hidden_dropout: float = 0.0          # residual dropout after attention and MLP
+    embd_dropout: float = 0.0
+    use_cache: bool = True               # the training forward builds a DynamicCache (transformers' default)
+    logit_softcap: float | None = None   # Gemma-2: tanh soft-capping of the logits
+    qk_norm: bool = False                # RMSNorm on queries and keys per head (Qwen3, Gemma-3)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer (GPT/Llama style), dimensions only."""
 
@@ -41,6 +58,7 @@ class ModelSpec:
     bias: bool = True                    # biases in the linear layers
     learned_pos_emb: bool = True         # GPT-2 style position table (seq x hidden); False: RoPE
     name: str = "custom"
+    hf: HfTraits | None = None           # a transformers implementation (None: the lab's/Megatron's layer)
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "vocab", "seq"):

@@ -20,6 +20,7 @@ or when the framework keeps a persistent gradient buffer (Megatron); none otherw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -118,16 +119,19 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
         return {"parameters": params, "gradients": grads, "optimizer_state": ms.optimizer + extra_opt,
                 "activations": acts, "logits": logits, "comm_buffers": comm, "context": ws}
 
-    fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A, (k - 1) * held + (lg.forward_peak if lg else 0),
+    kv = sa.kv_cache  # a transformers model's KV cache: alive in forward and through backward
+    fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A + kv, (k - 1) * held + (lg.forward_peak if lg else 0),
               cb.persistent + cb.forward)
     # backward starts with the loss's backward (last stage), then the last layer's recompute and work
-    bwd_loss = cat(ms.params + k * ac_held, g0, k * A, (k - 1) * held + (lg.backward_peak if lg else 0),
+    bwd_loss = cat(ms.params + k * ac_held, g0, k * A + kv, (k - 1) * held + (lg.backward_peak if lg else 0),
                    cb.persistent + cb.backward)
     # the LM head's weight gradient appears before the layers' backward (unsharded until ZeRO-2/3 reduce it)
     head_grad = pc.head_matmul * by.grad if (last and (par.zero >= 2 or not g0)) else 0
-    bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0 + head_grad, k * A + sa.recompute_work + sa.backward_work, (k - 1) * held,
-                    cb.persistent + cb.backward)
-    bwd_end = cat(ms.params + (k - 1) * ac_held, ms.grads, (k - 1) * A + sa.backward_work, (k - 1) * held,
+    bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0 + head_grad,
+                    k * A + kv + sa.recompute_work + sa.backward_work, (k - 1) * held, cb.persistent + cb.backward)
+    # the end of backward still holds the KV cache (under checkpointing, with what it keeps alive)
+    bwd_end = cat(ms.params + (k - 1) * ac_held + (ac_segment if sa.cache_retained else 0), ms.grads,
+                  (k - 1) * A + (sa.cache_retained or kv) + sa.backward_work, (k - 1) * held,
                   cb.persistent + cb.backward)
     n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
@@ -191,6 +195,9 @@ def spec_dict(obj) -> dict:
     """A spec's fields as plain values (a recompute policy as its spelling; the deprecated
     ``recompute_every`` alias, always folded into ``recompute``, left out)."""
     out = {k: getattr(obj, k) for k in obj.__dataclass_fields__ if k != "recompute_every"}
+    for k, v in out.items():
+        if dataclasses.is_dataclass(v):
+            out[k] = dataclasses.asdict(v)
     if "recompute" in out:
         out["recompute"] = str(out["recompute"])
     return out

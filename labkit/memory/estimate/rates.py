@@ -1,4 +1,5 @@
-"""The compute rate behind the planner's step time: dense matmul throughput measured on the GPU.
+"""The compute rate behind every planner's step time (``labkit estimate --plan`` and ``labkit advise``):
+dense matmul throughput measured on the GPU, one function for both.
 
 The planner's step-time model (``labkit.memory.estimate.planner``) divides a step's training FLOPs
 by an achievable rate. Here that rate is not a fitted constant: it is the matmul throughput
@@ -6,6 +7,7 @@ measured on the H200 (``benchmarks/gpu/record_matmul.py``: square GEMMs per dtyp
 CUDA-event-timed repeats), read at the size of the model's largest GEMM (tokens x hidden x
 4 hidden), so that a small model's step is charged the lower throughput of its small matmuls.
 Without a recording, the planner's stated default (400 TFLOP/s) is used and said to be assumed.
+``labkit estimate --plan --tflops X`` replaces the measured rate by X for every layout.
 """
 
 from __future__ import annotations
@@ -76,3 +78,9 @@ def matmul_rate(precision: str, m: int, n: int, k: int) -> Rate:
 def achievable_flops(spec, precision: str, micro_batch: int, seq: int, tp: int = 1) -> Rate:
     """The rate for this model's step: the measured rate at its MLP GEMM (tokens x h x ffn/tp)."""
     return matmul_rate(precision, micro_batch * seq, max(1, spec.ffn_size // tp), spec.hidden)
+
+
+def measured_rates(spec, precision: str, seq: int):
+    """``micro_batch -> Rate`` for :func:`labkit.memory.estimate.planner.plan`'s ``rate``: what advise
+    charges each micro-batch (:func:`achievable_flops` at tp=1)."""
+    return lambda mb: achievable_flops(spec, precision, mb, seq)
