@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--file", metavar="PATH", help="a saved `nvidia-smi topo -m` or NCCL topology XML")
     w.add_argument("--sample", metavar="NAME", help="a bundled topology sample (labkit topo --list)")
     w.add_argument("--gpus", type=int, help="GPUs in all (default: the topology's times --nodes)")
-    w.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, e.g. 80GiB or 141GB")
+    w.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU with its unit, e.g. 80GiB or 141GB (a bare number is refused)")
     w.add_argument("--nodes", type=int, default=1, help="identical nodes (default 1)")
     w.add_argument("--margin", type=float, default=0.10, help="memory kept free per GPU, a fraction (default 0.10)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = ModelSource(preset=args.model, hf_config=args.hf_config, factory=args.factory, layers=args.layers,
                         hidden=args.hidden)
-    mem = parse_bytes(args.gpu_memory, what="--gpu-memory") if args.gpu_memory else None
+    mem = parse_bytes(args.gpu_memory, what="--gpu-memory", require_unit=True) if args.gpu_memory else None
     machine = MachineSource(live=args.live, file=args.file, sample=args.sample, gpus=args.gpus,
                             gpu_memory_bytes=mem, nodes=args.nodes, margin=args.margin)
     gb = args.global_batch

@@ -458,7 +458,7 @@ def supported_models(*, smoke: bool = False) -> Section:
 
     cases = compat_cases()
     picked = cases[:SMOKE_SUPPORT] if smoke else cases
-    sec = corpus_check.support_section(corpus_check.support(list(_progress(picked, "corpus cases"))))
+    sec = corpus_check.support_section(corpus_check.support(_progress(picked, "corpus cases")))
     if smoke:
         sec.note(f"Smoke profile: the first {len(picked)} of {len(cases)} corpus cases; the full profile runs "
                  "all of them (README: 'Your model in fake mode' has the whole table).")
@@ -510,7 +510,7 @@ def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True, pro
     if smoke:  # the cheapest recorded cases, of both splits
         cheap = sorted((r for r in records if r.case.family == "transformers"), key=lambda r: layer_count(r.case))
         records = [r for s in ("reference", "held-out") for r in [c for c in cheap if c.split == s][:SMOKE_VALIDATION // 2]]
-    sec = corpus_check.validation_section(corpus_check.validate(list(_progress(records, "recorded steps"))),
+    sec = corpus_check.validation_section(corpus_check.validate(_progress(records, "recorded steps")),
                                           process=process)
     if smoke:
         sec.note(f"Smoke profile: {len(records)} of the recorded cases; the full profile predicts every one "

@@ -19,9 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run (default): execute the notebooks; history: rebuild DIR/history.jsonl")
     p.add_argument("dir", nargs="?", metavar="DIR", help="with history: the report folder (default: --out)")
     p.add_argument("--profile", choices=("smoke", "full"), default="smoke",
-                   help="smoke: small and fast (CI); full: the real sizes (default: smoke)")
+                   help="smoke: small and fast (CI); full: the real sizes (default: smoke; `make report` runs full, "
+                        "`make report PROFILE=smoke` smoke)")
     p.add_argument("--out", default="reports", metavar="DIR", help="parent folder of the run folders (default: reports)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="notebook names (file names without .ipynb)")
+    p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
+                   help="notebook names (file names without .ipynb); repeat or list several: --only A B, --only A --only B")
     p.add_argument("-p", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="set a notebook parameter (repeatable); unknown names are refused")
     p.add_argument("--fail-on-regression", action="store_true",

@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--plan", action="store_true", help="rank (tp, pp, dp, ZeRO, micro-batch, recompute) layouts")
     pl.add_argument("--gpus", type=positive_int, help="GPUs in the cluster (default 8)")
     pl.add_argument("--gpus-per-node", type=positive_int, help="default: 8, or --gpus when fewer")
-    pl.add_argument("--gpu-memory", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
+    pl.add_argument("--gpu-memory", help="memory per GPU with its unit, e.g. 80GiB, 141GB (default 80GiB; a bare number is refused)")
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
                     "default: NVSwitch-like 450 GB/s links")
     pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
@@ -220,7 +220,7 @@ def run_plan(args: argparse.Namespace) -> int:
     model = _model(args)
     if args.global_batch is None:
         raise LabkitError("--plan needs --global-batch")
-    mem = parse_bytes(args.gpu_memory, what="--gpu-memory")
+    mem = parse_bytes(args.gpu_memory, what="--gpu-memory", require_unit=True)
     if mem < 1:
         raise LabkitError(f"--gpu-memory must be positive, got {args.gpu_memory!r}")
     flops = args.tflops * 1e12

@@ -1,0 +1,31 @@
+"""What a workshop participant types: a GPU's memory without a unit is refused with the units to use."""
+
+import json
+
+import pytest
+
+from labkit.cli import main
+
+
+def call(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("argv", [
+    ["advise", "--model", "gpt2-124m", "--seq", "1024", "--global-batch", "8", "--gpus", "1", "--gpu-memory", "141"],
+    ["estimate", "--plan", "--model", "gpt2-124m", "--seq", "1024", "--global-batch", "8", "--gpus", "1",
+     "--gpu-memory", "141"],
+])
+def test_a_bare_gpu_memory_is_refused_naming_the_units(capsys, argv):
+    rc, out, err = call(capsys, *argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "--gpu-memory 141: give a unit" in err and "141GB" in err and "141GiB" in err
+
+
+def test_a_gpu_memory_with_its_unit_is_taken(capsys):
+    rc, out, err = call(capsys, "estimate", "--plan", "--model", "gpt2-124m", "--seq", "1024", "--global-batch", "8",
+                        "--gpus", "1", "--gpu-memory", "141GB", "--json")
+    assert rc == 0, err
+    assert json.loads(out)
