@@ -306,7 +306,24 @@ def placement_explorer(view: TopologyView, tp: int, pp: int, dp: int) -> Section
     from labkit.viz import topology as vt
 
     sec = Section("Try it: other sizes", source="model")
-    sec.note("Pick tp, pp or dp: the graph and the table below redraw for that layout.")
+    n = view.topo.n
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    rows = []
+    for t in divisors:  # the static result: every layout that fills the machine, what the explorer shows for each
+        for p_ in [d for d in divisors if (n // t) % d == 0]:
+            try:
+                pl = T.place(view.topo, t, p_, n // (t * p_))
+            except LabkitError as exc:  # the explorer prints the same refusal for this layout
+                rows.append([f"tp={t} pp={p_} dp={n // (t * p_)}", "-", "-", "-", "-", str(exc)])
+                continue
+            c = pl.comparison
+            rows.append([f"tp={t} pp={p_} dp={n // (t * p_)}", c.placed.tp_groups, c.placed.weakest_tp_link or "-",
+                         f"{c.placed.tp_allreduce_s * 1e3:.3f}", f"{c.naive.tp_allreduce_s * 1e3:.3f}",
+                         pl.cuda_visible_devices])
+    sec.table(["layout", "TP groups (GPUs)", "weakest TP link", "TP all-reduce ms, placed", "naive 0,1,2,... ms",
+               "CUDA_VISIBLE_DEVICES"], rows,
+              caption=f"Static result: every tp x pp x dp that fills the {n} GPUs of {view.origin}, placed (model)")
+    sec.note("Pick tp, pp or dp: the graph and the table below redraw for that layout (in JupyterLab).")
     return sec.widget(vt.placement_explorer(view.topo, view.origin, tp=tp, pp=pp, dp=dp))
 
 

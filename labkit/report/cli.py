@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fail-on-regression", action="store_true",
                    help="exit 3 (after writing everything) when a result moved beyond its tolerance the bad way "
                         "against the last comparable run")
+    p.add_argument("--keep", type=int, default=None, metavar="N",
+                   help="after a finished run, delete all but the newest N run folders in DIR (their key results "
+                        "stay in DIR/history.jsonl); default: keep every run folder")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final summary")
     p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
                    help="fail a notebook whose code cell runs longer than this (default: 900 smoke, 3600 full)")
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
             print(msg, flush=True)
 
     result = run_report(profile=args.profile, out_dir=args.out, only=args.only, params=args.params,
-                        say=say, progress=not args.quiet and sys.stderr.isatty(), cell_timeout_s=args.cell_timeout)
+                        say=say, progress=not args.quiet and sys.stderr.isatty(), cell_timeout_s=args.cell_timeout,
+                        keep=args.keep)
     if result.failed:
         return 1
     return 3 if args.fail_on_regression and result.regressions else 0

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 
+FIXED_SOURCES = ("recorded", "sample")  # sources whose numbers do not change from one run to the next
+
+
 @dataclass
 class Claim:
     """A sentence and the number that shows it."""
@@ -101,15 +104,19 @@ class Section:
 
     # -- recording and display --------------------------------------------------------------
     def record(self) -> None:
-        """Put the named claims into the report (once)."""
+        """Put the named claims into the report (once). A claim from a recording or a sample with no
+        direction is shown but not recorded: it cannot move from one run to the next, so the nightly
+        report would only repeat it (one with a direction is a figure computed against a recording,
+        such as a model's error, and is recorded)."""
         if self._recorded:
             return
         from labkit.report import record
 
         for c in self.claims:
-            if c.name is None or not c.source:
+            if c.name is None or not c.source or (c.direction is None and c.source.startswith(FIXED_SOURCES)):
                 continue
-            record(c.name, c.value, c.unit, source=c.source, tolerance=c.tolerance, direction=c.direction)
+            record(c.name, c.value, c.unit, source=c.source, tolerance=c.tolerance, direction=c.direction,
+                   label=c.text)
         self._recorded = True
 
     def html(self) -> str:
