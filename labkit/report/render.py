@@ -110,6 +110,16 @@ def _sparkline(points: list[tuple[str, float]], regressed: bool):
     return fig
 
 
+def _watch_text(r: dict) -> str:
+    """Which way is better and the tolerance, or that the result is information only."""
+    from labkit.report.compare import DEFAULT_TOLERANCE
+
+    if r.get("direction") not in ("higher", "lower"):
+        return "information (a change is shown, not judged)"
+    tol = r.get("tolerance")
+    return f"{r['direction']} is better, tolerance {DEFAULT_TOLERANCE if tol is None else tol:.0%}"
+
+
 def _change_text(c) -> str:
     if c is None:
         return ""
@@ -148,7 +158,8 @@ def index_html(summary: dict, comparison: dict, history_note: str = "") -> str:
                 trend = key
             unit = r.get("unit", "")
             src = r.get("source", "")
-            rows.append({"name": rname, "value": _with_unit(r.get("value"), unit),
+            rows.append({"name": rname, "label": r.get("label") or "", "watch": _watch_text(r),
+                         "value": _with_unit(r.get("value"), unit),
                          "previous": _with_unit(c.previous, unit) if c is not None and c.previous_run else "—",
                          "change": _change_text(c), "reason": (c.reason if c is not None else "") or
                          (f"against {c.previous_run}, tolerance {c.tolerance:.0%}" if c is not None and c.previous_run else ""),
