@@ -195,12 +195,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps(est))
         return 0
+    total = est.per_gpu_bytes["total"]
     print(f"{model.name}: {est.params_total / 1e9:.3f} x 1e9 parameters; tp={par.tp} pp={par.pp} dp={par.dp} "
           f"cp={par.cp} ZeRO-{par.zero}{' +SP' if par.sp else ''}; {train.precision}, {train.optimizer}, "
-          f"recompute {train.recompute}; micro-batch {train.micro_batch} x {est.micro_batches} per step")
-    print(f"most loaded GPU: pipeline stage {est.most_loaded_stage}, peak in {est.peak_phase} "
-          f"(allocated {fmt_bytes(est.peak_allocated)}, with allocator overhead {fmt_bytes(est.peak_reserved)})\n")
-    print(render(["part", "bytes", "GiB-based", "GB-based"],
+          f"recompute {train.recompute}; micro-batch {train.micro_batch} x {est.micro_batches} per step, "
+          f"sequence length {train.seq or model.seq}")
+    # one answer to "will it fit": the table's total; the allocator's figures are parts of it, named as such
+    print(f"most loaded GPU: pipeline stage {est.most_loaded_stage}, peak in {est.peak_phase}: needs "
+          f"{fmt_bytes(total)} of GPU memory (the table's total) = {fmt_bytes(est.peak_allocated)} allocated "
+          f"(max_memory_allocated) + {fmt_bytes(est.peak_reserved - est.peak_allocated)} allocator overhead "
+          f"(reserved {fmt_bytes(est.peak_reserved)}) + {fmt_bytes(total - est.peak_reserved)} outside the "
+          "allocator (CUDA context, NCCL)\n")
+    print(render(["part, at that peak", "bytes", "GiB-based", "GB-based"],
                  [_row(c, est.per_gpu_bytes[c]) for c in CATEGORIES + ("total",)]))
     if len(est.by_stage) > 1:
         print()
