@@ -29,3 +29,11 @@ def test_a_gpu_memory_with_its_unit_is_taken(capsys):
                         "--gpus", "1", "--gpu-memory", "141GB", "--json")
     assert rc == 0, err
     assert json.loads(out)
+
+
+def test_transformers_own_messages_stay_out_of_measure(run_cli):
+    """transformers resets its logger's level when it is imported: its notices (here `loss_type=None` ...) must
+    not reach measure's output (a fresh process, as a user runs it)."""
+    r = run_cli("measure", "--hf-config", "gpt2", "--layers", "2", "--seq", "64", "--recompute", "full")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and "[transformers]" not in r.stdout
