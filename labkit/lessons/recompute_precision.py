@@ -303,7 +303,7 @@ def fake_vs_recorded(*, validate_all: bool = True, smoke: bool = False, path: st
     sec = Section("Fake mode on this CPU against the H200", source="model")
     sec.claim(f"Worst peak error over {len(preds)} recorded steps ({worst.name}: {fmt_bytes(worst.predicted_peak)} "
               f"predicted vs {fmt_bytes(worst.recorded_peak)})", round(abs(worst.error_pct), 3), "%",
-              name="fake_vs_h200_worst_abs_error_pct")
+              name="fake_vs_h200_worst_abs_error_pct", direction="lower")
     sec.claim("Recorded steps predicted", len(preds), "cases", name="fake_vs_h200_cases")
     sec.table(["case", "recorded peak GiB", "predicted GiB", "error", "reserved error"], _prediction_rows(preds),
               caption=f"recorded: {src}; predicted: model (fake mode on this machine)")
@@ -330,7 +330,7 @@ def heldout(*, smoke: bool = False, path: str | Path | None = None) -> Section:
     worst = max(preds, key=lambda q: abs(q.error_pct))
     sec = Section(title, source="model")
     sec.claim(f"Worst held-out peak error ({worst.name})", round(abs(worst.error_pct), 3), "%",
-              name="fake_vs_h200_heldout_worst_abs_error_pct")
+              name="fake_vs_h200_heldout_worst_abs_error_pct", direction="lower")
     sec.table(["held-out case", "recorded GiB", "predicted GiB", "error", "reserved error"], _prediction_rows(preds),
               caption=f"recorded: {recorded_label(held[0].provenance)}; predicted: model")
     if smoke:
