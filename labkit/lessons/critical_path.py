@@ -18,7 +18,10 @@ from labkit.core.units import GiB, KiB, MiB, fmt_bytes
 from labkit.viz import comm as vc
 from labkit.viz.section import Section, ShowsSection
 
-RECORD_HINT = "run benchmarks/gpu/record_comm.py on a 2-GPU server (see benchmarks/gpu/README.md)"
+# What to run where a multi-GPU recording is missing (the lab's recordings so far come from a 1-GPU H200 server)
+RECORD_COMMAND = "PYTHONPATH=. python3 benchmarks/gpu/record_comm.py --out data/measurements/comm"
+RECORD_HINT = (f"the lab's recordings come from a one-GPU server; on a server with 2 or more GPUs run "
+               f"`{RECORD_COMMAND}` in the lab's folder (about 2.5 minutes) and run this notebook again")
 SIM_GRID_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 500)
 # The nightly report's tolerance for a figure measured here: a live run's medians move by tens of percent from one
 # night to the next (CPU processes sharing cores, or a GPU's clocks); a regression is a larger move than that.
@@ -27,8 +30,8 @@ FIT_ERROR_NOTED = 0.25  # an alpha-beta fit that misses a size by more is shown 
 
 
 def _missing(title: str, *names: str, what: str = "") -> Section:
-    return Section(title).note(f"Not recorded here: {', '.join('comm_' + n + '.json' for n in names)} "
-                               f"{what}is not in data/measurements/comm/: {RECORD_HINT}.")
+    return Section(title).note(f"Not recorded yet: this section shows {', '.join('comm_' + n + '.json' for n in names)} "
+                               f"{what}from data/measurements/comm/, which is not there: {RECORD_HINT}.")
 
 
 # -- this machine and the live run ------------------------------------------------------------------
@@ -190,7 +193,7 @@ def bus_bandwidth_recorded(folder: str | Path | None = None) -> Section:
     rec = load("collectives", folder)
     if rec is None:
         sec = bus_bandwidth_model()
-        return sec.note(f"Not recorded here: comm_collectives.json is not in data/measurements/comm/ ({RECORD_HINT}); "
+        return sec.note(f"Not recorded yet: comm_collectives.json is not in data/measurements/comm/ ({RECORD_HINT}); "
                         "the curve above is the topology model's, not a measurement.")
     d = rec.data
     sec = bus_bandwidth(d["bench"], rec.source, link=d.get("nominal_link"),
@@ -526,7 +529,7 @@ def async_overlap(live: LiveRun, folder: str | Path | None = None) -> Section:
                   source=rec.source, name="comm.recorded.async_hidden_fraction")
         rows.append(_async_row(rec.data, rec.source[:60]))
     else:
-        sec.note(f"Not recorded here: comm_async_overlap.json ({RECORD_HINT}).")
+        sec.note(f"Not recorded yet: comm_async_overlap.json ({RECORD_HINT}).")
     sec.claim("Fraction of the all-reduce hidden behind compute, measured here", round(live.async_overlap.hidden_fraction, 3),
               "", name="comm.here.async_hidden_fraction", direction="higher", tolerance=HERE_TOLERANCE)
     rows.append(_async_row(live.async_overlap, live.source))
@@ -557,7 +560,7 @@ def buffer_reuse(live: LiveRun, folder: str | Path | None = None) -> Section:
                       by["in_loop_empty_cache"].device_mallocs_per_step, "", source=rec.source)
         rows += _buffer_rows(rec.data, rec.source[:60])
     else:
-        sec.note(f"Not recorded here: comm_buffer_reuse.json ({RECORD_HINT}).")
+        sec.note(f"Not recorded yet: comm_buffer_reuse.json ({RECORD_HINT}).")
     here = {r.mode: r for r in live.buffers.rows}
     if "persistent" in here:
         sec.claim("Step time, persistent buffer (measured here)", round(here["persistent"].step_ms_median, 3), "ms")

@@ -61,7 +61,7 @@ def test_every_missing_recording_is_a_stated_gap(tmp_path):
                lesson.bucket_sweep_recorded, lesson.overlap_recorded, lesson.simulator_check, lesson.pinned_pageable,
                lesson.dp_vs_ddp):
         sec = fn(tmp_path)
-        assert any("Not recorded here" in n and "record_comm.py" in n for n in sec.notes), fn.__name__
+        assert any("Not recorded yet" in n and lesson.RECORD_COMMAND in n for n in sec.notes), fn.__name__
     # in place of the collectives recording: the topology model's curve, labelled as a model
     sec = lesson.bus_bandwidth_recorded(tmp_path)
     assert sec.figures and all(c.source.startswith("model") for c in sec.claims)
