@@ -28,6 +28,12 @@ def show(obj) -> None:
     bokeh_show(obj)
 
 
+def line_width(k: int, n: int, thinnest: float = 1.5, step: float = 2.0) -> float:
+    """The width of the ``k``-th of ``n`` lines drawn over each other: the first widest, each later one
+    narrower, so a line that lies exactly on an earlier one still shows as a band of two colours."""
+    return thinnest + step * (n - 1 - k)
+
+
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[object]], caption: str | None = None):
     """An HTML table for the notebook (and the HTML report)."""
     from IPython.display import HTML

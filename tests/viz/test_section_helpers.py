@@ -87,3 +87,22 @@ def test_the_support_table_counts_cases_as_they_run(monkeypatch):
                         corpus_check.Support(c.name, "predicted", ""))
     lesson.supported_models(smoke=True)
     assert counts == list(range(lesson.SMOKE_SUPPORT))
+
+
+def test_a_long_table_shows_its_failures_first_and_the_whole_table_one_click_away():
+    from labkit.viz.section import LONG_TABLE_ROWS
+
+    n = LONG_TABLE_ROWS + 5
+    rows = [[f"case{i}", "refused" if i in (3, 17) else "predicted"] for i in range(n)]
+    sec = Section("corpus", source="model").table(["case", "status"], rows, failed=[r[1] == "refused" for r in rows])
+    assert [r[0] for r in sec.rows[:2]] == ["case3", "case17"] and sec.rows[2][0] == "case0"
+    page = sec.html()
+    assert f"2 of {n} rows fail" in page
+    shown, full = page.split("<details", 1)
+    assert shown.count("<tr>") == 1 + 2 and "case3" in shown and "case0" not in shown  # header + the failures
+    assert f"All {n} rows (failures first)" in full and full.count("<tr>") == 1 + n
+    assert full.index("case17") < full.index("case0")
+    clean = Section("c").table(["case", "status"], [[f"c{i}", "ok"] for i in range(n)], failed=[False] * n).html()
+    assert f"None of the {n} rows fails" in clean and "<details" in clean
+    short = Section("s").table(["a"], [[1], [2]]).html()
+    assert "<details" not in short and short.count("<tr>") == 3

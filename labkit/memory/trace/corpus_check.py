@@ -93,7 +93,8 @@ def support_section(results: list[Support] | None = None) -> Any:
         c = by_name.get(r.case)
         rows.append([r.case.removesuffix("@tiny"), c.describe() if c else "", r.status, _short(r.reason)])
     sec.table(["case", "what", "status", "reason"], rows,
-              caption="Each case of labkit.workloads.corpus at CI size (2 layers, hidden 64) in fake mode.")
+              caption="Each case of labkit.workloads.corpus at CI size (2 layers, hidden 64) in fake mode.",
+              failed=[r.status != "predicted" for r in results])
     if any(r.status == "unavailable" for r in results):
         sec.note("unavailable: a package the case needs (torchvision, peft) is not installed here.")
     return sec
@@ -482,12 +483,16 @@ def summary(vals: list[Validation]) -> dict[str, Any]:
     return out
 
 
+def _validation_order(vals: list[Validation]) -> list[Validation]:
+    return sorted(vals, key=lambda v: (v.split != "reference", v.name))
+
+
 def validation_rows(vals: list[Validation]) -> list[list[Any]]:
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:+.1f}%"
 
     rows = []
-    for v in sorted(vals, key=lambda v: (v.split != "reference", v.name)):
+    for v in _validation_order(vals):
         rows.append([v.split, v.name, f"{v.recorded_peak / 1e9:.2f}",
                      "-" if v.predicted_peak is None else f"{v.predicted_peak / 1e9:.2f}", pct(v.peak_error_pct),
                      "-" if not v.recorded_reserved else f"{v.recorded_reserved / 1e9:.2f}",
@@ -541,7 +546,7 @@ def validation_section(vals: list[Validation] | None = None, *, process: str = "
             sec.claim(f"{split} misses whose recorded reserved bytes lie within {PLACEMENT_ORDERS} segment-address "
                       "orders' range (a warm process: its history placed the segments)", d["within_placement_range"],
                       f"of {misses}", source=f"model: fake mode computed here vs {label}")
-    sec.table(VALIDATION_HEADERS, validation_rows(vals),
+    sec.table(VALIDATION_HEADERS, validation_rows(vals), failed=[not v.within_targets for v in _validation_order(vals)],
               caption="Recorded: torch.cuda.max_memory_allocated / max_memory_reserved of steps 2-4 of a plain "
                       f"loop without labkit (benchmarks/gpu/record_plain.py), {PROCESS_WORDS[process]}. Held-out "
                       "cases (a hash of the name) take no part in tuning fake mode.")
