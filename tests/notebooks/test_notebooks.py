@@ -2,6 +2,7 @@
 
 import ast
 import json
+import re
 
 import nbformat
 import pytest
@@ -67,6 +68,9 @@ def test_notebook_executes_in_smoke_mode(name, smoke_report):
     assert not stderr, f"{name} wrote to stderr:\n" + "\n".join(t[-300:] for t in stderr)
     deprecated = [t for t in texts if "deprecat" in t.lower()]
     assert not deprecated, f"{name} printed a deprecation: {deprecated[0][:300]}"
+    if name != "00_this_server":  # 00 teaches GiB against GB; after it, sizes are in GiB (rates stay GB/s)
+        decimal = [m for t in texts for m in re.findall(r".{0,50}\bGB\b(?!/s).{0,20}", re.sub(r"<[^>]+>", " ", t))]
+        assert not decimal, f"{name} mixes GB into its GiB sizes: {decimal[:3]}"
 
 
 @pytest.mark.notebook
