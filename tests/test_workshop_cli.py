@@ -37,3 +37,16 @@ def test_transformers_own_messages_stay_out_of_measure(run_cli):
     r = run_cli("measure", "--hf-config", "gpt2", "--layers", "2", "--seq", "64", "--recompute", "full")
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and "[transformers]" not in r.stdout
+
+
+def test_advise_help_says_what_the_micro_batch_search_needs(capsys):
+    """The help says the micro-batch is searched when a global batch is given; giving neither is refused,
+    naming both."""
+    from labkit.cli import build_parser
+
+    helptext = " ".join(next(a for a in build_parser()._subparsers._group_actions[0].choices["advise"]._actions
+                             if "--micro-batch" in a.option_strings).help.split())
+    assert "searched, when --global-batch is given" in helptext
+    rc, out, err = call(capsys, "advise", "--model", "gpt2-124m", "--seq", "1024", "--gpus", "1", "--gpu-memory",
+                        "80GiB")
+    assert rc == 2 and "--global-batch" in err and "--micro-batch" in err

@@ -60,6 +60,9 @@ def test_report_page_renders_offline_and_each_explorer_shows_a_table_or_figure(b
         if expected:  # every figure the page embeds is drawn (BokehJS loaded from the file beside it)
             page.wait_for_function("document.querySelectorAll('.bk-Canvas, div.bk-Figure').length > 0", timeout=60_000)
         explorers = page.evaluate(EXPLORERS)
+        titles = page.locator("h4.labkit-section").all_inner_texts()
+        sources_per_cell = page.evaluate("""() => [...document.querySelectorAll('.jp-Cell')].map(
+            c => c.querySelectorAll('p.labkit-source').length)""")
         stderr_boxes = page.locator("[data-mime-type='application/vnd.jupyter.stderr']").count()
         body = page.inner_text("body")
         ARTIFACTS.mkdir(exist_ok=True)
@@ -70,5 +73,7 @@ def test_report_page_renders_offline_and_each_explorer_shows_a_table_or_figure(b
     assert not [m for m in console if "BokehJS library is missing" in m], f"{name}: BokehJS did not load"
     assert stderr_boxes == 0, f"{name}: {stderr_boxes} stderr output(s) on the page"
     assert "VBox(children" not in body
+    assert len(titles) == len(set(titles)), f"{name}: a section title appears twice: {titles}"
+    assert max(sources_per_cell, default=0) <= 1, f"{name}: a cell states its source line more than once"
     empty = [e["title"] for e in explorers if not e["tables"] and not e["figures"]]
     assert not empty, f"{name}: explorer(s) with only a placeholder in the report: {empty}"
