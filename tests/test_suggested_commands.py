@@ -79,7 +79,7 @@ def test_the_commands_are_found():
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[re.sub(r"[^\w.=-]+", "_", c.removeprefix("labkit ")) for c in COMMANDS])
-def test_every_suggested_command_runs(cmd, reader_folder, capsys):
+def test_every_suggested_command_runs(cmd, reader_folder, capfd):
     import torch
 
     argv = shlex.split(cmd)[1:]
@@ -89,7 +89,7 @@ def test_every_suggested_command_runs(cmd, reader_folder, capsys):
         rc = main(argv)
     except SystemExit as exc:  # --help
         rc = exc.code or 0
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()  # file descriptors: a command's child process (watch runs train.py) too
     where = ", ".join(suggested()[cmd])
     if NEEDS_GPU.search(cmd) and not torch.cuda.is_available():
         assert rc == 2 and err.count("\n") == 1, f"{cmd} ({where}): {rc}\n{err[-2000:]}"
