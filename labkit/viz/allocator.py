@@ -92,7 +92,6 @@ def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760
                            text_font_size="9pt", text_font_style="italic"), "above")
     for state, colour in STATE_COLORS.items():  # the colours' legend (glyphs without data: swatches only)
         p.scatter(x=[], y=[], marker="square", size=10, color=colour, legend_label=STATE_WORDS[state])
-    p.legend.location = "bottom_right"
     p.legend.label_text_font_size = "8pt"
     p.legend.background_fill_alpha = 0.8
     p.add_layout(p.legend[0], "right")
@@ -120,7 +119,6 @@ def whatif_figure(rows: Iterable, *, title: str, width: int = 760, height: int =
               legend_label="allocated peak")
     p.add_tools(HoverTool(tooltips=[("config", "@config"), ("reserved GiB", "@reserved{0.00}"),
                                     ("allocated GiB", "@allocated{0.00}"), ("OOMs", "@ooms")]))
-    p.legend.location = "bottom_right"
     return p
 
 

@@ -62,10 +62,10 @@ class Section:
     headers: list[str] | None = None
     rows: list[list[Any]] = field(default_factory=list)
     caption: str | None = None
-    failed: list[bool] = field(default_factory=list)  # per row: a failure, shown first (empty: none marked)
     figures: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     widgets: list[Any] = field(default_factory=list)   # ipywidgets explorers, shown after the figures
+    failed: list[bool] = field(default_factory=list)   # per table row: a failure, shown first (empty: none marked)
     _recorded: bool = field(default=False, repr=False)
 
     # -- building ---------------------------------------------------------------------------
