@@ -80,13 +80,10 @@ def test_a_smoke_run_folder_is_at_most_30_mb(smoke_report):
     from labkit.report.render import bokeh_js_name
 
     js = bokeh_js_name()
-    total, sizes = 0, {}
+    sizes = {}
     for name in NOTEBOOKS:
         folder = smoke_report(name).folder
-        for f in folder.iterdir():
-            if f.name != js:
-                sizes[f.name] = f.stat().st_size
-        total += sum(f.stat().st_size for f in folder.iterdir() if f.name != js)
-    total += (folder / js).stat().st_size
+        sizes.update({f"{name}/{f.name}": f.stat().st_size for f in folder.iterdir() if f.name != js})
+    total = sum(sizes.values()) + (folder / js).stat().st_size
     big = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
     assert total <= MAX_RUN_FOLDER_BYTES, f"a smoke run would be {total / 1e6:.1f} MB; largest files: {big}"
