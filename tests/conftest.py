@@ -102,6 +102,9 @@ LONG_FIRST = (
     "tests/browser/test_jupyterlab.py::test_report_html_renders_bokeh_offline",
     "tests/comm/test_launch_teardown.py::test_the_bucket_sweep_runs_three_times_without_an_abort",
     "tests/memory/estimate/test_gpu_script.py",
+    # the suggested commands as typed: GPT-2 XL in fake mode (~50 s), two DDP bucket sweeps (~30 s each)
+    "tests/test_suggested_commands.py::test_every_suggested_command_runs[measure_--hf-config_gpt2_--layers_48",
+    "tests/test_suggested_commands.py::test_every_suggested_command_runs[comm_buckets",
 )
 
 

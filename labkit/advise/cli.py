@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--hidden", type=int, help="override the config's width")
     j = p.add_argument_group("job")
     j.add_argument("--seq", type=int, required=True, help="sequence length")
-    j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: micro-batch x GPUs)")
-    j.add_argument("--micro-batch", type=int, help="sequences per GPU per micro-step (default: searched)")
+    j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: micro-batch x GPUs); give it, --micro-batch or both")
+    j.add_argument("--micro-batch", type=int, help="sequences per GPU per micro-step (default: searched, when --global-batch is given)")
     j.add_argument("--precision", default="amp-bf16", help="fp32, amp-bf16, amp-fp16, bf16, bf16-mixed, fp16-mixed")
     j.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, adam8bit")
     j.add_argument("--recompute", help="none, selective, full, every-K (default: searched)")
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--file", metavar="PATH", help="a saved `nvidia-smi topo -m` or NCCL topology XML")
     w.add_argument("--sample", metavar="NAME", help="a bundled topology sample (labkit topo --list)")
     w.add_argument("--gpus", type=int, help="GPUs in all (default: the topology's times --nodes)")
-    w.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, e.g. 80GiB or 141GB")
+    w.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU with its unit, e.g. 80GiB or 141GB (a bare number is refused)")
     w.add_argument("--nodes", type=int, default=1, help="identical nodes (default 1)")
     w.add_argument("--margin", type=float, default=0.10, help="memory kept free per GPU, a fraction (default 0.10)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = ModelSource(preset=args.model, hf_config=args.hf_config, factory=args.factory, layers=args.layers,
                         hidden=args.hidden)
-    mem = parse_bytes(args.gpu_memory, what="--gpu-memory") if args.gpu_memory else None
+    mem = parse_bytes(args.gpu_memory, what="--gpu-memory", require_unit=True) if args.gpu_memory else None
     machine = MachineSource(live=args.live, file=args.file, sample=args.sample, gpus=args.gpus,
                             gpu_memory_bytes=mem, nodes=args.nodes, margin=args.margin)
     gb = args.global_batch

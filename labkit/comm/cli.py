@@ -196,9 +196,7 @@ def run_buckets(args: argparse.Namespace) -> int:
                    r.num_buckets, f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.2f}-{r.step_ms_p90:.2f}",
                    "" if r.exposed_ms is None else f"{r.exposed_ms:+.2f}",
                    "" if r.peak_allocated_bytes is None else fmt_bytes(r.peak_allocated_bytes)] for r in res.rows]))
-    best = res.best()
-    print(f"best: bucket_cap_mb={best.bucket_cap_mb:g} (gradient_as_bucket_view "
-          f"{'on' if best.gradient_as_bucket_view else 'off'}), {best.step_ms_median:.2f} ms per step")
+    print(res.best_text())
     for n in res.notes:
         print(f"note: {n}")
     return 0

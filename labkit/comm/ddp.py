@@ -57,6 +57,30 @@ class BucketSweep:
             raise LabkitError("the sweep has no bucket rows")
         return min(rows, key=lambda r: r.step_ms_median)
 
+    def tied_with_best(self, gradient_as_bucket_view: bool | None = None) -> list[BucketRow]:
+        """The other bucket rows the fastest median cannot be told apart from: their p10-p90 step-time
+        range overlaps the fastest one's, or they split the gradients into the same number of buckets
+        with the same gradient_as_bucket_view (then they are one configuration, and the gap is noise).
+        Empty when the fastest is distinguishably fastest."""
+        best = self.best(gradient_as_bucket_view)
+        rows = [r for r in self.rows if r.bucket_cap_mb is not None and r is not best
+                and (gradient_as_bucket_view is None or r.gradient_as_bucket_view == gradient_as_bucket_view)]
+        return [r for r in rows if r.step_ms_p10 <= best.step_ms_p90
+                or (r.num_buckets is not None and r.num_buckets == best.num_buckets
+                    and r.gradient_as_bucket_view == best.gradient_as_bucket_view)]
+
+    def best_text(self) -> str:
+        """One line: the fastest bucket cap, or that the sizes swept cannot be told apart."""
+        best, tied = self.best(), self.tied_with_best()
+        if not tied:
+            return (f"best: bucket_cap_mb={best.bucket_cap_mb:g} (gradient_as_bucket_view "
+                    f"{'on' if best.gradient_as_bucket_view else 'off'}), {best.step_ms_median:.2f} ms per step, "
+                    "its p10-p90 range below every other size's")
+        caps = sorted({r.bucket_cap_mb for r in [best, *tied]})
+        return (f"best: none distinguishable: bucket_cap_mb {', '.join(f'{c:g}' for c in caps)} give step times "
+                f"whose p10-p90 ranges overlap or the same bucket count (fastest median {best.step_ms_median:.2f} ms "
+                f"at {best.bucket_cap_mb:g}); any of them will do here")
+
 
 def parse_bucket_sizes(text: str | Sequence[float]) -> list[float]:
     items = text.split(",") if isinstance(text, str) else list(text)

@@ -38,13 +38,18 @@ def fmt_bytes(n: float, *, binary: bool = True, digits: int = 2) -> str:
 MAX_BYTES = 2**63 - 1  # a signed 64-bit byte count, what torch and NumPy sizes hold
 
 
-def parse_bytes(text: str | int, *, what: str = "size") -> int:
-    """Parse '512', '4KiB', '1.5 GB', '25M' (M/G alone mean binary units) into bytes."""
-    if isinstance(text, int):
+def parse_bytes(text: str | int, *, what: str = "size", require_unit: bool = False) -> int:
+    """Parse '512', '4KiB', '1.5 GB', '25M' (M/G alone mean binary units) into bytes.
+    ``require_unit``: a bare number is refused, naming the units to use (a GPU's memory: '141' is
+    neither 141 bytes nor a guess between GB and GiB)."""
+    if isinstance(text, int) and not require_unit:
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise LabkitError(f"{what}: cannot read {text!r} as a size (examples: 4096, 64KiB, 1.5GB, 2GiB)")
+    if require_unit and not m.group(2):
+        raise LabkitError(f"{what} {text}: give a unit, e.g. {m.group(1)}GB (10^9 bytes, as vendors state a GPU's "
+                          f"memory) or {m.group(1)}GiB (2^30 bytes, as torch reports it)")
     v = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(v):  # '1e400' reads as inf
         raise LabkitError(f"{what}: {text!r} is not a finite size")

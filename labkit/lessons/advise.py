@@ -123,12 +123,27 @@ def explorer(model, job, *, sample: str, gpu_memory: str, gpu_choices=(1, 2, 4, 
     mem = parse_bytes(gpu_memory, what="gpu_memory")
     choices = [g for g in gpu_choices if g <= n] or [n]
 
-    def advise_for(g: int):
-        src = (MachineSource(sample=sample, gpu_memory_bytes=mem) if g == n
-               else MachineSource(gpus=g, gpu_memory_bytes=mem))
-        return advise(model, job, src, trace=False)
+    plans = {}
+
+    def advise_for(g: int):  # each count planned once: the static table and the explorer share them
+        if g not in plans:
+            src = (MachineSource(sample=sample, gpu_memory_bytes=mem) if g == n
+                   else MachineSource(gpus=g, gpu_memory_bytes=mem))
+            plans[g] = advise(model, job, src, trace=False)
+        return plans[g]
 
     sec = Section("Explorer: the same job on other GPU counts", source="model")
+    rows = []
+    for g in choices:
+        adv = advise_for(g)
+        lay = adv.layout or {}
+        rows.append([g, "yes" if adv.fits else "no",
+                     (f"tp={lay['tp']}{'+SP' if lay['sp'] else ''} pp={lay['pp']} dp={lay['dp']} ZeRO-{lay['zero']} "
+                      f"mb={lay['micro_batch']} recompute={lay['recompute']}") if adv.fits else "-",
+                     fmt_bytes(adv.peak_bytes) if adv.peak_bytes else "-",
+                     f"{adv.step_time_s * 1e3:.1f}" if adv.fits and adv.step_time_s else "-"])
+    sec.table(["GPUs", "fits", "layout", "per-GPU peak allocated", "step time ms"], rows,
+              caption="Static result: the job re-planned on each GPU count the explorer offers (model)")
     sec.note(f"Counts below the sample's {n} GPUs assume identical GPUs on NVSwitch.")
     return sec.widget(make(advise_for, choices, initial if initial in choices else choices[-1]))
 

@@ -159,7 +159,7 @@ def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None =
     sec = Section(title, source=rows[0].source)
     sec.claim(f"Largest relative error over {len(rows)} (workload, configuration) pairs "
               f"({worst.workload}, {worst.config})", round(worst.max_rel_error, 5), "fraction",
-              name="alloc.fidelity.max_rel_error", digits=4)
+              name="alloc.fidelity.max_rel_error", digits=4, direction="lower")
     sec.claim("Pairs where the simulator's reserved peak equals the real one exactly",
               sum(r.simulated["reserved_bytes.all.peak"] == r.real["reserved_bytes.all.peak"] for r in rows),
               f"of {len(rows)}")

@@ -74,13 +74,13 @@ def model_check(measure_dir: Path | None = None) -> Section:
     src = comps[0].source + " vs model"
     worst = max(comps + held, key=lambda c: abs(c.error_pct))
     sec.claim("Largest deviation of the model over both sets", round(abs(worst.error_pct), 3), "%",
-              name="model_vs_h200_max_abs_error_pct", source=src, digits=2)
+              name="model_vs_h200_max_abs_error_pct", source=src, digits=2, direction="lower")
     sec.claim("Largest deviation on the reference set (used to set the defaults)",
               round(max(abs(c.error_pct) for c in comps), 2), "%", source=src, digits=2)
     if held:
         sec.claim("Largest deviation on the held-out set (recorded after the defaults were set)",
                   round(max(abs(c.error_pct) for c in held), 2), "%", name="model_vs_h200_heldout_max_abs_error_pct",
-                  source=src, digits=2)
+                  source=src, digits=2, direction="lower")
     else:
         sec.note("No held-out recording (heldout_peaks.json): only the reference set is shown.")
     sec.claim("Cases whose peak falls in the phase the model predicts",
@@ -236,7 +236,7 @@ def tp_recorded(directory: Path | None = None) -> Section:
     src = pcs[0].source + " vs model"
     worst = max(pcs, key=lambda c: abs(c.error_pct))
     sec.claim(f"Largest deviation of the model ({worst.name})", round(abs(worst.error_pct), 2), "%",
-              name="model_vs_tp_ranks_max_abs_error_pct", source=src, digits=2)
+              name="model_vs_tp_ranks_max_abs_error_pct", source=src, digits=2, direction="lower")
     by = {c.name.split(" (")[0]: c for c in pcs}
     single, tp = by.get("gpt2-124m single fp32"), by.get("gpt2-124m tp fp32")
     if single and tp:

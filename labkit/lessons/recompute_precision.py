@@ -303,7 +303,7 @@ def fake_vs_recorded(*, validate_all: bool = True, smoke: bool = False, path: st
     sec = Section("Fake mode on this CPU against the H200", source="model")
     sec.claim(f"Worst peak error over {len(preds)} recorded steps ({worst.name}: {fmt_bytes(worst.predicted_peak)} "
               f"predicted vs {fmt_bytes(worst.recorded_peak)})", round(abs(worst.error_pct), 3), "%",
-              name="fake_vs_h200_worst_abs_error_pct")
+              name="fake_vs_h200_worst_abs_error_pct", direction="lower")
     sec.claim("Recorded steps predicted", len(preds), "cases", name="fake_vs_h200_cases")
     sec.table(["case", "recorded peak GiB", "predicted GiB", "error", "reserved error"], _prediction_rows(preds),
               caption=f"recorded: {src}; predicted: model (fake mode on this machine)")
@@ -330,7 +330,7 @@ def heldout(*, smoke: bool = False, path: str | Path | None = None) -> Section:
     worst = max(preds, key=lambda q: abs(q.error_pct))
     sec = Section(title, source="model")
     sec.claim(f"Worst held-out peak error ({worst.name})", round(abs(worst.error_pct), 3), "%",
-              name="fake_vs_h200_heldout_worst_abs_error_pct")
+              name="fake_vs_h200_heldout_worst_abs_error_pct", direction="lower")
     sec.table(["held-out case", "recorded GiB", "predicted GiB", "error", "reserved error"], _prediction_rows(preds),
               caption=f"recorded: {recorded_label(held[0].provenance)}; predicted: model")
     if smoke:
@@ -458,7 +458,7 @@ def supported_models(*, smoke: bool = False) -> Section:
 
     cases = compat_cases()
     picked = cases[:SMOKE_SUPPORT] if smoke else cases
-    sec = corpus_check.support_section(corpus_check.support(list(_progress(picked, "corpus cases"))))
+    sec = corpus_check.support_section(corpus_check.support(_progress(picked, "corpus cases")))
     if smoke:
         sec.note(f"Smoke profile: the first {len(picked)} of {len(cases)} corpus cases; the full profile runs "
                  "all of them (README: 'Your model in fake mode' has the whole table).")
@@ -510,7 +510,7 @@ def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True, pro
     if smoke:  # the cheapest recorded cases, of both splits
         cheap = sorted((r for r in records if r.case.family == "transformers"), key=lambda r: layer_count(r.case))
         records = [r for s in ("reference", "held-out") for r in [c for c in cheap if c.split == s][:SMOKE_VALIDATION // 2]]
-    sec = corpus_check.validation_section(corpus_check.validate(list(_progress(records, "recorded steps"))),
+    sec = corpus_check.validation_section(corpus_check.validate(_progress(records, "recorded steps")),
                                           process=process)
     if smoke:
         sec.note(f"Smoke profile: {len(records)} of the recorded cases; the full profile predicts every one "

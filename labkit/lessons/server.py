@@ -16,7 +16,9 @@ def machine(view: ServerView, here: MachineInfo | None = None) -> Section:
     here = view.machine if view.live else (here or probe())
     sec = Section("The machine in one table", source=view.label)
     sec.claim(f"NVIDIA GPUs on this machine ({here.hostname}, torch {here.torch_version}, "
-              f"CUDA build {here.cuda_version or 'none'})", len(here.gpus), "GPU(s)", source="measured here")
+              f"CUDA build {here.cuda_version or 'none'})", len(here.gpus), "GPU(s)", source="measured here",
+              # a key result where no GPU is shown (a GPU server records gpu_count below): a GPU gone is a regression
+              name=None if view.live else "gpus_here", direction="higher", tolerance=0.0)
     sec.claim("The server shown below", "this machine" if view.live else "the recorded GPU server")
     sec.table(["field", "value"], machine_rows(view.machine), caption=f"Source: {view.origin}")
     for w in view.machine.warnings:
@@ -33,13 +35,16 @@ def gpu_memory(view: ServerView) -> Section:
     """Memory per GPU as NVML reports it, in binary and decimal units; the wording is computed from the number."""
     m = view.machine
     sec = Section("Memory per GPU: NVML's total, in GiB and in GB", source=view.label)
-    sec.claim("GPUs in the server shown", len(m.gpus), "GPU(s)", name="gpu_count", source=view.origin)
+    # a key result only when measured here: a recorded server's count cannot change from one run to the next
+    sec.claim("GPUs in the server shown", len(m.gpus), "GPU(s)", name="gpu_count", source=view.origin,
+              direction="higher" if view.live else None, tolerance=0.0 if view.live else None)
     if not m.gpus:
         return sec.note("This server has no GPU to show.")
     g = m.gpus[0]
     total = g.memory_total_bytes
     sec.claim(f"GPU0 ({g.name}) total memory as NVML reports it, binary units (1 GiB = 2^30 bytes)",
-              round(total / GiB, 3), "GiB", name="gpu0_memory_total", digits=2, source=view.origin)
+              round(total / GiB, 3), "GiB", name="gpu0_memory_total", digits=2, source=view.origin,
+              direction="higher" if view.live else None, tolerance=0.001 if view.live else None)
     sec.claim("The same bytes in decimal units (1 GB = 10^9 bytes), as datasheets count", round(total / GB, 2), "GB",
               digits=2)
     sec.claim("How much larger the same memory reads in GB than in GiB", round((GiB / GB - 1) * 100, 1), "%", digits=1)

@@ -19,14 +19,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run (default): execute the notebooks; history: rebuild DIR/history.jsonl")
     p.add_argument("dir", nargs="?", metavar="DIR", help="with history: the report folder (default: --out)")
     p.add_argument("--profile", choices=("smoke", "full"), default="smoke",
-                   help="smoke: small and fast (CI); full: the real sizes (default: smoke)")
+                   help="smoke: small and fast (CI); full: the real sizes (default: smoke; `make report` runs full, "
+                        "`make report PROFILE=smoke` smoke)")
     p.add_argument("--out", default="reports", metavar="DIR", help="parent folder of the run folders (default: reports)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="notebook names (file names without .ipynb)")
+    p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
+                   help="notebook names (file names without .ipynb); repeat or list several: --only A B, --only A --only B")
     p.add_argument("-p", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="set a notebook parameter (repeatable); unknown names are refused")
     p.add_argument("--fail-on-regression", action="store_true",
                    help="exit 3 (after writing everything) when a result moved beyond its tolerance the bad way "
                         "against the last comparable run")
+    p.add_argument("--keep", type=int, default=None, metavar="N",
+                   help="after a finished run, delete all but the newest N run folders in DIR (their key results "
+                        "stay in DIR/history.jsonl); default: keep every run folder")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the final summary")
     p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
                    help="fail a notebook whose code cell runs longer than this (default: 900 smoke, 3600 full)")
@@ -52,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
             print(msg, flush=True)
 
     result = run_report(profile=args.profile, out_dir=args.out, only=args.only, params=args.params,
-                        say=say, progress=not args.quiet and sys.stderr.isatty(), cell_timeout_s=args.cell_timeout)
+                        say=say, progress=not args.quiet and sys.stderr.isatty(), cell_timeout_s=args.cell_timeout,
+                        keep=args.keep)
     if result.failed:
         return 1
     return 3 if args.fail_on_regression and result.regressions else 0

@@ -27,17 +27,19 @@ class Result:
     source: str
     tolerance: float | None = None  # relative change vs the last comparable run that is flagged
     direction: str | None = None    # "higher" or "lower" is better; None: informational
+    label: str = ""                 # what the number is, in words (the index shows it; ``name`` is its key)
 
 
 _session: dict[str, Result] = {}
 
 
 def record(name: str, value: float | int | str, unit: str = "", *, source: str,
-           tolerance: float | None = None, direction: str | None = None) -> None:
+           tolerance: float | None = None, direction: str | None = None, label: str = "") -> None:
     """Record a key result. ``source`` says where the number comes from: 'measured here',
     'model', 'recorded on <GPU>, <date>' or 'sample: <name>'. ``direction`` says which way is
     better ("higher" or "lower"), so the report can call a change a regression or an improvement;
-    leave it None for a result that is information only."""
+    leave it None for a result that is information only. A result measured here must have one: it
+    is what a nightly run can catch moving (``--fail-on-regression``). ``label``: the result in words."""
     if not name or not isinstance(name, str):
         raise LabkitError(f"record: result name must be a non-empty string, got {name!r}")
     if not any(source.startswith(s) for s in SOURCES):
@@ -48,12 +50,16 @@ def record(name: str, value: float | int | str, unit: str = "", *, source: str,
         raise LabkitError(f"record {name!r}: value is {value}, not a finite number")
     if direction is not None and direction not in DIRECTIONS:
         raise LabkitError(f"record {name!r}: direction {direction!r} is not 'higher', 'lower' or None")
+    if direction is None and source.startswith("measured here"):
+        raise LabkitError(f"record {name!r}: a result measured here needs a direction ('higher' or 'lower' is "
+                          "better), or the nightly report cannot flag it when it regresses")
     if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
                                   or not math.isfinite(tolerance) or tolerance < 0):
         raise LabkitError(f"record {name!r}: tolerance {tolerance!r} must be a finite number >= 0")
     if hasattr(value, "item"):
         value = value.item()
-    r = Result(name=name, value=value, unit=unit, source=source, tolerance=tolerance, direction=direction)
+    r = Result(name=name, value=value, unit=unit, source=source, tolerance=tolerance, direction=direction,
+               label=str(label))
     _session[name] = r
     path = os.environ.get(RESULTS_ENV)
     if path:

@@ -9,18 +9,62 @@ import nbformat
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+BOKEH_LOAD = "application/vnd.bokehjs_load.v0+json"
+
+
+def bokeh_js_name() -> str:
+    """The file name of the run folder's one copy of BokehJS (versioned: a page and its script agree)."""
+    import bokeh
+
+    return f"bokeh-{bokeh.__version__}.min.js"
+
+
+def write_bokeh_js(folder: Path) -> str:
+    """Write BokehJS (every component that ``output_notebook(INLINE)`` loads) once into ``folder``; its
+    pages load it with ``<script src>``, so they still render offline and the folder holds it once."""
+    from bokeh.resources import INLINE
+
+    name = bokeh_js_name()
+    path = Path(folder) / name
+    if not path.exists():
+        tmp = path.with_name(name + ".tmp")
+        tmp.write_text("\n;\n".join(INLINE.js_raw), encoding="utf-8")
+        tmp.replace(path)
+    return name
+
+
+def slim_notebook(ipynb: Path) -> int:
+    """Replace the BokehJS payload that ``output_notebook(INLINE)`` put in an executed notebook (about 4 MB,
+    twice) by a one-line note; its figures' own outputs are kept. Returns how many outputs were slimmed."""
+    nb = nbformat.read(str(ipynb), as_version=4)
+    n = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if BOKEH_LOAD in out.get("data", {}):
+                out["data"] = {"text/html": "<span class='labkit-bokehjs'></span>",
+                               "text/plain": f"[BokehJS: the report's HTML pages load {bokeh_js_name()} beside them]"}
+                n += 1
+    if n:
+        nbformat.write(nb, str(ipynb))
+    return n
+
+
 def notebook_html(ipynb: Path, out: Path) -> Path:
-    """Render an executed notebook to self-contained HTML (Bokeh is inline in its outputs)."""
+    """Render an executed notebook to HTML that renders offline: BokehJS from the one copy beside it
+    (:func:`write_bokeh_js`), the figures' own data inline. The notebook is slimmed first
+    (:func:`slim_notebook`)."""
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
+    slim_notebook(ipynb)
+    js = write_bokeh_js(out.parent)
     nb = nbformat.read(str(ipynb), as_version=4)
     nb.metadata.pop("widgets", None)  # widget state needs a CDN-loaded manager; the template notes widgets instead
     exporter = HTMLExporter(template_name="lab", extra_template_paths=[str(TEMPLATES)])
     exporter.template_file = "offline.html.j2"
     # one stream output per cell, with carriage returns applied: a progress bar shows its last line only
     exporter.register_preprocessor(CoalesceStreamsPreprocessor(enabled=True), enabled=True)
-    body, _ = exporter.from_notebook_node(nb)
+    body, _ = exporter.from_notebook_node(nb, resources={"labkit_bokeh_js": js})
     out.write_text(body, encoding="utf-8")
     return out
 
@@ -66,6 +110,16 @@ def _sparkline(points: list[tuple[str, float]], regressed: bool):
     return fig
 
 
+def _watch_text(r: dict) -> str:
+    """Which way is better and the tolerance, or that the result is information only."""
+    from labkit.report.compare import DEFAULT_TOLERANCE
+
+    if r.get("direction") not in ("higher", "lower"):
+        return "information (a change is shown, not judged)"
+    tol = r.get("tolerance")
+    return f"{r['direction']} is better, tolerance {DEFAULT_TOLERANCE if tol is None else tol:.0%}"
+
+
 def _change_text(c) -> str:
     if c is None:
         return ""
@@ -80,10 +134,10 @@ def _change_text(c) -> str:
 def index_html(summary: dict, comparison: dict, history_note: str = "") -> str:
     """The run's index page, from ``templates/run_index.html.j2``: per notebook its status and key
     results, each with the last comparable run's value, the change judged by the result's
-    direction, and a trend over the comparable runs (Bokeh, inline: renders offline)."""
+    direction, and a trend over the comparable runs (Bokeh, from the run folder's one BokehJS file:
+    renders offline; the caller writes it there, :func:`write_bokeh_js`)."""
     import jinja2
     from bokeh.embed import components
-    from bokeh.resources import INLINE
 
     from labkit.report.compare import regressions
     from labkit.report.history import identity_key, machine_identity
@@ -104,7 +158,8 @@ def index_html(summary: dict, comparison: dict, history_note: str = "") -> str:
                 trend = key
             unit = r.get("unit", "")
             src = r.get("source", "")
-            rows.append({"name": rname, "value": _with_unit(r.get("value"), unit),
+            rows.append({"name": rname, "label": r.get("label") or "", "watch": _watch_text(r),
+                         "value": _with_unit(r.get("value"), unit),
                          "previous": _with_unit(c.previous, unit) if c is not None and c.previous_run else "—",
                          "change": _change_text(c), "reason": (c.reason if c is not None else "") or
                          (f"against {c.previous_run}, tolerance {c.tolerance:.0%}" if c is not None and c.previous_run else ""),
@@ -129,4 +184,5 @@ def index_html(summary: dict, comparison: dict, history_note: str = "") -> str:
     return tmpl.render(run=summary, env=env, head=head, head_class=head or "", notebooks=notebooks,
                        machine_key=identity_key(machine_identity(env)), history_note=history_note,
                        regressions=regressions(comparison), compared=compared,
-                       bokeh_js=INLINE.render_js() if figures else "", bokeh_script=script)
+                       bokeh_js=(f'<script src="{bokeh_js_name()}"></script>' if figures else ""),
+                       bokeh_script=script)

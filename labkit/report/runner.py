@@ -30,7 +30,7 @@ from labkit.report import compare as cmp
 from labkit.report import history
 from labkit.report import notebooks as nbs
 from labkit.report.record import RESULTS_ENV, read_results
-from labkit.report.render import index_html, notebook_html
+from labkit.report.render import index_html, notebook_html, write_bokeh_js
 
 KERNEL = "python3"
 START_TIMEOUT_S = 180
@@ -182,12 +182,14 @@ def _error_info(exc: BaseException) -> dict:
 def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only: list[str] | None = None,
                params: list[str] | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
                say: Callable[[str], None] = print, progress: bool = False,
-               cell_timeout_s: float | None = None) -> ReportRun:
+               cell_timeout_s: float | None = None, keep: int | None = None) -> ReportRun:
     """Run the selected notebooks. Bad names/parameters raise LabkitError before anything runs.
     ``progress``: papermill's per-cell progress bar on stderr (cells done, elapsed time).
     ``cell_timeout_s``: the longest a code cell may run before its notebook fails (default: the
-    profile's, :data:`CELL_TIMEOUT_S`)."""
+    profile's, :data:`CELL_TIMEOUT_S`). ``keep``: after a finished run, delete all but the newest
+    ``keep`` run folders of ``out_dir`` (:func:`prune`; the history keeps their numbers)."""
     out_dir = _check_out_dir(out_dir)
+    keep = _check_keep(keep)
     cell_timeout_s = _cell_timeout(cell_timeout_s, profile)
     selected = nbs.select(only, notebooks_dir)
     per_nb = nbs.resolve(selected, nbs.parse_assignments(params or []), profile)
@@ -195,6 +197,7 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
     from labkit.core.provenance import header
 
     folder = new_run_folder(out_dir)
+    write_bokeh_js(folder)  # the one BokehJS every page of the run loads (offline: a file beside them)
     command = " ".join(shlex.quote(a) for a in sys.argv)
     run = ReportRun(run_id=folder.name, folder=folder, profile=profile, command=command,
                     started=_utc().isoformat(timespec="seconds"), environment=header(command))
@@ -254,6 +257,11 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
         _write_summary(run)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+        if keep is not None and run.state == "finished":
+            gone = prune(out_dir, keep, current=folder)
+            if gone:
+                say(f"labkit report: --keep {keep}: deleted {len(gone)} older run folder(s) ({', '.join(gone)}); "
+                    f"their key results stay in {out_dir / history.HISTORY_FILE}")
         say(f"labkit report: {run.state}, {run.status}; index: {folder / 'index.html'}")
         if run.regressions:
             say(f"labkit report: {len(run.regressions)} result(s) regressed: {', '.join(run.regressions)}")
@@ -270,6 +278,41 @@ def _cell_timeout(value: float | None, profile: str) -> float:
     if not v > 0 or v != v or v == float("inf"):
         raise LabkitError(f"--cell-timeout {value!r}: must be a positive, finite number of seconds")
     return v
+
+
+def _check_keep(keep) -> int | None:
+    if keep is None:
+        return None
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise LabkitError(f"--keep {keep!r}: the number of run folders to keep must be an integer >= 1")
+    return keep
+
+
+def run_folders(out_dir: Path | str) -> list[Path]:
+    """The run folders of ``out_dir`` (those with a summary.json), oldest first by their start time."""
+    found = []
+    for summary in Path(out_dir).glob("*/summary.json"):
+        try:
+            started = str(json.loads(summary.read_text()).get("started"))
+        except (OSError, ValueError, AttributeError):
+            started = ""
+        found.append((started, summary.parent.name, summary.parent))
+    return [p for _, _, p in sorted(found)]
+
+
+def prune(out_dir: Path | str, keep: int, current: Path | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` run folders under ``out_dir`` (``current``, the run just made, is
+    always one of those kept); returns the names deleted. Only folders holding a summary.json are touched;
+    history.jsonl keeps every run's key results."""
+    import shutil
+
+    keep = _check_keep(keep)
+    others = [f for f in run_folders(out_dir) if current is None or f.resolve() != Path(current).resolve()]
+    kept_others = keep - (current is not None)
+    gone = others[:max(0, len(others) - kept_others)]
+    for f in gone:
+        shutil.rmtree(f)
+    return [f.name for f in gone]
 
 
 def _check_out_dir(out_dir: Path | str) -> Path:

@@ -11,6 +11,8 @@ GiB = 1024**3
 MiB = 1024**2
 STATE_COLORS = {"active_allocated": "#d62728", "active_awaiting_free": "#ff7f0e", "inactive": "#9ecae1"}
 # red: allocated to a tensor; orange: freed, awaiting another stream; light blue: free (cached)
+STATE_WORDS = {"active_allocated": "allocated to a tensor", "active_awaiting_free": "freed, awaiting another stream",
+               "inactive": "free (cached)"}
 
 
 def _get(r, k):
@@ -27,12 +29,15 @@ def timeline_figure(series: dict[str, Sequence], *, title: str, x_label: str = "
     from bokeh.plotting import figure
 
     p = figure(width=width, height=height, title=title, x_axis_label=x_label, y_axis_label="GiB (2^30 bytes)")
+    from labkit.viz.display import line_width
+
     items = []
     for k, (label, rows) in enumerate(series.items()):
         c = PALETTE[k % len(PALETTE)]
         xs = [_get(r, x_key) for r in rows]
-        r1 = p.line(xs, [_get(r, "reserved_bytes") / GiB for r in rows], color=c, line_width=2)
-        r2 = p.line(xs, [_get(r, "allocated_bytes") / GiB for r in rows], color=c, line_width=1.5, line_dash="dashed")
+        w = line_width(k, len(series))  # equal curves (allocated is the same under every setting) stay visible
+        r1 = p.line(xs, [_get(r, "reserved_bytes") / GiB for r in rows], color=c, line_width=w)
+        r2 = p.line(xs, [_get(r, "allocated_bytes") / GiB for r in rows], color=c, line_width=w, line_dash="dashed")
         items.append(LegendItem(label=label, renderers=[r1, r2]))
     p.add_tools(HoverTool(tooltips=[("x", "$x{0}"), ("GiB", "$y{0.00}")]))
     # beside the plot, one entry per series (solid: reserved, dashed: allocated), so no line is hidden
@@ -51,7 +56,8 @@ def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
 
-    segs = sorted(segments, key=lambda s: -s["total_size"])[:max_segments]
+    every = sorted(segments, key=lambda s: -s["total_size"])
+    segs, rest = every[:max_segments], every[max_segments:]
     labels = []
     rows = dict(y=[], left=[], right=[], color=[], state=[], size=[], seg=[])
     for i, s in enumerate(segs):
@@ -78,6 +84,17 @@ def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760
            line_width=0.5)
     p.yaxis.major_label_text_font_size = "8pt"
     p.add_tools(HoverTool(tooltips=[("segment", "@seg"), ("block", "@size"), ("state", "@state")]))
+    if rest:  # what the rows leave out, said on the figure itself
+        from bokeh.models import Title
+
+        p.add_layout(Title(text=f"the {len(segs)} largest of {len(every)} segments; the {len(rest)} smaller ones "
+                                f"({_fmt(sum(s['total_size'] for s in rest))} in all) are not drawn",
+                           text_font_size="9pt", text_font_style="italic"), "above")
+    for state, colour in STATE_COLORS.items():  # the colours' legend (glyphs without data: swatches only)
+        p.scatter(x=[], y=[], marker="square", size=10, color=colour, legend_label=STATE_WORDS[state])
+    p.legend.label_text_font_size = "8pt"
+    p.legend.background_fill_alpha = 0.8
+    p.add_layout(p.legend[0], "right")
     return p
 
 
@@ -102,7 +119,6 @@ def whatif_figure(rows: Iterable, *, title: str, width: int = 760, height: int =
               legend_label="allocated peak")
     p.add_tools(HoverTool(tooltips=[("config", "@config"), ("reserved GiB", "@reserved{0.00}"),
                                     ("allocated GiB", "@allocated{0.00}"), ("OOMs", "@ooms")]))
-    p.legend.location = "bottom_right"
     return p
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from labkit.viz.display import line_width
+
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
 
 
@@ -34,7 +36,7 @@ def busbw_figure(series: dict[str, Iterable], *, title: str, nominal_GBps: float
         src = ColumnDataSource(dict(x=[r["bytes"] for r in rs], y=[max(r["busbw_GBps"], 1e-6) for r in rs],
                                     t=[r["time_us"] for r in rs], size=[_size_label(r["bytes"]) for r in rs]))
         c = PALETTE[k % len(PALETTE)]
-        p.line("x", "y", source=src, color=c, legend_label=label, line_width=2)
+        p.line("x", "y", source=src, color=c, legend_label=label, line_width=line_width(k, len(series)))
         p.scatter("x", "y", source=src, color=c, size=5, legend_label=label)
     if nominal_GBps:
         p.add_layout(Span(location=nominal_GBps, dimension="width", line_dash="dashed", line_color="black"))
@@ -91,7 +93,7 @@ def bucket_sweep_figure(rows: Iterable, *, title: str, width: int = 760, height:
                                     mem=[(r.get("peak_allocated_bytes") or 0) / 2**30 for r in pts]))
         c = PALETTE[k]
         lab = f"gradient_as_bucket_view={'on' if gav else 'off'}"
-        p.line("x", "y", source=src, color=c, line_width=2, legend_label=lab)
+        p.line("x", "y", source=src, color=c, line_width=line_width(k, 2), legend_label=lab)  # off and on may coincide
         p.scatter("x", "y", source=src, color=c, size=6, legend_label=lab)
         p.segment("x", "lo", "x", "hi", source=src, color=c, alpha=0.6)
     base = [r for r in rs if r["bucket_cap_mb"] is None]
@@ -134,7 +136,8 @@ def simulator_figure(series: dict[str, Iterable], *, title: str, measured: dict[
     for k, (label, pts) in enumerate(series.items()):
         ps = [_row(x) for x in pts]
         c = PALETTE[k % len(PALETTE)]
-        p.line([x["bucket_cap_mb"] for x in ps], [x["exposed_ms"] for x in ps], color=c, line_width=2, legend_label=label)
+        p.line([x["bucket_cap_mb"] for x in ps], [x["exposed_ms"] for x in ps], color=c,
+               line_width=line_width(k, len(series)), legend_label=label)
         p.scatter([x["bucket_cap_mb"] for x in ps], [x["exposed_ms"] for x in ps], color=c, size=4, legend_label=label)
     for k, (label, pts) in enumerate((measured or {}).items()):
         ps = [_row(x) for x in pts]

@@ -28,6 +28,12 @@ def show(obj) -> None:
     bokeh_show(obj)
 
 
+def line_width(k: int, n: int, thinnest: float = 1.5, step: float = 2.0) -> float:
+    """The width of the ``k``-th of ``n`` lines drawn over each other: the first widest, each later one
+    narrower, so a line that lies exactly on an earlier one still shows as a band of two colours."""
+    return thinnest + step * (n - 1 - k)
+
+
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[object]], caption: str | None = None):
     """An HTML table for the notebook (and the HTML report)."""
     from IPython.display import HTML
@@ -60,18 +66,21 @@ def show_widget(widget, text: str = WIDGET_TEXT) -> None:
 
 
 def bar(desc: str, total: int | None, **kw):
-    """A tqdm progress bar on stderr, as text (also in a notebook: a widget there would be a frozen
-    "0 %" in saved notebooks and reports, which keep the last text line of the bar instead)."""
+    """A tqdm progress bar as a plain text line on stdout (also in a notebook: a widget there would be a
+    frozen "0 %" in saved notebooks and reports, which keep the last text line of the bar instead; on
+    stderr it would read as an error, a pink box in JupyterLab and the report)."""
     import sys
 
     from tqdm import tqdm
 
     kw.setdefault("mininterval", 0.5)
-    return tqdm(total=total, desc=desc, file=sys.stderr, **kw)
+    return tqdm(total=total, desc=desc, file=sys.stdout, **kw)
 
 
 def progress(items, desc: str):
-    """Iterate over ``items`` with a progress bar (one tick per item), for cells longer than a few seconds."""
+    """Iterate over ``items`` with a progress bar (one tick per item), for cells longer than a few seconds.
+    Hand the generator to the work itself, not a list made of it first: the bar ticks when the next item is
+    asked for, after each item's work; a list made first shows 100% before any work starts."""
     items = list(items)
     b = bar(desc, len(items))
     try:

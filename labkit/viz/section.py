@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 
+FIXED_SOURCES = ("recorded", "sample")  # sources whose numbers do not change from one run to the next
+LONG_TABLE_ROWS = 20  # a longer table shows its failures first and the whole table collapsed
+
+
 @dataclass
 class Claim:
     """A sentence and the number that shows it."""
@@ -61,6 +65,7 @@ class Section:
     figures: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     widgets: list[Any] = field(default_factory=list)   # ipywidgets explorers, shown after the figures
+    failed: list[bool] = field(default_factory=list)   # per table row: a failure, shown first (empty: none marked)
     _recorded: bool = field(default=False, repr=False)
 
     # -- building ---------------------------------------------------------------------------
@@ -69,9 +74,19 @@ class Section:
         self.claims.append(Claim(text, value, unit, source or self.source, name, tolerance, direction, digits))
         return self
 
-    def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> "Section":
+    def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None, *,
+              failed: Iterable[bool] | None = None) -> "Section":
+        """The section's table. ``failed``: per row, whether it is a failure (a refusal, a miss); those rows
+        come first. A table longer than :data:`LONG_TABLE_ROWS` shows its failures and a count, and the
+        whole table in a collapsed part one click away."""
         self.headers = list(headers)
-        self.rows = [list(r) for r in rows]
+        rows = [list(r) for r in rows]
+        flags = [bool(f) for f in failed] if failed is not None else [False] * len(rows)
+        if len(flags) != len(rows):
+            raise ValueError(f"table: {len(flags)} failure flags for {len(rows)} rows")
+        order = sorted(range(len(rows)), key=lambda i: not flags[i])  # stable: failures first, else as given
+        self.rows = [rows[i] for i in order]
+        self.failed = [flags[i] for i in order] if failed is not None else []
         self.caption = caption
         return self
 
@@ -101,15 +116,19 @@ class Section:
 
     # -- recording and display --------------------------------------------------------------
     def record(self) -> None:
-        """Put the named claims into the report (once)."""
+        """Put the named claims into the report (once). A claim from a recording or a sample with no
+        direction is shown but not recorded: it cannot move from one run to the next, so the nightly
+        report would only repeat it (one with a direction is a figure computed against a recording,
+        such as a model's error, and is recorded)."""
         if self._recorded:
             return
         from labkit.report import record
 
         for c in self.claims:
-            if c.name is None or not c.source:
+            if c.name is None or not c.source or (c.direction is None and c.source.startswith(FIXED_SOURCES)):
                 continue
-            record(c.name, c.value, c.unit, source=c.source, tolerance=c.tolerance, direction=c.direction)
+            record(c.name, c.value, c.unit, source=c.source, tolerance=c.tolerance, direction=c.direction,
+                   label=c.text)
         self._recorded = True
 
     def html(self) -> str:
@@ -123,14 +142,34 @@ class Section:
             if any(c.source == self.source for c in self.claims) and self.source:  # the shared source, once
                 parts.append(f"<p class='labkit-source'><i>Source: {html.escape(self.source)}</i></p>")
         if self.headers:
-            head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in self.headers)
-            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape('' if c is None else str(c))}</td>"
-                                            for c in r) + "</tr>" for r in self.rows)
-            cap = f"<caption style='text-align:left'>{html.escape(self.caption)}</caption>" if self.caption else ""
-            parts.append(f"<table class='labkit-table'>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            parts.append(self._table_html())
         for n in self.notes:
             parts.append(f"<p class='labkit-note'><i>{html.escape(n)}</i></p>")
         return "\n".join(parts)
+
+    def _table_html(self) -> str:
+        head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in self.headers)
+
+        def table(rows, caption) -> str:
+            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape('' if c is None else str(c))}</td>"
+                                            for c in r) + "</tr>" for r in rows)
+            cap = f"<caption style='text-align:left'>{html.escape(caption)}</caption>" if caption else ""
+            return f"<table class='labkit-table'>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+        if len(self.rows) <= LONG_TABLE_ROWS:
+            return table(self.rows, self.caption)
+        bad = [r for r, f in zip(self.rows, self.failed) if f]
+        n = len(self.rows)
+        if self.failed:
+            lead = (f"{len(bad)} of {n} rows fail (shown first, and below)" if bad else f"None of the {n} rows fails.")
+        else:
+            lead = f"{n} rows."
+        out = [f"<p class='labkit-table-summary'><b>{html.escape(lead)}</b></p>"]
+        if bad:
+            out.append(table(bad, "The rows that fail"))
+        out.append(f"<details class='labkit-full-table'><summary>All {n} rows"
+                   f"{' (failures first)' if bad else ''}: click to open</summary>{table(self.rows, self.caption)}</details>")
+        return "\n".join(out)
 
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, display

@@ -32,9 +32,12 @@ def test_gpu_memory_wording_is_computed_from_the_number_the_table_shows(recorded
     table = dict(lesson.machine(recorded).rows)
     assert f"{gib:.2f} GiB" in table["GPU0"]
     assert sec.figures and sec.figures[0].title is not None
-    sec.record()
-    assert recorded_results()["gpu0_memory_total"].value == gib
-    assert recorded_results()["gpu_count"].source.startswith("recorded on")
+    sec.record()  # a recorded server's figures cannot change between runs: shown, not key results
+    assert "gpu0_memory_total" not in recorded_results() and "gpu_count" not in recorded_results()
+    here = lesson.machine(recorded)
+    here.record()  # this machine's own GPU count is, with a direction (a GPU gone is a regression)
+    assert recorded_results()["gpus_here"].source == "measured here"
+    assert recorded_results()["gpus_here"].direction == "higher"
 
 
 def test_recorded_view_says_it_is_not_this_machine(recorded):
@@ -52,6 +55,7 @@ def test_live_machine_with_a_gpu_in_use():
     assert not any("No NVIDIA GPU" in n for n in m.notes)
     sec = lesson.gpu_memory(view)
     assert sec.value("gpu0_memory_total") == 80.0 and sec.value("gpu_count") == 2
+    assert {c.name: c.direction for c in sec.claims if c.name} == {"gpu_count": "higher", "gpu0_memory_total": "higher"}
     held = [c for c in sec.claims if c.text.startswith("Most memory already in use")][0]
     assert held.value == fmt_bytes(2 * GiB)
     v = lesson.versions(view)

@@ -95,6 +95,8 @@ def test_live_measurement_path(monkeypatch, dgx1):
     sec = lesson.pinned_vs_pageable(links)
     assert sec.value("topology.h2d_pinned_over_pageable") == 3.0
     assert sec.claims[0].source == "measured here"
+    assert sec.claims[0].direction == "higher"   # measured here: the nightly report can flag it
+    sec.record()                                 # (record refuses a result measured here without a direction)
 
 
 def test_placement_and_a_layout_too_large(dgx1, sizes):

@@ -78,24 +78,41 @@ def test_opens_with_what_you_learn_and_ends_with_your_own_server(name):
 
 
 def labkit_commands(markdown: str) -> list[str]:
-    """`labkit ...` commands in inline code (an inline span may wrap over lines)."""
-    return [" ".join(m.split()) for m in re.findall(r"`(labkit [^`]+)`", markdown)]
+    """`labkit ...` commands in inline code (an inline span may wrap over lines), and the labkit commands of
+    fenced code blocks (a line starting with labkit, or a launcher's `-m labkit ...`; backslash continuations
+    joined), each as `labkit ARGS`."""
+    out = [" ".join(m.split()) for m in re.findall(r"`(labkit [^`]+)`", markdown)]
+    for block in re.findall(r"```[^\n]*\n(.*?)```", markdown, re.S):
+        for line in re.sub(r"\\\n", " ", block).splitlines():
+            line = " ".join(line.split("#", 1)[0].split())
+            if line.startswith("labkit "):
+                out.append(line)
+            elif " -m labkit " in line:
+                out.append("labkit " + line.split(" -m labkit ", 1)[1])
+    return out
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_every_labkit_command_in_the_prose_exists(name, capsys):
     from labkit.cli import build_parser
 
+    from labkit.core import cliargs
+
     parser = build_parser()
     text = "\n".join(c.source for c in _nb(name).cells if c.cell_type == "markdown")
     bad = []
     for cmd in labkit_commands(text):
+        cliargs.flush_notes(show=False)
         try:
             parser.parse_args(shlex.split(cmd)[1:])
         except SystemExit as exc:
             if exc.code:
                 bad.append(f"{cmd}: {capsys.readouterr().err.strip().splitlines()[-1]}")
-    assert not bad, f"{name}: commands the CLI refuses:\n  " + "\n  ".join(bad)
+        cliargs.flush_notes()  # an old spelling: its deprecation line
+        err = capsys.readouterr().err
+        if "deprecated" in err:
+            bad.append(f"{cmd}: {err.strip()}")
+    assert not bad, f"{name}: commands the CLI refuses or calls deprecated:\n  " + "\n  ".join(bad)
 
 
 def test_the_rules_catch_what_they_forbid():
@@ -108,3 +125,5 @@ def test_the_rules_catch_what_they_forbid():
     assert any("comprehension" in p for p in cell_problems("[r for r in rows]"))
     assert any("7 code lines" in p for p in cell_problems("\n".join(f"a{i} = {i}" for i in range(7))))
     assert labkit_commands("run `labkit topo --file\n saved.txt` or `nvidia-smi`") == ["labkit topo --file saved.txt"]
+    assert labkit_commands("```\ntorchrun --nnodes 2 \\\n    -m labkit comm buckets --model gpt2\nlabkit env  # here\n```") == \
+        ["labkit comm buckets --model gpt2", "labkit env"]

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import re
 
 import nbformat
 import pytest
@@ -33,12 +34,56 @@ def test_notebook_is_committed_clean_with_smoke_parameter(name):
     assert "on your own server" in nb.cells[-1].source.lower(), f"{name}: must end with what to do on your own server"
 
 
+MAX_RUN_FOLDER_BYTES = 30 * 10**6  # a whole smoke run's folder
+
+
+def _outputs_text(path):
+    """(stderr texts, every output's text) of an executed notebook."""
+    nb = nbformat.read(str(path), as_version=4)
+    stderr, texts = [], []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "stream":
+                (stderr if o.get("name") == "stderr" else texts).append(o.get("text", ""))
+            elif o.get("output_type") == "error":
+                stderr.append("\n".join(o.get("traceback", [])))
+            else:
+                texts += [v for k, v in (o.get("data") or {}).items() if k.startswith("text/") and isinstance(v, str)]
+    return stderr, texts
+
+
 @pytest.mark.notebook
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes_in_smoke_mode(name, smoke_report):
-    run = smoke_report(name)  # the same run feeds tests/browser's offline HTML check (notebook 00)
+    run = smoke_report(name)  # the same run feeds tests/browser's report pages check
     nb = run.notebooks[0]
     assert nb.status == "passed", f"{name} failed: {json.dumps(nb.error)}"
     assert nb.results, f"{name} recorded no key result through labkit.report.record"
     for r in nb.results.values():
         assert r["source"], f"{name}: result {r['name']} does not say where it comes from"
+        if r["source"].startswith("measured here"):  # what a nightly run can catch moving
+            assert r["direction"] in ("higher", "lower"), f"{name}: {r['name']} is measured here without a direction"
+    # a participant reads stderr as an error (a pink box); progress is a plain line on stdout
+    stderr, texts = _outputs_text(run.folder / f"{name}.ipynb")
+    assert not stderr, f"{name} wrote to stderr:\n" + "\n".join(t[-300:] for t in stderr)
+    deprecated = [t for t in texts if "deprecat" in t.lower()]
+    assert not deprecated, f"{name} printed a deprecation: {deprecated[0][:300]}"
+    if name != "00_this_server":  # 00 teaches GiB against GB; after it, sizes are in GiB (rates stay GB/s)
+        decimal = [m for t in texts for m in re.findall(r".{0,50}\bGB\b(?!/s).{0,20}", re.sub(r"<[^>]+>", " ", t))]
+        assert not decimal, f"{name} mixes GB into its GiB sizes: {decimal[:3]}"
+
+
+@pytest.mark.notebook
+def test_a_smoke_run_folder_is_at_most_30_mb(smoke_report):
+    """The notebooks' files of a whole smoke run, and the one BokehJS file they share (the session runs each
+    notebook into a folder of its own, each with its own copy of that file: counted once here)."""
+    from labkit.report.render import bokeh_js_name
+
+    js = bokeh_js_name()
+    sizes = {}
+    for name in NOTEBOOKS:
+        folder = smoke_report(name).folder
+        sizes.update({f"{name}/{f.name}": f.stat().st_size for f in folder.iterdir() if f.name != js})
+    total = sum(sizes.values()) + (folder / js).stat().st_size
+    big = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+    assert total <= MAX_RUN_FOLDER_BYTES, f"a smoke run would be {total / 1e6:.1f} MB; largest files: {big}"

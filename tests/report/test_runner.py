@@ -18,7 +18,7 @@ def nbdir(tmp_path, notebook_writer):
                                 "record('answer', 42.0 * scale, 'widgets', source='model')\n"
                                 "record('label', 'smoke' if smoke else 'full', source='model')")
     _notebook(d / "b_fails.ipynb", "x = 1\nraise ValueError('planted failure')")
-    _notebook(d / "c_after.ipynb", "from labkit.report import record\nrecord('ran', 1, 'flag', source='measured here')")
+    _notebook(d / "c_after.ipynb", "from labkit.report import record\nrecord('ran', 1, 'flag', source='measured here', direction='higher')")
     return d
 
 
@@ -95,7 +95,7 @@ def test_a_hanging_cell_fails_its_notebook_and_the_run_goes_on(tmp_path, noteboo
     d = tmp_path / "notebooks"
     d.mkdir()
     notebook_writer(d / "a_hangs.ipynb", "import time\ntime.sleep(600)")
-    notebook_writer(d / "b_after.ipynb", "from labkit.report import record\nrecord('ran', 1, 'flag', source='measured here')")
+    notebook_writer(d / "b_after.ipynb", "from labkit.report import record\nrecord('ran', 1, 'flag', source='measured here', direction='higher')")
     run = run_report(out_dir=tmp_path / "r", notebooks_dir=d, say=_quiet, cell_timeout_s=3)
     hung, after = run.notebooks
     assert hung.status == "failed" and "timed out" in hung.error["evalue"].lower()
@@ -116,3 +116,38 @@ def test_html_report_loads_nothing_from_the_network(nbdir, tmp_path):
     run = run_report(out_dir=tmp_path / "r", notebooks_dir=nbdir, only=["a_ok"], say=_quiet)
     html = (run.folder / "a_ok.html").read_text()
     assert not re.findall(r"<(?:script|link|img)[^>]+(?:src|href)=[\"']?https?:", html)
+
+
+def test_keep_deletes_the_oldest_run_folders_and_keeps_their_history(nbdir, tmp_path):
+    out = tmp_path / "reports"
+    said = []
+    runs = [run_report(out_dir=out, notebooks_dir=nbdir, only=["a_ok"], say=said.append, keep=2) for _ in range(3)]
+    assert [r.folder.exists() for r in runs] == [False, True, True]
+    assert any("--keep 2: deleted 1 older run folder(s)" in m for m in said)
+    from labkit.report import history
+
+    entries, _ = history.read(out)
+    assert {e.run_id for e in entries} == {r.run_id for r in runs}   # the numbers of a deleted folder stay
+    (out / "notes").mkdir()                                         # a folder that is not a run is never touched
+    runner.prune(out, 1)
+    assert (out / "notes").exists() and [p.name for p in runner.run_folders(out)] == [runs[2].folder.name]
+    with pytest.raises(LabkitError, match="--keep 0"):
+        run_report(out_dir=out, notebooks_dir=nbdir, only=["a_ok"], say=_quiet, keep=0)
+
+
+def test_a_run_folder_holds_one_bokehjs_that_its_pages_load(tmp_path, notebook_writer):
+    """BokehJS once per run folder (it is 4 MB): the notebook and its HTML carry only their figures."""
+    d = tmp_path / "nb"
+    d.mkdir()
+    notebook_writer(d / "a_fig.ipynb", "from bokeh.plotting import figure\nfrom labkit.viz.display import show\n"
+                                       "f = figure(width=200, height=200)\nf.line([0, 1], [0, 1])\nshow(f)")
+    run = run_report(out_dir=tmp_path / "reports", notebooks_dir=d, say=_quiet)
+    assert run.notebooks[0].status == "passed", run.notebooks[0].error
+    from labkit.report.render import bokeh_js_name
+
+    js = run.folder / bokeh_js_name()
+    assert js.stat().st_size > 1_000_000
+    html = (run.folder / "a_fig.html").read_text()
+    assert f'<script src="{bokeh_js_name()}"></script>' in html and "embed_items_notebook" in html
+    for f in ("a_fig.html", "a_fig.ipynb", "index.html"):
+        assert (run.folder / f).stat().st_size < 300_000, f

@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--plan", action="store_true", help="rank (tp, pp, dp, ZeRO, micro-batch, recompute) layouts")
     pl.add_argument("--gpus", type=positive_int, help="GPUs in the cluster (default 8)")
     pl.add_argument("--gpus-per-node", type=positive_int, help="default: 8, or --gpus when fewer")
-    pl.add_argument("--gpu-memory", help="memory per GPU, e.g. 80GiB, 141GB (default 80GiB)")
+    pl.add_argument("--gpu-memory", help="memory per GPU with its unit, e.g. 80GiB, 141GB (default 80GiB; a bare number is refused)")
     pl.add_argument("--topology", metavar="SAMPLE", help="one node's topology (a sample from `labkit topo --list`, or a saved `nvidia-smi topo -m` file); "
                     "default: every GPU on NVSwitch with its NVLink4 links (labkit.core.interconnect)")
     pl.add_argument("--margin", type=finite_float(ge=0, lt=1), help="memory kept free, fraction (default 0.10)")
@@ -207,12 +207,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps(est))
         return 0
+    total = est.per_gpu_bytes["total"]
     print(f"{model.name}: {est.params_total / 1e9:.3f} x 1e9 parameters; tp={par.tp} pp={par.pp} dp={par.dp} "
           f"cp={par.cp} ZeRO-{par.zero}{' +SP' if par.sp else ''}; {train.precision}, {train.optimizer}, "
-          f"recompute {train.recompute}; micro-batch {train.micro_batch} x {est.micro_batches} per step")
-    print(f"most loaded GPU: pipeline stage {est.most_loaded_stage}, peak in {est.peak_phase} "
-          f"(allocated {fmt_bytes(est.peak_allocated)}, with allocator overhead {fmt_bytes(est.peak_reserved)})\n")
-    print(render(["part", "bytes", "GiB-based", "GB-based"],
+          f"recompute {train.recompute}; micro-batch {train.micro_batch} x {est.micro_batches} per step, "
+          f"sequence length {train.seq or model.seq}")
+    # one answer to "will it fit": the table's total; the allocator's figures are parts of it, named as such
+    print(f"most loaded GPU: pipeline stage {est.most_loaded_stage}, peak in {est.peak_phase}: needs "
+          f"{fmt_bytes(total)} of GPU memory (the table's total) = {fmt_bytes(est.peak_allocated)} allocated "
+          f"(max_memory_allocated) + {fmt_bytes(est.peak_reserved - est.peak_allocated)} allocator overhead "
+          f"(reserved {fmt_bytes(est.peak_reserved)}) + {fmt_bytes(total - est.peak_reserved)} outside the "
+          "allocator (CUDA context, NCCL)\n")
+    print(render(["part, at that peak", "bytes", "GiB-based", "GB-based"],
                  [_row(c, est.per_gpu_bytes[c]) for c in CATEGORIES + ("total",)]))
     if len(est.by_stage) > 1:
         print()
@@ -234,7 +240,7 @@ def run_plan(args: argparse.Namespace) -> int:
     model = _model(args)
     if args.global_batch is None:
         raise LabkitError("--plan needs --global-batch")
-    mem = parse_bytes(args.gpu_memory, what="--gpu-memory")
+    mem = parse_bytes(args.gpu_memory, what="--gpu-memory", require_unit=True)
     if mem < 1:
         raise LabkitError(f"--gpu-memory must be positive, got {args.gpu_memory!r}")
     flops = args.tflops * 1e12 if args.tflops is not None else DEFAULT_ACHIEVABLE_FLOPS

@@ -141,9 +141,11 @@ def _quiet_transformers() -> None:
     import importlib.util
 
     if importlib.util.find_spec("transformers") is not None:
-        import logging
+        # transformers sets its logger's level from TRANSFORMERS_VERBOSITY when it first configures it (at
+        # import), undoing a level set on the logger before: the setting goes through its own API, after import
+        from transformers.utils import logging as hf_logging
 
-        logging.getLogger("transformers").setLevel(logging.ERROR)
+        hf_logging.set_verbosity_error()
 
 
 def _positive(args: argparse.Namespace, *names: str) -> None:

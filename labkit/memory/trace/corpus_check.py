@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from labkit.core.errors import LabkitError
+from labkit.core.units import GiB
 
 PEAK_TOLERANCE_PCT = 3.0          # issue 11: every recorded case within 3% (held-out included)
 RESERVED_TOLERANCE_PCT = 5.0
@@ -93,7 +94,8 @@ def support_section(results: list[Support] | None = None) -> Any:
         c = by_name.get(r.case)
         rows.append([r.case.removesuffix("@tiny"), c.describe() if c else "", r.status, _short(r.reason)])
     sec.table(["case", "what", "status", "reason"], rows,
-              caption="Each case of labkit.workloads.corpus at CI size (2 layers, hidden 64) in fake mode.")
+              caption="Each case of labkit.workloads.corpus at CI size (2 layers, hidden 64) in fake mode.",
+              failed=[r.status != "predicted" for r in results])
     if any(r.status == "unavailable" for r in results):
         sec.note("unavailable: a package the case needs (torchvision, peft) is not installed here.")
     return sec
@@ -482,16 +484,20 @@ def summary(vals: list[Validation]) -> dict[str, Any]:
     return out
 
 
+def _validation_order(vals: list[Validation]) -> list[Validation]:
+    return sorted(vals, key=lambda v: (v.split != "reference", v.name))
+
+
 def validation_rows(vals: list[Validation]) -> list[list[Any]]:
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:+.1f}%"
 
     rows = []
-    for v in sorted(vals, key=lambda v: (v.split != "reference", v.name)):
-        rows.append([v.split, v.name, f"{v.recorded_peak / 1e9:.2f}",
-                     "-" if v.predicted_peak is None else f"{v.predicted_peak / 1e9:.2f}", pct(v.peak_error_pct),
-                     "-" if not v.recorded_reserved else f"{v.recorded_reserved / 1e9:.2f}",
-                     "-" if v.predicted_reserved is None else f"{v.predicted_reserved / 1e9:.2f}",
+    for v in _validation_order(vals):
+        rows.append([v.split, v.name, f"{v.recorded_peak / GiB:.2f}",
+                     "-" if v.predicted_peak is None else f"{v.predicted_peak / GiB:.2f}", pct(v.peak_error_pct),
+                     "-" if not v.recorded_reserved else f"{v.recorded_reserved / GiB:.2f}",
+                     "-" if v.predicted_reserved is None else f"{v.predicted_reserved / GiB:.2f}",
                      pct(v.reserved_error_pct), _verdict(v)])
     return rows
 
@@ -504,12 +510,12 @@ def _verdict(v: Validation) -> str:
     if v.reserved_range is not None:
         lo, hi = v.reserved_range
         where = "in" if v.within_placement_range else "outside"
-        return f"no: recorded {where} the {PLACEMENT_ORDERS} address orders' {lo / 1e9:.2f}-{hi / 1e9:.2f} GB"
+        return f"no: recorded {where} the {PLACEMENT_ORDERS} address orders' {lo / GiB:.2f}-{hi / GiB:.2f} GiB"
     return "no"
 
 
-VALIDATION_HEADERS = ["split", "case", "recorded peak GB", "fake peak GB", "error", "recorded reserved GB",
-                      "fake reserved GB", "error", "within targets"]
+VALIDATION_HEADERS = ["split", "case", "recorded peak GiB", "fake peak GiB", "error", "recorded reserved GiB",
+                      "fake reserved GiB", "error", "within targets"]  # GiB (2^30 B), as the rest of notebook 04
 
 
 PROCESS_WORDS = {"fresh": "each case in its own new process",
@@ -541,7 +547,7 @@ def validation_section(vals: list[Validation] | None = None, *, process: str = "
             sec.claim(f"{split} misses whose recorded reserved bytes lie within {PLACEMENT_ORDERS} segment-address "
                       "orders' range (a warm process: its history placed the segments)", d["within_placement_range"],
                       f"of {misses}", source=f"model: fake mode computed here vs {label}")
-    sec.table(VALIDATION_HEADERS, validation_rows(vals),
+    sec.table(VALIDATION_HEADERS, validation_rows(vals), failed=[not v.within_targets for v in _validation_order(vals)],
               caption="Recorded: torch.cuda.max_memory_allocated / max_memory_reserved of steps 2-4 of a plain "
                       f"loop without labkit (benchmarks/gpu/record_plain.py), {PROCESS_WORDS[process]}. Held-out "
                       "cases (a hash of the name) take no part in tuning fake mode.")
@@ -602,10 +608,10 @@ def process_section(pairs: list[ProcessPair] | None = None, *, rows: int = 8) ->
     sec.claim(f"cases whose reserved peak differs by more than {RESERVED_TOLERANCE_PCT:g}%", len(moved),
               f"of {len(pairs)}", source=label)
     top = sorted(pairs, key=lambda p: -abs(p.reserved_change_pct))[:rows]
-    sec.table(["case", "split", "fresh peak GB", "in-process peak GB", "fresh reserved GB", "in-process reserved GB",
+    sec.table(["case", "split", "fresh peak GiB", "in-process peak GiB", "fresh reserved GiB", "in-process reserved GiB",
                "reserved change"],
-              [[p.name, p.split, f"{p.fresh_peak / 1e9:.2f}", f"{p.in_process_peak / 1e9:.2f}",
-                f"{p.fresh_reserved / 1e9:.2f}", f"{p.in_process_reserved / 1e9:.2f}",
+              [[p.name, p.split, f"{p.fresh_peak / GiB:.2f}", f"{p.in_process_peak / GiB:.2f}",
+                f"{p.fresh_reserved / GiB:.2f}", f"{p.in_process_reserved / GiB:.2f}",
                 f"{p.reserved_change_pct:+.1f}%"] for p in top],
               caption=f"The {len(top)} cases whose reserved peak moved most (benchmarks/gpu/record_plain.py with "
                       "--fresh and without).")

@@ -186,4 +186,5 @@ def read_profiler_timeline(path: str | Path) -> ProfilerTimeline:
         raise LabkitError(f"{path}: not a torch.profiler memory timeline ({exc})") from None
     t0 = times[0] if times else 0
     cols = CategoryBytes({c: [int(row[i + 1]) for row in sizes] for i, c in enumerate(PROFILER_CATEGORIES)})
-    return ProfilerTimeline([(t - t0) / 1000.0 for t in times], cols)
+    # torch writes microseconds (_memory_profiler.py, _coalesce_timeline: "Convert timestamps from ns to us")
+    return ProfilerTimeline([float(t - t0) for t in times], cols)

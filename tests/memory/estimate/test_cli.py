@@ -123,7 +123,8 @@ PLAN = ["--plan", "--model", "gpt2", "--global-batch", "8"]
     (PLAN + ["--gpus", "12"], "--gpus 12 is not a multiple of --gpus-per-node 8"),
     (PLAN + ["--margin", "1"], "argument --margin: must be >= 0 and < 1"),
     (PLAN + ["--gpu-memory", "1e400GB"], "--gpu-memory: '1e400GB' is not a finite size"),
-    (PLAN + ["--gpu-memory", "0"], "--gpu-memory must be positive"),
+    (PLAN + ["--gpu-memory", "0GB"], "--gpu-memory must be positive"),
+    (PLAN + ["--gpu-memory", "80"], "--gpu-memory 80: give a unit"),
     (["--model", "gpt2", "--gpus", "16"], "--gpus only applies to --plan"),
     (["--model", "gpt2", "--recompute-every", "4"], "--recompute-every 4 needs --recompute full"),
     (["--model", "gpt2", "--recompute", "selective", "--recompute-every", "4"], "needs --recompute full"),
@@ -145,3 +146,26 @@ def test_plan_without_the_estimate_flags_still_runs(capsys):
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["considered"] > 0 and "300 TFLOP/s" in " ".join(doc["assumptions"])
+
+
+def test_one_answer_to_will_it_fit_and_the_sequence_length_named(capsys):
+    """The header's "needs" figure is the table's total, and its parts add up to it; the header names the
+    sequence length it used (the model's own when --seq is not given)."""
+    import re
+
+    from labkit.core.units import fmt_bytes
+    from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
+    from labkit.memory.estimate.presets import get_preset
+
+    rc, out, _ = run(capsys, "--model", "llama2-7b", "--micro-batch", "4", "--seq", "4096", "--recompute", "full")
+    assert rc == 0
+    e = estimate(get_preset("llama2-7b"), ParallelSpec(), TrainSpec(micro_batch=4, seq=4096, recompute="full"))
+    total = e.per_gpu_bytes["total"]
+    head = out.splitlines()[:2]
+    assert "sequence length 4096" in head[0]
+    assert f"needs {fmt_bytes(total)} of GPU memory (the table's total)" in head[1]
+    table_total = next(line for line in out.splitlines() if line.startswith("total "))
+    assert str(total) in table_total.split()
+    assert e.peak_allocated + (e.peak_reserved - e.peak_allocated) + (total - e.peak_reserved) == total
+    rc, out, _ = run(capsys, "--model", "llama2-7b")
+    assert re.search(rf"sequence length {get_preset('llama2-7b').seq}\b", out.splitlines()[0])

@@ -3,7 +3,8 @@ line naming the op and/or module fake mode cannot run and what to use instead. N
 
 import pytest
 
-from labkit.memory.trace.corpus_check import support, support_section
+from labkit.core.paths import REPO_ROOT
+from labkit.memory.trace.corpus_check import support, support_markdown, support_section
 from labkit.workloads.corpus import compat_cases
 
 
@@ -45,8 +46,41 @@ def test_every_case_is_predicted_or_refused_in_one_line(shard):
             assert r.reason.startswith("fake mode cannot run ")
             assert " op " in r.reason or " in module " in r.reason, r.reason
             assert "--device cpu" in r.reason and "labkit estimate" in r.reason
+    # the README's table says the same of every case of the shard (regenerate it with support_markdown)
+    readme, shard_table = _table(README.read_text()), _table(support_markdown(results))
+    for (group, col), cell in shard_table.items():
+        assert readme.get((group, col), "").split(" ")[0] == cell.split(" ")[0], \
+            f"README says {readme.get((group, col))!r} for {group} {col}; fake mode here: {cell!r}"
     # the support section lists every case it is given
     sec = support_section(results)
     assert sec.headers == ["case", "what", "status", "reason"] and len(sec.rows) == len(results)
     assert sec.value("fake_corpus_predicted") == sum(r.status == "predicted" for r in results)
     assert "fake mode" in str(sec)
+
+
+README = REPO_ROOT / "README.md"
+
+
+def _table(markdown: str) -> dict[tuple[str, str], str]:
+    """The support table's cells, {(case group, precision): "yes" | "refused (n)" ...}."""
+    lines = markdown[markdown.index("| case | fp32 |"):].splitlines()
+    cols = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    out = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        out.update({(cells[0], col): cell for col, cell in zip(cols, cells[1:]) if cell})
+    return out
+
+
+def test_the_readme_count_is_the_corpus_count():
+    """The README's headline count is over the whole corpus and agrees with its own table (each cell is
+    checked against fake mode, shard by shard, above)."""
+    import re
+
+    text = README.read_text()
+    m = re.search(r"(\d+) of (\d+) cases predicted", text)
+    cells = _table(text)
+    assert m and int(m.group(2)) == len(compat_cases()) == len(cells)
+    assert int(m.group(1)) == sum(c == "yes" for c in cells.values())

@@ -55,6 +55,14 @@ def test_profiler_memory_timeline_export(tmp_path):
 
     tl = read_profiler_timeline(p)
     assert tl.times_us[0] == 0 and len(tl.times_us) == len(times)
+    # microseconds, as torch writes them: the span read is the file's own (it was once divided by 1000 here and
+    # again by the figure, two steps drawn 8 us apart)
+    assert tl.times_us[-1] == times[-1] - times[0]
+    from labkit.viz.measure import profiler_timeline
+
+    fig = profiler_timeline(tl.times_us, tl.by_category, title="t", source="measured here")
+    drawn = fig.renderers[0].data_source.data["t"]
+    assert drawn[-1] == (times[-1] - times[0]) / 1000 and fig.xaxis[0].axis_label == "time, ms"
     assert max(tl.by_category["parameters"]) >= 64 * 65 * 4      # the Linear's weight and bias
     assert max(tl.by_category["gradients"]) > 0
     assert tl.peak_bytes >= max(tl.by_category["parameters"])
