@@ -107,10 +107,7 @@ def read_oom_text(path: str | Path) -> str:
     from labkit.core.serialize import read_bytes
 
     p = Path(path)
-    if p.is_file() and p.stat().st_size > MAX_OOM_TEXT_BYTES:
-        raise LabkitError(f"{p}: {p.stat().st_size} bytes is too long for an OOM message file (at most 1 MiB: "
-                          "cut the log down to the error)")
-    raw = read_bytes(p, "OOM message file")
+    raw = read_bytes(p, "OOM message file (cut a longer log down to the error)", limit=MAX_OOM_TEXT_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -199,10 +199,9 @@ def read_snapshot(src: str | Path | bytes | dict, *, max_bytes: int = DEFAULT_MA
         return _check(_load_bytes(bytes(src), "snapshot", max_bytes), "snapshot")
     path = Path(src)
     try:
-        size = path.stat().st_size
-    except OSError:
-        size = 0
-    if size > max_bytes:  # compressed data is never larger than what it unpacks to (for real snapshots)
-        raise _too_big(str(path), max_bytes)
-    raw = read_bytes(path, "snapshot file")
+        raw = read_bytes(path, "snapshot file", limit=max_bytes)
+    except LabkitError as exc:  # compressed data is never larger than what it unpacks to (for real snapshots)
+        if "more than a snapshot file can be" in str(exc):
+            raise _too_big(str(path), max_bytes) from None
+        raise
     return _check(_load_bytes(raw, str(path), max_bytes), str(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,11 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return out
 
 
+#: Counts whose every unit starts work (ranks are processes): a lower bound than the default 2^20.
+INT_PARAMETER_MAX = {"world": 64, "tp": 1024, "pp": 1024, "dp": 1 << 16, "deep_layers": 1024, "planner_nodes": 4096,
+                     "sim_gpus_per_node": 64, "sim_nodes": 4096}
+
+
 def coerce(name: str, text: str, type_name: str) -> Any:
     """Convert the text of ``-p name=text`` to the parameter's declared type."""
     t = type_name.lower()
@@ -71,14 +77,21 @@ def coerce(name: str, text: str, type_name: str) -> Any:
         raise LabkitError(f"-p {name}={text}: {name} is a bool; use true or false")
     if t == "int":
         try:
-            return int(text)
+            v = int(text)
         except ValueError:
             raise LabkitError(f"-p {name}={text}: {name} is an int") from None
+        hi = INT_PARAMETER_MAX.get(name, 1 << 20)
+        if not 1 <= v <= hi:   # every int a notebook declares is a count (GPUs, ranks, tokens, MiB, layers)
+            raise LabkitError(f"-p {name}={text}: {name} is a count from 1 to {hi}")
+        return v
     if t == "float":
         try:
-            return float(text)
+            v = float(text)
         except ValueError:
             raise LabkitError(f"-p {name}={text}: {name} is a float") from None
+        if not math.isfinite(v) or v < 0:   # sizes, rates, latencies: 0 means "none" where one is allowed
+            raise LabkitError(f"-p {name}={text}: {name} is a finite number >= 0")
+        return v
     if t == "str":
         return text
     try:  # no annotation: read a Python literal, else keep the text

@@ -12,6 +12,9 @@ import torch.nn as nn
 from labkit.core.errors import LabkitError
 
 
+#: A Hugging Face config.json is a few KB; a tokenizer-sized one is not a config.
+CONFIG_LIMIT = 4 << 20
+
 _META_KEYS = ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
               "auto_map", "quantization_config", "_attn_implementation_autoset")
 _TASK_MAPPINGS = (("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
@@ -26,22 +29,20 @@ def config_source(spec: str, *, layers: int | None = None, hidden: int | None = 
                   vocab: int | None = None, image_size: int | None = None) -> tuple[str, dict[str, Any], str]:
     """``(model_type, configuration overrides, task)`` for a local ``config.json`` (or its folder)
     or a transformers model type, with the size flags applied under the config's own field names."""
-    import json
     from pathlib import Path
 
-    from labkit.core.serialize import read_bytes
+    from labkit.core.serialize import path_is, read_json
     from labkit.workloads.hf import require_transformers
 
+    if not isinstance(spec, str) or not spec.strip():
+        raise LabkitError("--hf-config: empty; give a config.json path or a transformers model type")
     transformers = require_transformers()
     path = Path(spec)
     archs: list[str] = []
-    if path.is_dir():
+    if path_is(path, "dir"):
         path = path / "config.json"
-    if path.suffix == ".json" or path.exists():
-        try:
-            doc = json.loads(read_bytes(path, "Hugging Face config").decode())
-        except ValueError as exc:
-            raise LabkitError(f"{path}: not a JSON configuration ({exc})") from None
+    if path.suffix == ".json" or path_is(path, "exists") or "/" in spec or len(spec) > 100:
+        doc = read_json(path, "Hugging Face config", limit=CONFIG_LIMIT)
         if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
             raise LabkitError(f"{path}: a Hugging Face config.json names its model_type; this one does not")
         arch = doc["model_type"]

@@ -9,7 +9,6 @@ refused: the analytical model has no experts (the tracer handles them).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,15 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_ex
 def load_hf_config(source: str | Path) -> dict[str, Any]:
     """A config dict from a ``config.json`` path (or a folder holding one), or the default config
     of a model type (``llama``, ``gpt2``...) through ``transformers.AutoConfig.for_model``."""
+    from labkit.core.serialize import path_is, read_json
+
+    if not str(source).strip():
+        raise LabkitError("--hf-config: empty; give a config.json path or a transformers model type")
     p = Path(source)
-    if p.is_dir():
+    if path_is(p, "dir"):
         p = p / "config.json"
-    if p.suffix == ".json" or p.exists():
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise LabkitError(f"--hf-config {source}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise LabkitError(f"--hf-config {source}: cannot read it ({exc})") from None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise LabkitError(f"--hf-config {source}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if p.suffix == ".json" or path_is(p, "exists") or "/" in str(source) or len(str(source)) > 100:
+        doc = read_json(p, "Hugging Face config", limit=4 << 20)
         if not isinstance(doc, dict):
             raise LabkitError(f"--hf-config {source}: expected a JSON object, got {type(doc).__name__}")
         return doc
