@@ -15,11 +15,18 @@ import argparse
 import sys
 from typing import Any
 
-from labkit.core.cliargs import moe_routing_value
+from labkit.core.cliargs import int_between, moe_routing_value
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
+
+# Bounds on the counts a user gives, so that the work is bounded: the largest published models have 126 layers,
+# 16,384 hidden, 128 heads, 256k vocabularies; a step of 2^20 tokens per sample is past any trained context.
+MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_VOCAB = 512, 1 << 17, 1024, 1 << 22
+MAX_SEQ, MAX_MICRO_BATCH, MAX_IMAGE, MAX_STEPS, MAX_PLACEMENTS = 1 << 20, 1 << 16, 8192, 50, 64
+#: The batch is built on the host (in fake mode too): token ids and labels (int64) or float32 images.
+MAX_BATCH_BYTES = 1 << 30
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,20 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-kv-cache", action="store_true",
                    help="--hf-config: build the model with use_cache=False (transformers' default builds the KV cache "
                         "in every training forward; under torch.utils.checkpoint it is kept through backward)")
-    m.add_argument("--layers", type=int)
-    m.add_argument("--hidden", type=int)
-    m.add_argument("--heads", type=int)
-    m.add_argument("--vocab", type=int)
+    m.add_argument("--layers", type=int_between(1, MAX_LAYERS))
+    m.add_argument("--hidden", type=int_between(1, MAX_HIDDEN))
+    m.add_argument("--heads", type=int_between(1, MAX_HEADS))
+    m.add_argument("--vocab", type=int_between(1, MAX_VOCAB))
     b = p.add_argument_group("batch")
-    b.add_argument("--micro-batch", type=int, help="samples per step")
-    b.add_argument("--seq", type=int, help="tokens per sample")
-    b.add_argument("--image-size", type=int, help="image side in pixels (vision models)")
-    b.add_argument("--batch", type=int, help=argparse.SUPPRESS)          # deprecated: --micro-batch
+    b.add_argument("--micro-batch", type=int_between(1, MAX_MICRO_BATCH), help="samples per step")
+    b.add_argument("--seq", type=int_between(1, MAX_SEQ), help="tokens per sample")
+    b.add_argument("--image-size", type=int_between(1, MAX_IMAGE), help="image side in pixels (vision models)")
+    b.add_argument("--batch", type=int_between(1, MAX_MICRO_BATCH), help=argparse.SUPPRESS)          # deprecated: --micro-batch
     s = p.add_argument_group("step")
     s.add_argument("--precision", default="fp32", help="fp32, amp-bf16, amp-fp16 or bf16 (default fp32)")
     s.add_argument("--recompute", default=None, help="none, full, every-K or selective (default none)")
     s.add_argument("--checkpointing", default=None, help=argparse.SUPPRESS)   # deprecated: --recompute
-    s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default="torch",
+    s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default=None,
                    help="Hugging Face models: labkit's torch.utils.checkpoint per layer (torch, the default) or "
                         "the model's gradient_checkpointing_enable (hf: non-reentrant; hf-reentrant)")
     s.add_argument("--optimizer", default="adamw", help="adamw (default), adam or sgd; the old adamw-foreach is "
@@ -78,15 +85,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--allocator-state", metavar="SNAPSHOT", default=None,
                    help="fake-cuda: replay reserved from the segments a process already holds, from a memory snapshot "
                         "of that process (torch.cuda.memory._dump_snapshot(): a .pickle, optionally gzip'd)")
-    s.add_argument("--reserved-placements", type=int, default=0, metavar="N",
+    s.add_argument("--reserved-placements", type=int_between(0, MAX_PLACEMENTS), default=None, metavar="N",
                    help="fake-cuda: also replay reserved under N other orders of the segments' addresses and print "
                         "the range (where the driver puts segments depends on the process's history)")
-    s.add_argument("--process", choices=("fresh", "warm"), default="fresh",
+    s.add_argument("--process", choices=("fresh", "warm"), default=None,
                    help="fake-cuda: the process the step runs in: fresh (a new training script: the cuBLAS workspaces "
                         "are allocated at its first matmuls, the default) or warm (one that ran matmuls before, e.g. a "
                         "notebook; implied by --allocator-state)")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
-    p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
+    p.add_argument("--steps", type=int_between(1, MAX_STEPS), default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
     p.set_defaults(func=run)
 
@@ -127,13 +134,61 @@ def _quiet_transformers() -> None:
         logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
-def _positive(args: argparse.Namespace, *names: str) -> None:
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a model named by an empty string, two models, a flag that does not apply to the
+    model or device given (the README's contract: exit 2), and a batch too large to build on the host."""
     from labkit.core.errors import LabkitError
 
-    for n in names:
-        v = getattr(args, n.replace("-", "_"))
-        if v is not None and v < 1:
-            raise LabkitError(f"--{n} must be >= 1, got {v}")
+    for flag, v in (("--hf-config", args.hf_config), ("--factory", args.factory), ("--model", args.workload)):
+        if v is not None and not str(v).strip():
+            raise LabkitError(f"{flag}: empty; name a model (or leave the flag out for the lab's GPT)")
+    sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
+                           args.workload and "--model") if x]
+    if len(sources) > 1:
+        raise LabkitError(f"give one model: {' and '.join(sources)} both given")
+    if args.lora and not args.hf_config:
+        raise LabkitError("--lora applies to a Hugging Face model: give --hf-config")
+    if args.no_kv_cache and not args.hf_config:
+        raise LabkitError("--no-kv-cache applies to a Hugging Face model: give --hf-config")
+    if args.recompute_via is not None and not args.hf_config:
+        raise LabkitError("--recompute-via applies to a Hugging Face model: give --hf-config")
+    if args.device != "fake-cuda":
+        for flag, v in (("--moe-routing", args.moe_routing), ("--allocator-state", args.allocator_state),
+                        ("--reserved-placements", args.reserved_placements), ("--process", args.process)):
+            if v is not None:
+                raise LabkitError(f"{flag} applies to fake mode (--device fake-cuda), not --device {args.device}")
+    if not (args.hf_config or args.factory):
+        for flag, v in (("--image-size", args.image_size), ("--task", args.task)):
+            if v is not None:
+                raise LabkitError(f"{flag} does not apply to the lab's GPT (a causal LM of tokens): give --hf-config "
+                                  "or --factory")
+        if args.moe_routing is not None:
+            raise LabkitError("--moe-routing does not apply to the lab's GPT: it is a dense model (no experts)")
+    if args.process == "warm" and args.allocator_state:
+        raise LabkitError("--process warm is implied by --allocator-state: give one")
+    if args.task == "image-classification" and args.seq is not None:
+        raise LabkitError("--seq does not apply to image classification: give --image-size")
+    args.recompute_via = args.recompute_via or "torch"
+    args.process = args.process or "fresh"
+    args.reserved_placements = args.reserved_placements or 0
+    _check_batch(args)
+
+
+def _check_batch(args: argparse.Namespace) -> None:
+    """The batch is a host tensor (in fake mode too): its bytes are bounded by :data:`MAX_BATCH_BYTES`."""
+    from labkit.core.errors import LabkitError
+    from labkit.core.units import fmt_bytes
+
+    mb = args.micro_batch or 4
+    if args.image_size is not None or args.task == "image-classification":
+        side = args.image_size or 224
+        need, what = mb * 3 * side * side * 4, f"{mb} x 3 x {side} x {side} float32 images"
+    else:
+        seq = args.seq or 1024
+        need, what = mb * seq * 16, f"{mb} x {seq} token ids and labels (int64)"
+    if need > MAX_BATCH_BYTES:
+        raise LabkitError(f"--micro-batch {mb}: a batch of {what} is {fmt_bytes(need)} on the host, more than "
+                          f"{fmt_bytes(MAX_BATCH_BYTES)}; measure a smaller micro-batch (memory scales with it)")
 
 
 def _gpt_sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
@@ -159,21 +214,17 @@ def run(args: argparse.Namespace) -> int:
 
     _deprecated(args)
     _quiet_transformers()
-    _positive(args, "layers", "hidden", "heads", "vocab", "micro-batch", "seq", "image-size")
-    sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
-                           args.workload and "--model") if x]
-    if len(sources) > 1:
-        raise LabkitError(f"give one model: {' and '.join(sources)} both given")
-    if args.lora and not args.hf_config:
-        raise LabkitError("--lora applies to a Hugging Face model: give --hf-config")
-    if args.no_kv_cache and not args.hf_config:
-        raise LabkitError("--no-kv-cache applies to a Hugging Face model: give --hf-config")
+    _check_flags(args)
     if args.hf_config:
         rep, what = _run_hf(args)
     elif args.factory:
         rep, what = _run_factory(args)
     else:
         rep, what = _run_gpt(args)
+    routing = (rep.emulation or {}).get("moe_routing") or {}
+    if args.moe_routing is not None and not (routing.get("used_by") or routing.get("not_needed_by")):
+        raise LabkitError(f"--moe-routing does not apply to {what.split(',')[0]}: it ran no mixture-of-experts "
+                          "layer (a dense model)")
     if args.json:
         print(dumps(rep))
         return 0
