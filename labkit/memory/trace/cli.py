@@ -243,8 +243,16 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
     if not args.allocator_state:
         return None
     from labkit.allocator import read_snapshot
+    from labkit.core.errors import LabkitError
 
-    return [s for s in read_snapshot(args.allocator_state).segments if s.get("device", 0) == 0]
+    segments = read_snapshot(args.allocator_state).segments
+    mine = [s for s in segments if s.get("device", 0) == 0]
+    if segments and not mine:
+        others = sorted({s.get("device") for s in segments})
+        raise LabkitError(f"--allocator-state {args.allocator_state}: segments only of device(s) "
+                          f"{', '.join(map(str, others))}; the step runs on device 0 (take the snapshot on that GPU, "
+                          "or with CUDA_VISIBLE_DEVICES naming it)")
+    return mine
 
 
 def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, Any]:
