@@ -18,6 +18,7 @@ Cases (``Finding.kind``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,31 @@ def _check_ints(lst: Any, where: str) -> None:
         _need(_is_int(v) and v >= 0, f"{where}[{i}]", f"expected a byte count, got {str(v)[:40]!r}")
 
 
+#: No statistic of one GPU's allocator counts past this (bytes: 1 PiB; counts: as many).
+_MAX_STAT = 1 << 50
+
+
+def _check_sample(st: Any, where: str) -> None:
+    """A memory_stats() sample: a dict whose numbers (byte counts, event counts) are non-negative and finite."""
+    _need(isinstance(st, dict), where, f"a memory_stats() sample is a dict, got a {type(st).__name__}")
+    for k, v in st.items():
+        if not isinstance(k, str) or k in ("stats", "oom_message", "ranks", "nvml", "allocated_after_step_bytes",
+                                             "step", "time", "time_s", "rank", "pid") or v is None:
+            continue
+        counted = "bytes" in k or k.startswith("num_") or k.rsplit(".", 1)[-1] in ("current", "peak", "allocated",
+                                                                                   "freed")
+        if not counted:
+            continue
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= _MAX_STAT
+              and v == int(v))
+        _need(ok, f"{where}: {k[:60]}", f"expected a non-negative whole count, got {str(v)[:40]!r}")
+
+
 def check_stats(doc: Any, where: str = "stats") -> None:
     """Check the shape of what the doctor reads, naming the first entry it cannot read."""
     if isinstance(doc, list):
         for i, st in enumerate(doc):
-            _need(isinstance(st, dict), f"{where}[{i}]", f"a memory_stats() sample is a dict, got a {type(st).__name__}")
+            _check_sample(st, f"{where}[{i}]")
         return
     _need(isinstance(doc, dict), where, "expected a memory_stats() dict, a list of them, or {\"ranks\": [...]}, "
           f"got a {type(doc).__name__}")
@@ -158,6 +179,12 @@ def check_stats(doc: Any, where: str = "stats") -> None:
                           f"{w}.processes[{j}].used_bytes", "expected an integer")
     if "stats" in doc and not isinstance(doc["stats"], dict):
         raise LabkitError(f"{where}: 'stats' is a {type(doc['stats']).__name__}, expected a memory_stats() dict")
+    _check_sample(doc, where)
+    if isinstance(doc.get("stats"), dict):
+        _check_sample(doc["stats"], f"{where}: stats")
+    for i, rk in enumerate(doc.get("ranks") or []):
+        if isinstance(rk.get("stats"), dict):
+            _check_sample(rk["stats"], f"{where}: ranks[{i}].stats")
     if doc.get("oom_message") is not None:
         _need(isinstance(doc["oom_message"], str), f"{where}: 'oom_message'", "expected text")
     if doc.get("allocated_after_step_bytes") is not None:
