@@ -256,9 +256,11 @@ def read_capture(folder: str | Path) -> Capture:
 
 def rank_folders(run: str | Path) -> list[Path]:
     """The rank folders of a run folder (rank0, rank1, rank0.1 ...), in rank order."""
+    from labkit.core.serialize import path_is
+
     run = Path(run)
-    if not run.is_dir():
-        raise LabkitError(f"{run}: no such run folder")
+    if not path_is(run, "dir"):
+        raise LabkitError(f"{str(run)[:200]}: no such run folder")
 
     def key(p: Path):
         r, _, a = p.name[4:].partition(".")
