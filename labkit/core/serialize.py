@@ -184,6 +184,6 @@ def path_is(path: str | Path, kind: str) -> bool:
     up (a 5,000-character name, a NUL), instead of raising."""
     try:
         p = Path(path)
-        return {"exists": p.exists, "dir": p.is_dir, "file": p.is_file}[kind]()
+        return {"exists": p.exists, "dir": p.is_dir, "file": p.is_file, "link": p.is_symlink}[kind]()
     except (OSError, ValueError):
         return False

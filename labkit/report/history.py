@@ -111,7 +111,7 @@ def _read_lines(out_dir: Path | str) -> tuple[list[Entry], list[str]]:
     from labkit.core.serialize import path_is, read_text
 
     path = Path(out_dir) / HISTORY_FILE
-    if not path_is(path, "exists") and not path.is_symlink():
+    if not path_is(path, "exists") and not path_is(path, "link"):
         return [], []
     text = read_text(path, "report history", limit=MAX_HISTORY_BYTES, errors="replace")
     entries: list[Entry] = []
