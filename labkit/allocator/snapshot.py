@@ -113,6 +113,11 @@ def decode_budget(raw: bytes, name: str, max_bytes: int) -> int:
 
 
 def _load_bytes(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    return _decode(raw, name, max_bytes)[0]
+
+
+def _decode(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Any, int]:
+    """The loaded object and its pickled (decompressed) size."""
     if raw[:2] == b"\x1f\x8b":
         raw = _gunzip(raw, name, max_bytes)
     elif len(raw) > max_bytes:
@@ -123,17 +128,7 @@ def _load_bytes(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> An
         raise LabkitError(f"{name}: not a pickle (a torch.cuda.memory._snapshot() file is a pickle, "
                           "optionally gzip'd)")
     decode_budget(raw, name, max_bytes)
-    obj = _unpickle(raw, name)
-    if isinstance(obj, dict):   # the pickled size, for the check of how many items it may hold
-        obj = _Loaded(obj)
-        obj.pickled_bytes = len(raw)
-    return obj
-
-
-class _Loaded(dict):
-    """A loaded snapshot dict that remembers its pickled size."""
-
-    pickled_bytes: int = 0
+    return _unpickle(raw, name), len(raw)
 
 
 def _unpickle(raw: bytes, name: str) -> Any:
@@ -223,7 +218,8 @@ def _entry_problem(e: Any) -> str | None:
     return None
 
 
-def _check(obj: Any, name: str) -> Snapshot:
+def _check(obj: Any, name: str, pickled: int = 0) -> Snapshot:
+    """A loaded snapshot, checked; ``pickled``: its pickled size, which bounds how many items it may hold."""
     if not isinstance(obj, dict):
         raise LabkitError(f"{name}: a memory snapshot is a dict with 'segments' and 'device_traces', "
                           f"this file holds a {type(obj).__name__}")
@@ -239,7 +235,6 @@ def _check(obj: Any, name: str) -> Snapshot:
         raise LabkitError(f"{name}: device_traces[{d}] is a {type(traces[d]).__name__}, not a list")
     items = len(segs) + sum(len(s["blocks"]) for s in segs if isinstance(s, dict) and isinstance(s.get("blocks"), list))
     items += sum(len(tr) for tr in traces)
-    pickled = getattr(obj, "pickled_bytes", 0)
     if pickled and items > pickled // MIN_BYTES_PER_ITEM:
         raise LabkitError(f"{name}: {items} segments, blocks and trace entries in {pickled} pickled bytes: they repeat "
                           "shared references (a snapshot torch writes holds each one once); refused before reading them")
@@ -278,7 +273,8 @@ def read_snapshot(src: str | Path | bytes | dict, *, max_bytes: int = DEFAULT_MA
     if isinstance(src, dict):
         return _check(src, "snapshot")
     if isinstance(src, (bytes, bytearray)):
-        return _check(_load_bytes(bytes(src), "snapshot", max_bytes), "snapshot")
+        obj, size = _decode(bytes(src), "snapshot", max_bytes)
+        return _check(obj, "snapshot", size)
     path = Path(src)
     try:
         raw = read_bytes(path, "snapshot file", limit=max_bytes)
@@ -286,4 +282,5 @@ def read_snapshot(src: str | Path | bytes | dict, *, max_bytes: int = DEFAULT_MA
         if "more than a snapshot file can be" in str(exc):
             raise _too_big(str(path), max_bytes) from None
         raise
-    return _check(_load_bytes(raw, str(path), max_bytes), str(path))
+    obj, size = _decode(raw, str(path), max_bytes)
+    return _check(obj, str(path), size)
