@@ -173,6 +173,10 @@ def test_allocator_states_no_gpu_has_are_refused(tmp_path, doc, fragment):
     (["watch", "--show", "x", "--", "true"], "runs no command"),
     (["watch", "--show", "x", "--detail", "stats"], "--detail applies to a run"),
     (["report", "-p", "tp=-2", "--only", "01_topology"], "tp is a count"),
+    (["report", "history", ".", "--only", "01_topology"], "--only applies to a run"),
+    (["estimate", "--model", ""], "--model: empty"),
+    (["estimate", "--list-models", "--model", "gpt2"], "--model does not apply"),
+    (["topo", "--list", "--sample", "h100_nv18_8gpu_dual_numa"], "--sample does not apply"),
     (["report", "--out", LONG, "--only", "00_this_server"], "longer than the file system"),
 ])
 def test_counts_and_flags_are_refused_before_any_work(argv, fragment):

@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "history":
         from labkit.report.history import DAMAGED_FILE, HISTORY_FILE, rebuild
 
+        run_flags = [f for f, v in (("--only", args.only), ("-p", args.params),
+                                    ("--fail-on-regression", args.fail_on_regression),
+                                    ("--cell-timeout", args.cell_timeout)) if v]
+        if run_flags:
+            raise LabkitError(f"report history: {', '.join(run_flags)} applies to a run, not to rebuilding a history")
         folder = Path(args.dir or args.out)
         r = rebuild(folder)
         for s in r.skipped:

@@ -58,6 +58,9 @@ def run_topo(args: argparse.Namespace) -> int:
     from labkit.topology.load import list_samples, load_p2p_table
 
     if args.list:
+        other = [f for f, v in (("--file", args.file), ("--sample", args.sample), ("--p2p", args.p2p)) if v]
+        if other:
+            raise LabkitError(f"--list lists the bundled samples; {', '.join(other)} does not apply")
         samples = list_samples()
         if args.json:
             print(dumps(samples))

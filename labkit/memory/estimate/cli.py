@@ -158,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     from labkit.memory.estimate.totals import spec_dict
 
     _check_mode(args)
+    if args.model is not None and not args.model.strip():
+        raise LabkitError("--model: empty; name a preset (labkit estimate --list-models) or give the dimensions")
+    if args.list_models and (args.model or args.plan):
+        raise LabkitError(f"--list-models lists the presets; {'--model' if args.model else '--plan'} does not apply")
     if args.list_models:
         from labkit.memory.estimate.presets import presets
 
