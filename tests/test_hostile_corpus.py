@@ -154,6 +154,8 @@ def test_allocator_states_no_gpu_has_are_refused(tmp_path, doc, fragment):
     (["measure", "--hidden", "10000000"], "--hidden"),
     (["comm", "bench", "--repeats", "1000000000"], "--repeats: must be an integer from 1 to 10000"),
     (["comm", "buckets", "--steps", "1000000000"], "--steps"),
+    (["comm", "buckets", "--sizes", ",".join(str(i) for i in range(1, 100))], "99 bucket sizes"),
+    (["alloc", "compare", "t.pickle"] + ["--conf", "default"] * 40, "--conf given 40 times"),
     (["estimate", "--model-states-only", "--params", "1e308"], "--params"),
     (["place", "--tp", "2", "--dp", "4", "--dp-bytes", "9e18", "--sample", "h100_nv18_8gpu_dual_numa"], "1 TiB"),
     (["advise", "--model", "gpt2", "--seq", "99999999", "--global-batch", "8", "--gpus", "1"], "--seq"),

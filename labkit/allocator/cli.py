@@ -148,6 +148,7 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_COMPARE = 32
 DEFAULT_COMPARE = ("", "expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:512",
                    "roundup_power2_divisions:4", "expandable_segments:True,roundup_power2_divisions:4")
 
@@ -158,6 +159,9 @@ def run_compare(args: argparse.Namespace) -> int:
     from labkit.core.units import fmt_bytes
 
     confs = ["" if c in ("default",) else c for c in (args.conf or DEFAULT_COMPARE)]
+    if len(confs) > MAX_COMPARE:
+        raise LabkitError(f"--conf given {len(confs)} times: compare replays the trace once per configuration, at most "
+                          f"{MAX_COMPARE}")
     tr = _trace(args)
     res = compare(tr, confs, cap_bytes=_cap(args.cap_bytes))
     if args.json:

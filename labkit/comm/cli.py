@@ -17,6 +17,7 @@ from labkit.core.table import render
 # torch.autocast dtype of each precision the bucket sweep runs (labkit.core.vocab spellings)
 BUCKET_PRECISIONS = {"fp32": None, "amp-bf16": "bfloat16", "amp-fp16": "float16"}
 MAX_LOCAL_RANKS = 64          # spawned processes on one machine
+MAX_BUCKET_SIZES = 64         # points of one bucket sweep
 MAX_BUCKET_MB = 1024 * 1024   # 1 TiB: far above any gradient set DDP would bucket
 
 
@@ -177,6 +178,9 @@ def run_buckets(args: argparse.Namespace) -> int:
     from labkit.workloads import get_workload
 
     sizes = parse_bucket_sizes(args.sizes)
+    if len(sizes) > MAX_BUCKET_SIZES:
+        raise LabkitError(f"--sizes: {len(sizes)} bucket sizes, more than one sweep takes ({MAX_BUCKET_SIZES}); each "
+                          "is a DDP run of --steps steps")
     big = [s for s in sizes if s > MAX_BUCKET_MB]
     if big:
         raise LabkitError(f"--sizes: bucket size {big[0]:g} MiB is above {MAX_BUCKET_MB} MiB (1 TiB)")
