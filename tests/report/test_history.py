@@ -1,9 +1,12 @@
 """History, trends, comparable runs and the exit status for cron, on small throwaway notebooks."""
 
 import json
+from dataclasses import asdict
 
 import nbformat
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from labkit.cli import main
 from labkit.core import LabkitError
@@ -251,3 +254,29 @@ def test_out_paths_are_refused_before_anything_runs(nbdir, tmp_path, out, match)
     (tmp_path / "file").write_text("keep")
     with pytest.raises(LabkitError, match=match):
         run_report(out_dir=out.format(file=tmp_path / "file"), notebooks_dir=nbdir, say=_quiet)
+
+
+_LINE = st.one_of(st.sampled_from(["[]", "{}", "null", "{broken", '{"run_id": 5}', "3", '"x"']), st.text(max_size=30))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nights=st.integers(0, 4), junk=st.lists(_LINE, max_size=5), folders=st.integers(0, 2))
+def test_rebuild_never_loses_a_readable_night(tmp_path_factory, nights, junk, folders):
+    """Whatever the history holds, a rebuild keeps every readable night (folder or not) and every damaged line."""
+    out = tmp_path_factory.mktemp("h")
+    good = [json.dumps(asdict(e)) for i in range(nights)
+            for e in history.entries_from_summary(_summary(f"old{i}", f"2026-11-0{i + 1}T00:00:00"))]
+    (out / history.HISTORY_FILE).write_text("\n".join(good + [j.replace("\n", " ") for j in junk]) + "\n")
+    for i in range(folders):
+        _folder(out, _summary(f"new{i}", f"2026-12-0{i + 1}T00:00:00"))
+    damaged_before = len(history._read_lines(out)[1])
+    rc = main(["report", "history", str(out)])
+    if nights == 0 and folders == 0 and damaged_before:
+        assert rc == 2 and len(history._read_lines(out)[1]) == damaged_before   # refused, nothing replaced
+        return
+    assert rc == 0
+    kept = {e.run_id for e in history.read(out)[0]}
+    assert kept == {f"old{i}" for i in range(nights)} | {f"new{i}" for i in range(folders)}
+    moved = (out / history.DAMAGED_FILE).read_text().splitlines() if (out / history.DAMAGED_FILE).exists() else []
+    assert len(moved) == damaged_before
