@@ -131,7 +131,7 @@ def read_text(path: str | Path, what: str = "file", *, limit: int | None = None,
 
 
 def json_depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether JSON ``text`` nests at most ``limit`` deep (brackets inside strings count too: an upper bound)."""
+    """Whether JSON ``text`` nests at most ``limit`` deep (one linear scan; brackets inside strings are skipped)."""
     if text.count("[") + text.count("{") <= limit:
         return True
     import re

@@ -16,11 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.core.machine import probe
-    from labkit.env.summary import machine_rows
-
     from labkit.core.envvars import redact_values
+    from labkit.core.machine import probe
     from labkit.core.serialize import to_jsonable
+    from labkit.env.summary import machine_rows
 
     m = probe()
     if args.json:   # every output format passes through the same value-based redaction

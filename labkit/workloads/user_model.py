@@ -102,8 +102,9 @@ def _check_config(cls: Any, overrides: dict[str, Any], name: str) -> None:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise LabkitError(f"--hf-config {name}: {k} must be an integer, got {str(v)[:40]!r} "
                                   f"({type(v).__name__})")
-            if not 1 <= v <= hi:
-                raise LabkitError(f"--hf-config {name}: {k} must be from 1 to {hi}, got {v}")
+            lo = 0 if "expert" in k else 1   # a dense variant may say it has no experts
+            if not lo <= v <= hi:
+                raise LabkitError(f"--hf-config {name}: {k} must be from {lo} to {hi}, got {v}")
     try:
         cfg = cls(**overrides)
     except Exception as exc:  # noqa: BLE001 - transformers' validation errors (StrictDataclass...Error) included

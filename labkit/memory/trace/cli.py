@@ -164,8 +164,9 @@ def _check_flags(args: argparse.Namespace) -> None:
                                   "or --factory")
         if args.moe_routing is not None:
             raise LabkitError("--moe-routing does not apply to the lab's GPT: it is a dense model (no experts)")
-    if args.process == "warm" and args.allocator_state:
-        raise LabkitError("--process warm is implied by --allocator-state: give one")
+    if args.process == "fresh" and args.allocator_state:
+        raise LabkitError("--process fresh contradicts --allocator-state (a process that already holds segments, "
+                          "a warm one): give one")
     if args.task == "image-classification" and args.seq is not None:
         raise LabkitError("--seq does not apply to image classification: give --image-size")
     args.recompute_via = args.recompute_via or "torch"
