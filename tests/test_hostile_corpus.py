@@ -339,3 +339,9 @@ def test_any_pickle_bytes_are_read_or_refused_in_one_line(raw):
         read_snapshot(raw)
     except LabkitError as exc:
         assert "\n" not in str(exc)
+
+
+def test_advise_bounds_the_traced_batch(user_code):
+    """The traced step's batch is built on the host: 60000 x 60000 tokens tried to allocate 28.8 GB."""
+    refused(["advise", "--factory", "hostile29_fac:ok", "--micro-batch", "60000", "--seq", "60000", "--global-batch",
+             "60000", "--gpus", "1", "--gpu-memory", "80GiB"], "more than 1.00 GiB")
