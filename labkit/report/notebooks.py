@@ -100,6 +100,59 @@ def coerce(name: str, text: str, type_name: str) -> Any:
         return text
 
 
+def _sample(v: str) -> None:
+    from labkit.topology import list_samples
+
+    names = [s.name for s in list_samples()]
+    if v not in names:
+        raise LabkitError(f"not a bundled topology sample (labkit topo --list): {', '.join(names)}")
+
+
+def _preset(v: str) -> None:
+    from labkit.memory import get_preset
+
+    get_preset(v)
+
+
+def _workload(v: str) -> None:
+    from labkit.workloads import get_workload
+
+    get_workload(v)
+
+
+def _precision(v: str) -> None:
+    from labkit.core.vocab import canonical
+
+    canonical("precision", v)
+
+
+def _size(v: str) -> None:
+    from labkit.core.units import parse_bytes
+
+    if parse_bytes(v, what="the size") <= 0:
+        raise LabkitError("a size above 0, e.g. 80GiB")
+
+
+#: Words a notebook takes by name, checked before anything runs (a bad one would fail its notebook: exit 1).
+VALUE_CHECKS = {"sample": _sample, "topology_sample": _sample, "model_name": _preset, "planner_model": _preset,
+                "model": _preset, "workload": _workload, "precision": _precision, "gpu_memory": _size}
+
+
+def check_value(name: str, value: Any) -> None:
+    """Refuse ``-p name=value`` that the notebook would fail on (an unknown sample, preset, workload, ...)."""
+    check = VALUE_CHECKS.get(name)
+    if check is None or not isinstance(value, str) or (name == "model" and value == ""):
+        return
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            check(value)
+    except LabkitError as exc:
+        raise LabkitError(f"-p {name}={value[:80]}: {exc}") from None
+
+
 def resolve(selected: dict[str, Path], raw: dict[str, str], profile: str) -> dict[str, dict[str, Any]]:
     """Per-notebook parameters: the profile's smoke flag plus every -p the notebook declares.
 
@@ -121,5 +174,6 @@ def resolve(selected: dict[str, Path], raw: dict[str, str], profile: str) -> dic
         for key, text in raw.items():
             if key in params:
                 values[key] = coerce(key, text, params[key].type_name)
+                check_value(key, values[key])
         out[name] = values
     return out
