@@ -154,3 +154,10 @@ def test_a_credential_in_any_value_form_is_redacted(secret, host, form):
     alnum = "".join(c for c in secret if c.isalnum()) + "x1"   # tokens are letters, digits, _ and -
     value = form.format(s=secret, h=host, a=alnum * 2)
     assert shown_environment({"NCCL_SOCKET_IFNAME": value}) == {"NCCL_SOCKET_IFNAME": REDACTED}, value
+
+
+def test_a_credential_on_the_command_line_is_not_written_into_a_report_header():
+    from labkit.core.provenance import header
+
+    h = header("labkit report -p hf_config=https://ci:hunter2@hub.example.com/c.json --out reports")
+    assert "hunter2" not in h["command"] and h["command"].startswith("labkit report -p <redacted> --out reports")
