@@ -349,3 +349,13 @@ def test_advise_bounds_the_traced_batch(user_code):
     """The traced step's batch is built on the host: 60000 x 60000 tokens tried to allocate 28.8 GB."""
     refused(["advise", "--factory", "hostile29_fac:ok", "--micro-batch", "60000", "--seq", "60000", "--global-batch",
              "60000", "--gpus", "1", "--gpu-memory", "80GiB"], "more than 1.00 GiB")
+
+
+@pytest.mark.parametrize("change,fragment", [({"num_hidden_layers": 200000}, "more than labkit takes (512)"),
+                                             ({"vocab_size": 1000.5}, "vocab_size must be a positive integer"),
+                                             ({"hidden_size": 65}, "hidden=65 is not divisible by heads=4")])
+def test_advise_reads_configs_as_strictly(tmp_path, change, fragment):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**BASE, **change}))
+    refused(["advise", "--hf-config", str(p), "--seq", "128", "--global-batch", "8", "--gpus", "1", "--gpu-memory",
+             "80GiB"], fragment)

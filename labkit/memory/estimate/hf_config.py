@@ -46,12 +46,22 @@ def load_hf_config(source: str | Path) -> dict[str, Any]:
         raise LabkitError(f"--hf-config {source}: not a file and not a transformers model type") from None
 
 
+#: Bounds on what a config may give (a model built from it is traced by advise): the largest published models have
+#: 126 layers, 16,384 hidden, 128 heads and 256k vocabularies.
+_BOUNDS = {"num_hidden_layers": 512, "n_layer": 512, "hidden_size": 1 << 17, "n_embd": 1 << 17,
+           "num_attention_heads": 1024, "n_head": 1024, "vocab_size": 1 << 22, "intermediate_size": 1 << 20,
+           "ffn_dim": 1 << 20}
+
+
 def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: bool = True) -> int | None:
     for k in (key,) + alts:
         v = cfg.get(k)
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise LabkitError(f"hf config: {k} must be a positive integer, got {v!r}")
+                raise LabkitError(f"hf config: {k} must be a positive integer, got {str(v)[:40]!r}")
+            hi = _BOUNDS.get(key)
+            if hi is not None and v > hi:
+                raise LabkitError(f"hf config: {k} is {v}, more than labkit takes ({hi}): not a model's configuration")
             return v
     if default is not None or not required:
         return default
