@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--precision", default="fp32", help="fp32, amp-bf16, amp-fp16 or bf16 (default fp32)")
     s.add_argument("--recompute", default=None, help="none, full, every-K or selective (default none)")
     s.add_argument("--checkpointing", default=None, help=argparse.SUPPRESS)   # deprecated: --recompute
-    s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default=None,
+    s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default="torch",
                    help="Hugging Face models: labkit's torch.utils.checkpoint per layer (torch, the default) or "
                         "the model's gradient_checkpointing_enable (hf: non-reentrant; hf-reentrant)")
     s.add_argument("--optimizer", default="adamw", help="adamw (default), adam or sgd; the old adamw-foreach is "
@@ -85,15 +85,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--allocator-state", metavar="SNAPSHOT", default=None,
                    help="fake-cuda: replay reserved from the segments a process already holds, from a memory snapshot "
                         "of that process (torch.cuda.memory._dump_snapshot(): a .pickle, optionally gzip'd)")
-    s.add_argument("--reserved-placements", type=int_between(0, MAX_PLACEMENTS), default=None, metavar="N",
+    s.add_argument("--reserved-placements", type=int_between(0, MAX_PLACEMENTS), default=0, metavar="N",
                    help="fake-cuda: also replay reserved under N other orders of the segments' addresses and print "
                         "the range (where the driver puts segments depends on the process's history)")
-    s.add_argument("--process", choices=("fresh", "warm"), default=None,
+    s.add_argument("--process", choices=("fresh", "warm"), default="fresh",
                    help="fake-cuda: the process the step runs in: fresh (a new training script: the cuBLAS workspaces "
                         "are allocated at its first matmuls, the default) or warm (one that ran matmuls before, e.g. a "
                         "notebook; implied by --allocator-state)")
     p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
-    p.add_argument("--steps", type=int_between(1, MAX_STEPS), default=2, help="steps to run; the last one is reported (default 2)")
+    p.add_argument("--steps", type=int, default=2, help="steps to run; the last one is reported (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document (the MeasureReport)")
     p.set_defaults(func=run)
 
@@ -134,28 +134,34 @@ def _quiet_transformers() -> None:
         logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    from labkit.core.errors import LabkitError
+
+    for n in names:
+        v = getattr(args, n.replace("-", "_"))
+        if v is not None and v < 1:
+            raise LabkitError(f"--{n} must be >= 1, got {v}")
+
+
 def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse, before any work, a model named by an empty string, two models, a flag that does not apply to the
-    model or device given (the README's contract: exit 2), and a batch too large to build on the host."""
+    """Refuse, before any work, a model named by an empty string, a count past its bound, a flag that does not
+    apply to the model or device given (the README's contract: exit 2; a flag at its default is let be), and a
+    batch too large to build on the host."""
     from labkit.core.errors import LabkitError
 
     for flag, v in (("--hf-config", args.hf_config), ("--factory", args.factory), ("--model", args.workload)):
         if v is not None and not str(v).strip():
             raise LabkitError(f"{flag}: empty; name a model (or leave the flag out for the lab's GPT)")
-    sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
-                           args.workload and "--model") if x]
-    if len(sources) > 1:
-        raise LabkitError(f"give one model: {' and '.join(sources)} both given")
-    if args.lora and not args.hf_config:
-        raise LabkitError("--lora applies to a Hugging Face model: give --hf-config")
-    if args.no_kv_cache and not args.hf_config:
-        raise LabkitError("--no-kv-cache applies to a Hugging Face model: give --hf-config")
-    if args.recompute_via is not None and not args.hf_config:
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
+        raise LabkitError(f"--steps must be from 1 to {MAX_STEPS}, got {args.steps}")
+    if args.recompute_via != "torch" and not args.hf_config:
         raise LabkitError("--recompute-via applies to a Hugging Face model: give --hf-config")
     if args.device != "fake-cuda":
-        for flag, v in (("--moe-routing", args.moe_routing), ("--allocator-state", args.allocator_state),
-                        ("--reserved-placements", args.reserved_placements), ("--process", args.process)):
-            if v is not None:
+        for flag, given in (("--moe-routing", args.moe_routing is not None),
+                            ("--allocator-state", args.allocator_state is not None),
+                            ("--reserved-placements", bool(args.reserved_placements)),
+                            ("--process", args.process != "fresh")):
+            if given:
                 raise LabkitError(f"{flag} applies to fake mode (--device fake-cuda), not --device {args.device}")
     if not (args.hf_config or args.factory):
         for flag, v in (("--image-size", args.image_size), ("--task", args.task)):
@@ -164,15 +170,18 @@ def _check_flags(args: argparse.Namespace) -> None:
                                   "or --factory")
         if args.moe_routing is not None:
             raise LabkitError("--moe-routing does not apply to the lab's GPT: it is a dense model (no experts)")
-    if args.process == "fresh" and args.allocator_state:
-        raise LabkitError("--process fresh contradicts --allocator-state (a process that already holds segments, "
-                          "a warm one): give one")
     if args.task == "image-classification" and args.seq is not None:
         raise LabkitError("--seq does not apply to image classification: give --image-size")
-    args.recompute_via = args.recompute_via or "torch"
-    args.process = args.process or "fresh"
-    args.reserved_placements = args.reserved_placements or 0
     _check_batch(args)
+
+
+def _check_routing(args: argparse.Namespace, rep: Any, what: str) -> None:
+    """``--moe-routing`` on a model that ran no mixture-of-experts layer: refused (it would be said nowhere)."""
+    from labkit.core.errors import LabkitError
+
+    routing = (rep.emulation or {}).get("moe_routing") or {}
+    if args.moe_routing is not None and not (routing.get("used_by") or routing.get("not_needed_by")):
+        raise LabkitError(f"--moe-routing does not apply to {what}: it ran no mixture-of-experts layer (a dense model)")
 
 
 def _check_batch(args: argparse.Namespace) -> None:
@@ -216,16 +225,21 @@ def run(args: argparse.Namespace) -> int:
     _deprecated(args)
     _quiet_transformers()
     _check_flags(args)
+    _positive(args, "layers", "hidden", "heads", "vocab", "micro-batch", "seq", "image-size")
+    sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
+                           args.workload and "--model") if x]
+    if len(sources) > 1:
+        raise LabkitError(f"give one model: {' and '.join(sources)} both given")
+    if args.lora and not args.hf_config:
+        raise LabkitError("--lora applies to a Hugging Face model: give --hf-config")
+    if args.no_kv_cache and not args.hf_config:
+        raise LabkitError("--no-kv-cache applies to a Hugging Face model: give --hf-config")
     if args.hf_config:
         rep, what = _run_hf(args)
     elif args.factory:
         rep, what = _run_factory(args)
     else:
         rep, what = _run_gpt(args)
-    routing = (rep.emulation or {}).get("moe_routing") or {}
-    if args.moe_routing is not None and not (routing.get("used_by") or routing.get("not_needed_by")):
-        raise LabkitError(f"--moe-routing does not apply to {what.split(',')[0]}: it ran no mixture-of-experts "
-                          "layer (a dense model)")
     if args.json:
         print(dumps(rep))
         return 0
@@ -304,6 +318,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
     state = _allocator_state(args)
     rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing,
                   allocator_state=state, reserved_placements=args.reserved_placements, **_process(args, state))
+    _check_routing(args, rep, f"{arch} from {args.hf_config}")
     if task == "causal-lm" and case.recompute != "none" and case.checkpoint_impl == "torch" and not args.no_kv_cache:
         rep.notes.append(_kv_cache_note())
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
@@ -336,6 +351,7 @@ def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
     if task == "image-classification":
         kw = {"loss_fn": vision_loss, "call": vision_call}
     rep = measure_step(factory, batch, **kw, **_step_kwargs(args))
+    _check_routing(args, rep, f"{args.factory}()")
     return rep, f"{args.factory}() ({task})"
 
 
