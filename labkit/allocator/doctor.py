@@ -18,7 +18,8 @@ Cases (``Finding.kind``):
 
 from __future__ import annotations
 
-import math
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,31 +124,37 @@ def _check_ints(lst: Any, where: str) -> None:
         _need(_is_int(v) and v >= 0, f"{where}[{i}]", f"expected a byte count, got {str(v)[:40]!r}")
 
 
-#: No statistic of one GPU's allocator counts past this (bytes: 1 PiB; counts: as many).
-_MAX_STAT = 1 << 50
+# memory_stats()'s keys: "<stat>.<pool>.<current|peak|allocated|freed>", its num_* counters and max_split_size
+_STAT_KEY = re.compile(r"^(\w+\.(all|large_pool|small_pool)\.(current|peak|allocated|freed)|num_\w+|max_split_size)$")
+_WRAPPER_KEYS = ("ranks", "stats", "oom_message", "allocated_after_step_bytes", "nvml")
 
 
-def _check_sample(st: Any, where: str) -> None:
-    """A memory_stats() sample: a dict whose numbers (byte counts, event counts) are non-negative and finite."""
-    _need(isinstance(st, dict), where, f"a memory_stats() sample is a dict, got a {type(st).__name__}")
-    for k, v in st.items():
-        if not isinstance(k, str) or k in ("stats", "oom_message", "ranks", "nvml", "allocated_after_step_bytes",
-                                             "step", "time", "time_s", "rank", "pid") or v is None:
-            continue
-        counted = "bytes" in k or k.startswith("num_") or k.rsplit(".", 1)[-1] in ("current", "peak", "allocated",
-                                                                                   "freed")
-        if not counted:
-            continue
-        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= _MAX_STAT
-              and v == int(v))
-        _need(ok, f"{where}: {k[:60]}", f"expected a non-negative whole count, got {str(v)[:40]!r}")
+def check_memory_stats(st: dict, where: str) -> None:
+    """A ``torch.cuda.memory_stats()`` dict holds counts and byte counts: every value a non-negative integer
+    (``CUDACachingAllocator.cpp`` ``Stat``: ``current``, ``peak``, ``allocated``, ``freed``, all counted up
+    from 0), each ``current`` at most its ``peak``, and the bytes allocated at most the bytes reserved (every
+    allocated block lies in a reserved segment). Names the first entry that breaks this."""
+    for key, v in st.items():
+        if not (isinstance(key, str) and _STAT_KEY.match(key)):
+            continue                                   # not a statistic (a label, a config entry)
+        low = -1 if key == "max_split_size" else 0     # -1: no limit set (memory_stats()'s own convention)
+        _need(_is_int(v) and v >= low, f"{where}: {key!r}",
+              f"expected a non-negative integer (memory_stats() counts), got {str(v)[:40]!r}")
+    for key, v in st.items():
+        if isinstance(key, str) and key.endswith(".current"):
+            peak = st.get(key[: -len("current")] + "peak")
+            _need(peak is None or v <= peak, f"{where}: {key!r}", f"current {v} exceeds its peak {peak}: impossible")
+    a, r = st.get("allocated_bytes.all.current"), st.get("reserved_bytes.all.current")
+    _need(a is None or r is None or a <= r, f"{where}: 'allocated_bytes.all.current'",
+          f"{a} bytes allocated exceed the {r} bytes reserved: impossible")
 
 
 def check_stats(doc: Any, where: str = "stats") -> None:
     """Check the shape of what the doctor reads, naming the first entry it cannot read."""
     if isinstance(doc, list):
         for i, st in enumerate(doc):
-            _check_sample(st, f"{where}[{i}]")
+            _need(isinstance(st, dict), f"{where}[{i}]", f"a memory_stats() sample is a dict, got a {type(st).__name__}")
+            check_memory_stats(st, f"{where}[{i}]")
         return
     _need(isinstance(doc, dict), where, "expected a memory_stats() dict, a list of them, or {\"ranks\": [...]}, "
           f"got a {type(doc).__name__}")
@@ -179,12 +186,13 @@ def check_stats(doc: Any, where: str = "stats") -> None:
                           f"{w}.processes[{j}].used_bytes", "expected an integer")
     if "stats" in doc and not isinstance(doc["stats"], dict):
         raise LabkitError(f"{where}: 'stats' is a {type(doc['stats']).__name__}, expected a memory_stats() dict")
-    _check_sample(doc, where)
     if isinstance(doc.get("stats"), dict):
-        _check_sample(doc["stats"], f"{where}: stats")
+        check_memory_stats(doc["stats"], f"{where}: stats")
     for i, rk in enumerate(doc.get("ranks") or []):
         if isinstance(rk.get("stats"), dict):
-            _check_sample(rk["stats"], f"{where}: ranks[{i}].stats")
+            check_memory_stats(rk["stats"], f"{where}: ranks[{i}].stats")
+    if not any(k in doc for k in _WRAPPER_KEYS):
+        check_memory_stats(doc, where)                 # the memory_stats() dict itself
     if doc.get("oom_message") is not None:
         _need(isinstance(doc["oom_message"], str), f"{where}: 'oom_message'", "expected text")
     if doc.get("allocated_after_step_bytes") is not None:
