@@ -35,8 +35,7 @@ def _old_amp(value: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import (Deprecated, choices_metavar, int_at_least, int_between, nonnegative_int, positive_int,
-                                      vocab_value)
+    from labkit.core.cliargs import Deprecated, choices_metavar, int_at_least, int_between, positive_int, vocab_value
 
     p = sub.add_parser("comm", help="collective benchmark and DDP bucket sweep (gloo CPU processes or NCCL GPUs)",
                        description="Measure collectives and DDP bucket sizes on torch.distributed.")

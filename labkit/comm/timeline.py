@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
