@@ -42,6 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bad_environment() -> str | None:
+    """An environment variable that makes ``import torch.distributed`` raise (any verb may import it):
+    torch accepts TORCH_DISTRIBUTED_DEBUG = OFF, INFO or DETAIL in any case (torch/distributed/__init__.py
+    calls set_debug_level_from_env, which raises ValueError on anything else, the empty string too)."""
+    import os
+
+    v = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+    if v is not None and v.upper() not in ("OFF", "INFO", "DETAIL"):
+        return (f"TORCH_DISTRIBUTED_DEBUG={v[:40]!r} in the environment: torch accepts OFF, INFO or DETAIL "
+                "(unset it or pick one)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     flush_notes(show=False)
@@ -55,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.argv = list(sys.argv[1:] if argv is None else argv)     # what the user typed (suggestions repeat it)
     verb = args.command
+    bad = _bad_environment()
+    if bad:
+        print(f"labkit {verb}: error: {bad}", file=sys.stderr)
+        return 2
     sub = getattr(args, f"{verb}_command", None)   # a chapter's own sub-verbs (comm bench, alloc replay)
     label = f"labkit {verb} {sub}" if isinstance(sub, str) else f"labkit {verb}"
     try:

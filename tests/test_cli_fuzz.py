@@ -3,7 +3,8 @@ never shows a traceback; it exits 0, or 2 with exactly one line on stderr.
 
 Calls are in-process (``labkit.cli.main``). Verbs that would start work which is not argument
 handling stop at that point through a stand-in: ``comm`` where it would spawn ranks, ``report``
-where it would create its run folder and run notebooks; ``watch`` only reads run folders (--show),
+where it would create its run folder and run notebooks, ``measure`` where it would trace a step;
+``watch`` only reads run folders (--show),
 ``advise`` sizes a sample node without tracing. Examples are derandomized (the same
 every run) so that CI is repeatable; raise ``max_examples`` locally to explore further.
 """
@@ -146,6 +147,41 @@ ADVISE = {"--model": value(["gpt2", "llama3-8b", "nope"]), "--seq": INTS, "--glo
 @given(argv_of(ADVISE, prefix=("advise", "--model", "gpt2", "--seq", "1024", "--global-batch", "16", "--trace", "off",
                                "--sample", "h100_nv18_8gpu_dual_numa", "--gpu-memory", "80GiB"), max_flags=4))
 def test_advise(argv):
+    check(argv)
+
+
+# ------------------------------------------------------------------ measure (stopped before any step is traced)
+
+@pytest.fixture
+def no_trace(monkeypatch):
+    import labkit.memory.trace.step as step
+    import labkit.workloads.corpus as corpus
+
+    def stop(*a, **k):
+        raise _Stopped
+
+    monkeypatch.setattr(step, "measure_step", stop)
+    monkeypatch.setattr(corpus, "predict", stop)
+
+
+# user code is given only as names that cannot do harm when called (a factory is called to read its vocabulary)
+MEASURE = {"--model": value(["tiny", "gpt2-124m", "gpt", "", "nope"]), "--hf-config": value(["gpt2", "llama", "", "lama",
+           "/dev/zero", "/etc/hostname/x", "missing/config.json"]),
+           "--factory": value(["nomodule:f", "collections:OrderedDict", "json:dumps", ".rel:f", "", "a:b:c"]),
+           "--task": value(["causal-lm", "masked-lm", "image-classification", "x"]), "--lora": None,
+           "--no-kv-cache": None, "--layers": INTS, "--hidden": INTS, "--heads": INTS, "--vocab": INTS,
+           "--micro-batch": INTS, "--seq": INTS, "--image-size": INTS, "--precision": value(["fp32", "amp-bf16", "bf16"]),
+           "--recompute": value(["none", "full", "every-2", "every-0"]), "--recompute-via": value(["torch", "hf"]),
+           "--optimizer": value(["adamw", "sgd"]), "--loop": value(["plain", "keep-output"]),
+           "--moe-routing": value(["balanced", "0.5,0.5", "1,0", "-1,2"]),
+           "--allocator-state": value(["/dev/zero", "", "missing.pickle"]), "--reserved-placements": INTS,
+           "--process": value(["fresh", "warm"]), "--device": value(["fake-cuda", "cpu", "cuda", "tpu"]),
+           "--steps": INTS, "--json": None}
+
+
+@FUZZ
+@given(argv=argv_of(MEASURE, prefix=("measure",), max_flags=5))
+def test_measure_arguments(no_trace, argv):
     check(argv)
 
 

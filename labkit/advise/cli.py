@@ -11,6 +11,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from labkit.core.cliargs import finite_float, int_between
+
     p = sub.add_parser("advise", help="plan a whole training job: layout, memory, placement, settings, launch line",
                        description="The parallel layout that fits with a margin and is fastest by the model, the "
                                    "per-GPU peak and step time, the rank-to-GPU placement, the allocator setting, "
@@ -19,12 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--model", metavar="PRESET", help="a model preset (labkit estimate --list-models)")
     m.add_argument("--hf-config", metavar="PATH_OR_TYPE", help="a Hugging Face config.json, or a model type")
     m.add_argument("--factory", metavar="MODULE:FUNCTION", help="your function returning an nn.Module")
-    m.add_argument("--layers", type=int, help="override the config's depth")
-    m.add_argument("--hidden", type=int, help="override the config's width")
+    m.add_argument("--layers", type=int_between(1, 512), help="override the config's depth")
+    m.add_argument("--hidden", type=int_between(1, 1 << 17), help="override the config's width")
     j = p.add_argument_group("job")
-    j.add_argument("--seq", type=int, required=True, help="sequence length")
-    j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: micro-batch x GPUs); give it, --micro-batch or both")
-    j.add_argument("--micro-batch", type=int, help="sequences per GPU per micro-step (default: searched, when --global-batch is given)")
+    j.add_argument("--seq", type=int_between(1, 1 << 20), required=True, help="sequence length")
+    j.add_argument("--global-batch", type=int_between(1, 1 << 24),
+                   help="sequences per optimizer step (default: micro-batch x GPUs); give it, --micro-batch or both")
+    j.add_argument("--micro-batch", type=int_between(1, 1 << 16),
+                   help="sequences per GPU per micro-step (default: searched, when --global-batch is given)")
     j.add_argument("--precision", default="amp-bf16", help="fp32, amp-bf16, amp-fp16, bf16, bf16-mixed, fp16-mixed")
     j.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, adam8bit")
     j.add_argument("--recompute", help="none, selective, full, every-K (default: searched)")
@@ -34,10 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--live", action="store_true", help="this server (NVML and nvidia-smi topo -m)")
     w.add_argument("--file", metavar="PATH", help="a saved `nvidia-smi topo -m` or NCCL topology XML")
     w.add_argument("--sample", metavar="NAME", help="a bundled topology sample (labkit topo --list)")
-    w.add_argument("--gpus", type=int, help="GPUs in all (default: the topology's times --nodes)")
-    w.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU with its unit, e.g. 80GiB or 141GB (a bare number is refused)")
-    w.add_argument("--nodes", type=int, default=1, help="identical nodes (default 1)")
-    w.add_argument("--margin", type=float, default=0.10, help="memory kept free per GPU, a fraction (default 0.10)")
+    w.add_argument("--gpus", type=int_between(1, 1 << 20), help="GPUs in all (default: the topology's times --nodes)")
+    w.add_argument("--gpu-memory", metavar="SIZE",
+                   help="memory per GPU with its unit, e.g. 80GiB or 141GB (a bare number is refused)")
+    w.add_argument("--nodes", type=int_between(1, 1 << 16), default=1, help="identical nodes (default 1)")
+    w.add_argument("--margin", type=finite_float(ge=0, lt=1), default=0.10, help="memory kept free per GPU, a fraction (default 0.10)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 

@@ -30,6 +30,10 @@ def hf_causal_lm_factory(cfg: dict[str, Any], layers: int | None = None, hidden:
     return lambda: tr.AutoModelForCausalLM.from_config(config), int(getattr(config, "vocab_size", 32000))
 
 
+#: The host batch of the traced step (as `labkit measure`'s): token ids and labels of at most 1 GiB.
+MAX_BATCH_BYTES = 1 << 30
+
+
 def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
     """The fake-mode report of one unsharded step, with ``.roofline``: that step priced op by op."""
     from labkit.memory.trace.step import measure_step
@@ -45,6 +49,13 @@ def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tup
     from labkit.advise.roofline import Roofline
 
     precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"
+    if micro_batch * job.seq * 16 > MAX_BATCH_BYTES:   # token ids and labels, int64, built on the host
+        from labkit.core.errors import LabkitError
+        from labkit.core.units import fmt_bytes
+
+        raise LabkitError(f"--micro-batch {micro_batch} x --seq {job.seq}: the traced step's batch would take "
+                          f"{fmt_bytes(micro_batch * job.seq * 16)} on the host, more than "
+                          f"{fmt_bytes(MAX_BATCH_BYTES)}; give a smaller --micro-batch (or --trace off)")
     batch = hf_lm_batch(vocab, micro_batch, job.seq)
     with Roofline() as roofline:
         rep = measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,

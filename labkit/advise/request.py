@@ -23,7 +23,12 @@ class ModelSource:
     hidden: int | None = None
 
     def __post_init__(self) -> None:
-        given = [k for k in ("preset", "hf_config", "factory") if getattr(self, k)]
+        for k in ("preset", "hf_config", "factory"):
+            v = getattr(self, k)
+            if v is not None and not str(v).strip():
+                flag = "--model" if k == "preset" else "--" + k.replace("_", "-")
+                raise LabkitError(f"{flag}: empty; name the model")
+        given = [k for k in ("preset", "hf_config", "factory") if getattr(self, k) is not None]
         if len(given) != 1:
             raise LabkitError("advise: give exactly one of --model PRESET, --hf-config CONFIG or --factory "
                               f"module:function (got {', '.join('--' + g.replace('_', '-') for g in given) or 'none'})")
@@ -33,8 +38,9 @@ class ModelSource:
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise LabkitError(f"--{k} must be a positive integer, got {v!r}")
-        if self.preset and (self.layers or self.hidden):
-            pass  # presets take overrides too (a smaller copy of a known model)
+        if self.factory and (self.layers or self.hidden):
+            raise LabkitError("--layers and --hidden override a preset's or a config's size; a --factory model "
+                              "is built by your function")
 
 
 @dataclass(frozen=True)

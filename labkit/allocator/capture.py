@@ -166,26 +166,41 @@ class Capture:
     @property
     def snapshot_path(self) -> Path | None:
         p = self.folder / SNAPSHOT
-        return p if p.is_file() else None
+        return p if p.is_file() and not p.is_symlink() else None
 
     @property
     def rank(self) -> int | None:
         return self.manifest.get("rank")
 
 
+#: The largest file of a capture folder read (a statistics series of many steps; the snapshot has its own limit).
+MAX_CAPTURE_FILE_BYTES = 64 << 20
+
+
+def _read_text(p: Path, what: str) -> str:
+    """A capture file's text: a regular file (never a link: watch writes none) of bounded size."""
+    from labkit.core.serialize import read_text
+
+    return read_text(p, what, limit=MAX_CAPTURE_FILE_BYTES, follow_links=False, errors="replace")
+
+
 def _read_json_file(p: Path, notes: list[str]) -> Any:
+    from labkit.core.serialize import parse_json
+
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        notes.append(f"{p.name}: unreadable ({type(exc).__name__})")
+        return parse_json(_read_text(p, "capture file"), str(p), "capture file")
+    except LabkitError as exc:
+        notes.append(f"{p.name}: unreadable ({exc})")
         return None
 
 
 def read_capture(folder: str | Path) -> Capture:
     """Read one rank's folder; whatever was written is returned, and what is missing is said."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise LabkitError(f"{folder}: no such capture folder")
+    from labkit.core.serialize import path_is
+
+    if not path_is(folder, "dir"):
+        raise LabkitError(f"{str(folder)[:200]}: no such capture folder")
     notes: list[str] = []
     man = _read_json_file(folder / MANIFEST, notes) if (folder / MANIFEST).exists() else None
     if not isinstance(man, dict):
@@ -200,8 +215,9 @@ def read_capture(folder: str | Path) -> Capture:
     steps: list[dict[str, Any]] = []
     if (folder / STATS).exists():
         try:
-            lines = (folder / STATS).read_text(encoding="utf-8", errors="replace").split("\n")
-        except OSError:
+            lines = _read_text(folder / STATS, "statistics file").split("\n")
+        except LabkitError as exc:
+            notes.append(f"{STATS}: unreadable ({exc})")
             lines = []
         for i, line in enumerate(lines):
             if not line.strip():
@@ -218,10 +234,15 @@ def read_capture(folder: str | Path) -> Capture:
         st = _read_json_file(folder / STATS_AT_OOM, notes)
         cap.stats_at_oom = st if isinstance(st, dict) else None
     if (folder / MESSAGE).exists():
-        cap.oom_message = (folder / MESSAGE).read_text(encoding="utf-8", errors="replace")
+        try:
+            cap.oom_message = _read_text(folder / MESSAGE, "OOM message file")
+        except LabkitError as exc:
+            notes.append(f"{MESSAGE}: unreadable ({exc})")
     if (folder / VERDICT_JSON).exists():
         v = _read_json_file(folder / VERDICT_JSON, notes)
         cap.verdict = v if isinstance(v, dict) else None
+        if v is not None and cap.verdict is None:
+            notes.append(f"{VERDICT_JSON}: a {type(v).__name__}, not a verdict (left out)")
     if man.get("oom"):
         missing = [n for n in (STATS_AT_OOM, MESSAGE, VERDICT_JSON) if not (folder / n).exists()]
         if man.get("settings", {}).get("history", True) and not (folder / SNAPSHOT).exists():
@@ -235,9 +256,11 @@ def read_capture(folder: str | Path) -> Capture:
 
 def rank_folders(run: str | Path) -> list[Path]:
     """The rank folders of a run folder (rank0, rank1, rank0.1 ...), in rank order."""
+    from labkit.core.serialize import path_is
+
     run = Path(run)
-    if not run.is_dir():
-        raise LabkitError(f"{run}: no such run folder")
+    if not path_is(run, "dir"):
+        raise LabkitError(f"{str(run)[:200]}: no such run folder")
 
     def key(p: Path):
         r, _, a = p.name[4:].partition(".")

@@ -107,10 +107,7 @@ def read_oom_text(path: str | Path) -> str:
     from labkit.core.serialize import read_bytes
 
     p = Path(path)
-    if p.is_file() and p.stat().st_size > MAX_OOM_TEXT_BYTES:
-        raise LabkitError(f"{p}: {p.stat().st_size} bytes is too long for an OOM message file (at most 1 MiB: "
-                          "cut the log down to the error)")
-    raw = read_bytes(p, "OOM message file")
+    raw = read_bytes(p, "OOM message file (cut a longer log down to the error)", limit=MAX_OOM_TEXT_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -151,6 +148,7 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_COMPARE = 32
 DEFAULT_COMPARE = ("", "expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:512",
                    "roundup_power2_divisions:4", "expandable_segments:True,roundup_power2_divisions:4")
 
@@ -161,6 +159,9 @@ def run_compare(args: argparse.Namespace) -> int:
     from labkit.core.units import fmt_bytes
 
     confs = ["" if c in ("default",) else c for c in (args.conf or DEFAULT_COMPARE)]
+    if len(confs) > MAX_COMPARE:
+        raise LabkitError(f"--conf given {len(confs)} times: compare replays the trace once per configuration, at most "
+                          f"{MAX_COMPARE}")
     tr = _trace(args)
     res = compare(tr, confs, cap_bytes=_cap(args.cap_bytes))
     if args.json:

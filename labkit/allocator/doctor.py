@@ -27,7 +27,7 @@ from typing import Any
 from labkit.allocator.oom_message import OOMMessage, parse_oom_message
 from labkit.allocator.snapshot import Snapshot, read_snapshot
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import read_json
+from labkit.core.serialize import DEFAULT_READ_LIMIT, read_json
 from labkit.core.units import fmt_bytes
 
 GiB = 1024**3
@@ -90,14 +90,16 @@ def _stat(stats: dict, key: str) -> int:
 def load_stats_file(path: str | Path) -> Any:
     """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement: a file,
     or the JSON text itself (an argument starting with { or [ that is not a file)."""
-    text = str(path).strip()
-    if text[:1] in "{[" and not Path(text).exists():
-        import json
+    from labkit.core.serialize import parse_json, path_is
 
+    text = str(path).strip()
+    if text[:1] in "{[" and not path_is(text, "exists"):
+        if len(text) > DEFAULT_READ_LIMIT:
+            raise LabkitError("--stats: the JSON given inline is too long (give a file)")
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise LabkitError(f"--stats: neither a file nor valid JSON ({exc})") from None
+            doc = parse_json(text, "--stats", "statistics JSON")
+        except LabkitError as exc:
+            raise LabkitError(f"--stats: neither a file nor valid JSON ({str(exc).removeprefix('--stats: ')})") from None
         check_stats(doc, "--stats")
         return doc
     doc = read_json(path, "stats file")

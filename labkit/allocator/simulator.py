@@ -790,7 +790,7 @@ class CachingAllocatorSim:
             while b is not None and b.mapped:
                 blocks.append({"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else 0,
                                "state": "active_allocated" if b.allocated else
-                               ("active_awaiting_free" if b.pending else "inactive")})
+                               ("active_pending_free" if b.pending else "inactive")})
                 b = b.next
             out.append({"address": h.addr, "total_size": sum(x["size"] for x in blocks), "stream": h.stream,
                         "segment_type": "small" if h.pool.small else "large", "is_expandable": h.es is not None,

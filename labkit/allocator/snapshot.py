@@ -87,7 +87,37 @@ def _gunzip(raw: bytes, name: str, limit: int) -> bytes:
     return out
 
 
+#: Bytes of Python objects one pickle opcode byte can create at most (CPython 3.11, 64-bit): an empty set, dict,
+#: list, a 1-3 tuple, a short string, an int or float; every byte also costs up to 16 (stack, memo, container
+#: slots). An upper bound on what decoding can take, counted before decoding (bytes.count per opcode).
+_OPCODE_BYTES = {0x8F: 216, 0x91: 216, 0x7D: 64, 0x5D: 56, 0x85: 48, 0x86: 56, 0x87: 64, 0x8C: 60, 0x58: 60,
+                 0x4A: 32, 0x47: 24, 0x8A: 40, 0x28: 16}
+#: The snapshots torch writes take about 21x their pickled size by that bound (the recordings under data/traces:
+#: 20.6-21.4x; about 9x really); a pickle above this ratio is built to expand, not written by torch.
+MAX_DECODE_RATIO = 40
+#: A snapshot's trace entries and blocks each take ~50 pickled bytes (data/traces); a memoised reference takes 2-5.
+MIN_BYTES_PER_ITEM = 12
+
+
+def decode_budget(raw: bytes, name: str, max_bytes: int) -> int:
+    """The most memory decoding ``raw`` can take (an upper bound); a LabkitError when that is more than the
+    budget: :data:`MAX_DECODE_RATIO` x the file, and 24 x ``max_bytes`` in all."""
+    from labkit.core.units import fmt_bytes
+
+    bound = 16 * len(raw) + sum(w * raw.count(bytes([op])) for op, w in _OPCODE_BYTES.items())
+    if bound > MAX_DECODE_RATIO * len(raw) or bound > 24 * max_bytes:
+        raise LabkitError(f"{name}: decoding this pickle could take up to {fmt_bytes(bound)} of memory "
+                          f"({bound / max(len(raw), 1):.0f} bytes per byte of pickle; a snapshot torch writes takes "
+                          f"about 21): built to expand, not a memory snapshot; refused before decoding")
+    return bound
+
+
 def _load_bytes(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    return _decode(raw, name, max_bytes)[0]
+
+
+def _decode(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Any, int]:
+    """The loaded object and its pickled (decompressed) size."""
     if raw[:2] == b"\x1f\x8b":
         raw = _gunzip(raw, name, max_bytes)
     elif len(raw) > max_bytes:
@@ -97,6 +127,11 @@ def _load_bytes(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> An
     if raw[:1] != b"\x80":
         raise LabkitError(f"{name}: not a pickle (a torch.cuda.memory._snapshot() file is a pickle, "
                           "optionally gzip'd)")
+    decode_budget(raw, name, max_bytes)
+    return _unpickle(raw, name), len(raw)
+
+
+def _unpickle(raw: bytes, name: str) -> Any:
     try:
         return _SafeUnpickler(io.BytesIO(raw)).load()
     except EOFError:
@@ -127,12 +162,22 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+#: More bytes than any GPU has (a segment, a device's segments, a request): 1 TiB; an H200 has 141 GB.
+MAX_DEVICE_BYTES = 1 << 40
+#: The states ``torch.cuda.memory_snapshot()`` gives a block (c10/cuda/CUDACachingAllocator.cpp, snapshot()).
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+
+
 def _segment_problem(s: Any) -> str | None:
     if not isinstance(s, dict):
         return f"is a {type(s).__name__}, not a dict"
     for k in ("address", "total_size"):
         if not _is_int(s.get(k)) or s[k] < 0:
             return f"needs a non-negative integer {k!r}, has {_short(s.get(k))}"
+    if s["total_size"] > MAX_DEVICE_BYTES:
+        return f"has total_size {s['total_size']}, more than any GPU's memory (1 TiB)"
+    if "device" in s and _is_int(s["device"]) and not 0 <= s["device"] < 1024:
+        return f"has device {s['device']}, not a GPU index"
     for k in ("device", "stream", "allocated_size", "active_size", "requested_size"):
         if k in s and not _is_int(s[k]):
             return f"{k!r} is {_short(s[k])}, not an integer"
@@ -142,9 +187,17 @@ def _segment_problem(s: Any) -> str | None:
     blocks = s.get("blocks", [])
     if not isinstance(blocks, list):
         return f"'blocks' is a {type(blocks).__name__}, not a list"
+    total = 0
     for j, b in enumerate(blocks):
         if not isinstance(b, dict) or not _is_int(b.get("size", 0)) or not isinstance(b.get("state", ""), str):
             return f"block {j} is not a block (needs an integer 'size' and a string 'state'): {_short(b)}"
+        if b.get("size", 0) < 0:
+            return f"block {j} has a negative size {b['size']}"
+        if "state" in b and b["state"] not in BLOCK_STATES:
+            return f"block {j} has state {_short(b['state'])} (expected one of {', '.join(BLOCK_STATES)})"
+        total += b.get("size", 0)
+    if total > s["total_size"]:
+        return f"its blocks hold {total} bytes, more than the segment's total_size {s['total_size']}"
     return None
 
 
@@ -156,6 +209,8 @@ def _entry_problem(e: Any) -> str | None:
         return f"has action {_short(a)} (expected one of {', '.join(sorted(TRACE_ACTIONS))})"
     if not _is_int(e.get("size", 0)) or e.get("size", 0) < 0:
         return f"({a}) has size {_short(e.get('size'))}, not a non-negative integer"
+    if e.get("size", 0) > MAX_DEVICE_BYTES:
+        return f"({a}) has size {e['size']}, more than any GPU's memory (1 TiB)"
     if a != "oom" and not _is_int(e.get("addr", 0)):
         return f"({a}) has address {_short(e.get('addr'))}, not an integer"
     if "stream" in e and not _is_int(e["stream"]):
@@ -163,7 +218,8 @@ def _entry_problem(e: Any) -> str | None:
     return None
 
 
-def _check(obj: Any, name: str) -> Snapshot:
+def _check(obj: Any, name: str, pickled: int = 0) -> Snapshot:
+    """A loaded snapshot, checked; ``pickled``: its pickled size, which bounds how many items it may hold."""
     if not isinstance(obj, dict):
         raise LabkitError(f"{name}: a memory snapshot is a dict with 'segments' and 'device_traces', "
                           f"this file holds a {type(obj).__name__}")
@@ -174,6 +230,21 @@ def _check(obj: Any, name: str) -> Snapshot:
     traces = obj.get("device_traces", [])
     if not isinstance(segs, list) or not isinstance(traces, list):
         raise LabkitError(f"{name}: 'segments' and 'device_traces' must be lists")
+    if not all(isinstance(tr, list) for tr in traces):
+        d = next(i for i, tr in enumerate(traces) if not isinstance(tr, list))
+        raise LabkitError(f"{name}: device_traces[{d}] is a {type(traces[d]).__name__}, not a list")
+    items = len(segs) + sum(len(s["blocks"]) for s in segs if isinstance(s, dict) and isinstance(s.get("blocks"), list))
+    items += sum(len(tr) for tr in traces)
+    if pickled and items > pickled // MIN_BYTES_PER_ITEM:
+        raise LabkitError(f"{name}: {items} segments, blocks and trace entries in {pickled} pickled bytes: they repeat "
+                          "shared references (a snapshot torch writes holds each one once); refused before reading them")
+    seen: set[int] = set()
+    for i, s in enumerate(segs):
+        if isinstance(s, dict) and isinstance(s.get("blocks"), list) and s["blocks"]:
+            if id(s["blocks"]) in seen:
+                raise LabkitError(f"{name}: segments[{i}] shares its block list with another segment (a snapshot "
+                                  "torch writes gives each its own)")
+            seen.add(id(s["blocks"]))
     for i, s in enumerate(segs):
         why = _segment_problem(s)
         if why:
@@ -185,6 +256,12 @@ def _check(obj: Any, name: str) -> Snapshot:
             why = _entry_problem(e)
             if why:
                 raise LabkitError(f"{name}: device_traces[{d}][{j}] {why}")
+    per_device: dict[int, int] = {}
+    for s in segs:
+        per_device[s.get("device", 0)] = per_device.get(s.get("device", 0), 0) + s["total_size"]
+    for d, total in per_device.items():
+        if total > MAX_DEVICE_BYTES:
+            raise LabkitError(f"{name}: device {d}'s segments hold {total} bytes, more than any GPU's memory (1 TiB)")
     settings = obj.get("allocator_settings") or {}
     return Snapshot(name, segs, traces, settings if isinstance(settings, dict) else {})
 
@@ -196,13 +273,14 @@ def read_snapshot(src: str | Path | bytes | dict, *, max_bytes: int = DEFAULT_MA
     if isinstance(src, dict):
         return _check(src, "snapshot")
     if isinstance(src, (bytes, bytearray)):
-        return _check(_load_bytes(bytes(src), "snapshot", max_bytes), "snapshot")
+        obj, size = _decode(bytes(src), "snapshot", max_bytes)
+        return _check(obj, "snapshot", size)
     path = Path(src)
     try:
-        size = path.stat().st_size
-    except OSError:
-        size = 0
-    if size > max_bytes:  # compressed data is never larger than what it unpacks to (for real snapshots)
-        raise _too_big(str(path), max_bytes)
-    raw = read_bytes(path, "snapshot file")
-    return _check(_load_bytes(raw, str(path), max_bytes), str(path))
+        raw = read_bytes(path, "snapshot file", limit=max_bytes)
+    except LabkitError as exc:  # compressed data is never larger than what it unpacks to (for real snapshots)
+        if "more than a snapshot file can be" in str(exc):
+            raise _too_big(str(path), max_bytes) from None
+        raise
+    obj, size = _decode(raw, str(path), max_bytes)
+    return _check(obj, str(path), size)

@@ -23,15 +23,22 @@ from pathlib import Path
 from labkit.core.errors import LabkitError
 
 
+#: The history ring buffer's largest size: each entry costs ~1 KB in the process (more with stacks).
+MAX_ENTRIES = 10_000_000
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    from labkit.core.cliargs import int_between
+
     p = sub.add_parser("watch", help="run a training command and capture its out-of-memory error per rank",
                        description="Run CMD with the allocator's history on; on an OOM each rank writes the snapshot, "
                                    "per-step memory_stats(), the message and the doctor's verdict into its own folder.")
     p.add_argument("--out", default="labkit-watch", help="folder for the run folders (default: ./labkit-watch)")
-    p.add_argument("--detail", choices=("trace", "stacks", "stats"), default="trace",
+    p.add_argument("--detail", choices=("trace", "stacks", "stats"), default=None,
                    help="trace: history without stacks (default); stacks: with Python stacks (slower); "
                         "stats: per-step statistics only (no snapshot, no simulator check)")
-    p.add_argument("--max-entries", type=int, default=None, help="history ring buffer size (default 200000)")
+    p.add_argument("--max-entries", type=int_between(1000, MAX_ENTRIES), default=None,
+                   help=f"history ring buffer size (default 200000, at most {MAX_ENTRIES})")
     p.add_argument("--no-sim", action="store_true", help="do not check the verdict with the simulator")
     p.add_argument("--reduce", action="store_true", help="keep only what the doctor needs in the snapshot")
     p.add_argument("--show", metavar="RUN", help="print the verdicts of an earlier run folder instead")
@@ -63,8 +70,10 @@ def summarize(run: Path) -> list[dict]:
         except LabkitError as exc:
             rows.append({"folder": str(f), "state": "unreadable", "reason": str(exc)})
             continue
-        v = c.verdict or {}
-        first = (v.get("findings") or [{}])[0]
+        findings = (c.verdict or {}).get("findings")
+        first = findings[0] if isinstance(findings, list) and findings and isinstance(findings[0], dict) else {}
+        if c.verdict is not None and not first:
+            c.notes.append("verdict.json: no findings of the expected shape (left out)")
         rows.append({"folder": str(f), "rank": c.rank, "state": c.state, "reason": c.reason,
                      "steps": len(c.steps), "oom": bool(c.manifest.get("oom")), "verdict": first.get("kind"),
                      "title": first.get("title"), "fix": first.get("fix"), "verified": first.get("verified")})
@@ -91,7 +100,18 @@ def _print_rows(run: Path, rows: list[dict]) -> None:
 def run_watch(args: argparse.Namespace) -> int:
     from labkit.allocator.capture import run_folder
 
-    if args.show:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    run_flags = [f for f, v in (("--detail", args.detail), ("--max-entries", args.max_entries),
+                                ("--no-sim", args.no_sim), ("--reduce", args.reduce)) if v not in (None, False)]
+    if args.show is not None:
+        if cmd:
+            raise LabkitError("watch: --show prints an earlier run; it runs no command (drop -- CMD, or --show)")
+        if run_flags:
+            raise LabkitError(f"watch: {', '.join(run_flags)} applies to a run, not to --show")
+        if not str(args.show).strip():
+            raise LabkitError("--show is empty: give a run folder written by labkit watch")
         run = Path(args.show)
         rows = summarize(run)
         if args.json:
@@ -99,21 +119,19 @@ def run_watch(args: argparse.Namespace) -> int:
         else:
             _print_rows(run, rows)
         return 0
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    if args.json:
+        raise LabkitError("watch: --json goes with --show RUN (a watched command prints its own output)")
+    args.detail = args.detail or "trace"
     if not cmd:
         raise LabkitError("watch: give the command to run after --, e.g. labkit watch -- python train.py")
     if shutil.which(cmd[0]) is None:
         raise LabkitError(f"watch: command {cmd[0]!r} not found or not executable")
     if not str(args.out).strip():
         raise LabkitError("--out is empty: give the folder for the run folders (default ./labkit-watch)")
-    if args.max_entries is not None and args.max_entries < 1000:
-        raise LabkitError(f"--max-entries must be at least 1000, got {args.max_entries}")
     if not _gpu_available():
         print("labkit watch: no CUDA GPU here: running the command without watching (watch is a no-op)",
               file=sys.stderr, flush=True)
-        return subprocess.call(cmd)
+        return exit_status(subprocess.call(cmd))
     run = run_folder(args.out)
     try:
         run.mkdir(parents=True, exist_ok=True)
@@ -133,4 +151,9 @@ def run_watch(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         raise LabkitError(f"watch: no such command {cmd[0]!r}") from None
     _print_rows(run, summarize(run))
-    return rc
+    return exit_status(rc)
+
+
+def exit_status(rc: int) -> int:
+    """The command's exit status as a shell gives it: killed by signal N is 128 + N (subprocess says -N)."""
+    return 128 - rc if rc < 0 else rc

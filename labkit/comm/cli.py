@@ -17,6 +17,7 @@ from labkit.core.table import render
 # torch.autocast dtype of each precision the bucket sweep runs (labkit.core.vocab spellings)
 BUCKET_PRECISIONS = {"fp32": None, "amp-bf16": "bfloat16", "amp-fp16": "float16"}
 MAX_LOCAL_RANKS = 64          # spawned processes on one machine
+MAX_BUCKET_SIZES = 64         # points of one bucket sweep
 MAX_BUCKET_MB = 1024 * 1024   # 1 TiB: far above any gradient set DDP would bucket
 
 
@@ -34,7 +35,7 @@ def _old_amp(value: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import Deprecated, choices_metavar, int_at_least, nonnegative_int, positive_int, vocab_value
+    from labkit.core.cliargs import Deprecated, choices_metavar, int_at_least, int_between, positive_int, vocab_value
 
     p = sub.add_parser("comm", help="collective benchmark and DDP bucket sweep (gloo CPU processes or NCCL GPUs)",
                        description="Measure collectives and DDP bucket sizes on torch.distributed.")
@@ -49,8 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--min-bytes", default="4KiB", help="smallest size (default 4KiB)")
     b.add_argument("--max-bytes", default=None, help="largest size (default 4MiB on gloo, 1GiB on nccl)")
     b.add_argument("--factor", type=int_at_least(2), default=4, help="each size is this times the previous (default 4)")
-    b.add_argument("--warmup", type=nonnegative_int, default=2)
-    b.add_argument("--repeats", type=positive_int, default=5)
+    b.add_argument("--warmup", type=int_between(0, 1000), default=2, help="untimed runs per size (default 2, at most "
+                   "1000)")
+    b.add_argument("--repeats", type=int_between(1, 10000), default=5, help="timed runs per size, the median is "
+                   "reported (default 5, at most 10000)")
     b.add_argument("--link-class", default=None, help="label of the links measured, for the alpha-beta fit "
                                                        "(default: cpu-shm on gloo, gpu on nccl)")
     b.add_argument("--json", action="store_true", help="print one JSON document")
@@ -67,8 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--workload", dest="model", action=Deprecated, new="--model")
     k.add_argument("--micro-batch", type=positive_int, default=None, help="per-rank micro-batch (default: the workload's)")
     k.add_argument("--batch-size", dest="micro_batch", type=positive_int, action=Deprecated, new="--micro-batch")
-    k.add_argument("--steps", type=positive_int, default=5, help="timed steps per point (default 5)")
-    k.add_argument("--warmup", type=int_at_least(2), default=2, help="untimed steps per point (default 2, at least 2)")
+    k.add_argument("--steps", type=int_between(1, 1000), default=5, help="timed steps per point (default 5, at most "
+                   "1000)")
+    k.add_argument("--warmup", type=int_between(2, 1000), default=2, help="untimed steps per point (default 2, at "
+                   "least 2)")
     k.add_argument("--gradient-as-bucket-view", choices=("off", "on", "both"), default="both")
     k.add_argument("--precision", type=vocab_value("precision", tuple(BUCKET_PRECISIONS)), default="fp32",
                    metavar=choices_metavar(tuple(BUCKET_PRECISIONS)),
@@ -172,6 +177,9 @@ def run_buckets(args: argparse.Namespace) -> int:
     from labkit.workloads import get_workload
 
     sizes = parse_bucket_sizes(args.sizes)
+    if len(sizes) > MAX_BUCKET_SIZES:
+        raise LabkitError(f"--sizes: {len(sizes)} bucket sizes, more than one sweep takes ({MAX_BUCKET_SIZES}); each "
+                          "is a DDP run of --steps steps")
     big = [s for s in sizes if s > MAX_BUCKET_MB]
     if big:
         raise LabkitError(f"--sizes: bucket size {big[0]:g} MiB is above {MAX_BUCKET_MB} MiB (1 TiB)")

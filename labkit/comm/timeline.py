@@ -18,12 +18,16 @@ divides it by that span (the backward-plus-communication critical path).
 from __future__ import annotations
 
 import gzip
-import json
+import io
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from labkit.core.errors import LabkitError
+
+#: The largest Chrome trace read (unpacked): a profiled step of a large model is tens of MB.
+MAX_TRACE_BYTES = 256 << 20
 
 Interval = tuple[float, float]
 
@@ -118,14 +122,22 @@ def _coarsen(iv: list[Interval], n: int) -> list[Interval]:
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
+    from labkit.core.serialize import parse_json, read_bytes
+
     path = Path(path)
+    raw = read_bytes(path, "trace file", limit=MAX_TRACE_BYTES)
+    if path.suffix == ".gz":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+                raw = f.read(MAX_TRACE_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise LabkitError(f"{path}: not a readable gzip'd Chrome trace ({exc})") from None
+        if len(raw) > MAX_TRACE_BYTES:
+            raise LabkitError(f"{path}: unpacks to more than {MAX_TRACE_BYTES} bytes, more than a trace file can be")
     try:
-        raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
-        doc = json.loads(raw)
-    except FileNotFoundError:
-        raise LabkitError(f"{path}: no such trace file") from None
-    except (json.JSONDecodeError, OSError, EOFError) as exc:
-        raise LabkitError(f"{path}: not a readable Chrome trace ({exc})") from None
+        doc = parse_json(raw.decode("utf-8", errors="replace"), str(path), "Chrome trace")
+    except LabkitError as exc:
+        raise LabkitError(f"{path}: not a readable Chrome trace ({str(exc).removeprefix(f'{path}: ')})") from None
     if not isinstance(doc, dict) or "traceEvents" not in doc:
         raise LabkitError(f"{path}: not a Chrome trace (no 'traceEvents')")
     return doc

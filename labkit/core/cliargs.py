@@ -95,6 +95,17 @@ def int_at_least(lo: int) -> Callable[[str], int]:
     return parse
 
 
+def int_between(lo: int, hi: int) -> Callable[[str], int]:
+    """An argument type: an integer from ``lo`` to ``hi`` (a count a user controls, bounded so that the work is)."""
+    def parse(text: str) -> int:
+        v = _int(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be an integer from {lo} to {hi}, got {text[:40]!r}")
+        return v
+    parse.__name__ = f"integer from {lo} to {hi}"
+    return parse
+
+
 positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 

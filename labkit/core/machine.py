@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import labkit
-from labkit.core.envvars import REDACTED, shown_environment  # noqa: F401  (REDACTED: for callers)
+from labkit.core.envvars import REDACTED, shown_environment
 
 
 
@@ -71,7 +71,10 @@ def redact_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def _git_commit() -> str | None:
     """The checkout's commit; LABKIT_GIT_COMMIT names it where the tree travels without .git."""
     if os.environ.get("LABKIT_GIT_COMMIT"):
-        return os.environ["LABKIT_GIT_COMMIT"]
+        from labkit.core.envvars import commit_id, secret_value
+
+        value = os.environ["LABKIT_GIT_COMMIT"]
+        return value if commit_id("LABKIT_GIT_COMMIT", value) else REDACTED if secret_value(value) else value
     root = Path(labkit.__file__).resolve().parent.parent
     if not (root / ".git").exists():
         return None

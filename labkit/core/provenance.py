@@ -25,13 +25,16 @@ def utc_now() -> str:
 
 def header(command: str | None = None, machine=None) -> dict[str, Any]:
     """Hardware, versions, date and command of this run (the benchmarks print it first)."""
+    from labkit.core.envvars import REDACTED, secret_value
     from labkit.core.machine import probe
 
     m = machine or probe()
+    command = command if command is not None else " ".join(shlex.quote(a) for a in sys.argv)
     return {
         "date": utc_now(),
         "host": m.hostname,
-        "command": command if command is not None else " ".join(shlex.quote(a) for a in sys.argv),
+        # a credential given on the command line (a URL with a password) is not written into a report
+        "command": " ".join(REDACTED if secret_value(w) else w for w in command.split(" ")),
         "gpu_name": m.gpu_name,
         "gpu_count": len(m.gpus),
         "gpu_memory_bytes": [g.memory_total_bytes for g in m.gpus],

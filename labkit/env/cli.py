@@ -16,19 +16,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from labkit.core.envvars import redact_values
     from labkit.core.machine import probe
+    from labkit.core.serialize import to_jsonable
     from labkit.env.summary import machine_rows
 
     m = probe()
-    if args.json:
-        print(dumps(m))
+    if args.json:   # every output format passes through the same value-based redaction
+        print(dumps(redact_values(to_jsonable(m))))
         return 0
-    print(render(["field", "value"], machine_rows(m)))
+    print(render(["field", "value"], [(k, redact_values(v)) for k, v in machine_rows(m)]))
     for w in m.warnings:
         print(f"warning: {w}")
     for n in m.notes:
         print(f"note: {n}")
     if m.env:
         print("\nenvironment (the variables that matter for GPUs and training; credentials redacted):")
-        print(render(["variable", "value"], sorted(m.env.items())))
+        print(render(["variable", "value"], sorted(redact_values(m.env).items())))
     return 0

@@ -42,11 +42,20 @@ def run(args: argparse.Namespace) -> int:
     from labkit.core.errors import LabkitError
 
     if args.action == "history":
-        from labkit.report.history import HISTORY_FILE, rebuild
+        from labkit.report.history import DAMAGED_FILE, HISTORY_FILE, rebuild
 
+        run_flags = [f for f, v in (("--only", args.only), ("-p", args.params),
+                                    ("--fail-on-regression", args.fail_on_regression),
+                                    ("--cell-timeout", args.cell_timeout)) if v]
+        if run_flags:
+            raise LabkitError(f"report history: {', '.join(run_flags)} applies to a run, not to rebuilding a history")
         folder = Path(args.dir or args.out)
-        n = rebuild(folder)
-        print(f"labkit report history: {n} finished run(s) written to {folder / HISTORY_FILE}")
+        r = rebuild(folder)
+        for s in r.skipped:
+            print(f"labkit report history: warning: skipped {s}", file=sys.stderr)
+        print(f"labkit report history: {r.runs} finished run(s) written to {folder / HISTORY_FILE} "
+              f"({r.from_folders} from their run folders, {r.kept} kept from the history whose folders are gone"
+              + (f"; {r.damaged} damaged line(s) moved to {folder / DAMAGED_FILE}" if r.damaged else "") + ")")
         return 0
     if args.dir is not None:
         raise LabkitError(f"report: unexpected argument {args.dir!r} (a folder goes with `report history DIR` or --out)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,11 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return out
 
 
+#: Counts whose every unit starts work (ranks are processes): a lower bound than the default 2^20.
+INT_PARAMETER_MAX = {"world": 64, "tp": 1024, "pp": 1024, "dp": 1 << 16, "deep_layers": 1024, "planner_nodes": 4096,
+                     "sim_gpus_per_node": 64, "sim_nodes": 4096}
+
+
 def coerce(name: str, text: str, type_name: str) -> Any:
     """Convert the text of ``-p name=text`` to the parameter's declared type."""
     t = type_name.lower()
@@ -71,20 +77,80 @@ def coerce(name: str, text: str, type_name: str) -> Any:
         raise LabkitError(f"-p {name}={text}: {name} is a bool; use true or false")
     if t == "int":
         try:
-            return int(text)
+            v = int(text)
         except ValueError:
             raise LabkitError(f"-p {name}={text}: {name} is an int") from None
+        hi = INT_PARAMETER_MAX.get(name, 1 << 20)
+        if not 1 <= v <= hi:   # every int a notebook declares is a count (GPUs, ranks, tokens, MiB, layers)
+            raise LabkitError(f"-p {name}={text}: {name} is a count from 1 to {hi}")
+        return v
     if t == "float":
         try:
-            return float(text)
+            v = float(text)
         except ValueError:
             raise LabkitError(f"-p {name}={text}: {name} is a float") from None
+        if not math.isfinite(v) or v < 0:   # sizes, rates, latencies: 0 means "none" where one is allowed
+            raise LabkitError(f"-p {name}={text}: {name} is a finite number >= 0")
+        return v
     if t == "str":
         return text
     try:  # no annotation: read a Python literal, else keep the text
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+
+
+def _sample(v: str) -> None:
+    from labkit.topology import list_samples
+
+    names = [s.name for s in list_samples()]
+    if v not in names:
+        raise LabkitError(f"not a bundled topology sample (labkit topo --list): {', '.join(names)}")
+
+
+def _preset(v: str) -> None:
+    from labkit.memory import get_preset
+
+    get_preset(v)
+
+
+def _workload(v: str) -> None:
+    from labkit.workloads import get_workload
+
+    get_workload(v)
+
+
+def _precision(v: str) -> None:
+    from labkit.core.vocab import canonical
+
+    canonical("precision", v)
+
+
+def _size(v: str) -> None:
+    from labkit.core.units import parse_bytes
+
+    if parse_bytes(v, what="the size") <= 0:
+        raise LabkitError("a size above 0, e.g. 80GiB")
+
+
+#: Words a notebook takes by name, checked before anything runs (a bad one would fail its notebook: exit 1).
+VALUE_CHECKS = {"sample": _sample, "topology_sample": _sample, "model_name": _preset, "planner_model": _preset,
+                "model": _preset, "workload": _workload, "precision": _precision, "gpu_memory": _size}
+
+
+def check_value(name: str, value: Any) -> None:
+    """Refuse ``-p name=value`` that the notebook would fail on (an unknown sample, preset, workload, ...)."""
+    check = VALUE_CHECKS.get(name)
+    if check is None or not isinstance(value, str) or (name == "model" and value == ""):
+        return
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            check(value)
+    except LabkitError as exc:
+        raise LabkitError(f"-p {name}={value[:80]}: {exc}") from None
 
 
 def resolve(selected: dict[str, Path], raw: dict[str, str], profile: str) -> dict[str, dict[str, Any]]:
@@ -108,5 +174,6 @@ def resolve(selected: dict[str, Path], raw: dict[str, str], profile: str) -> dic
         for key, text in raw.items():
             if key in params:
                 values[key] = coerce(key, text, params[key].type_name)
+                check_value(key, values[key])
         out[name] = values
     return out

@@ -77,7 +77,10 @@ def _utc() -> dt.datetime:
 
 def new_run_folder(out_dir: Path) -> Path:
     """A fresh folder ``<UTC timestamp>-<host>``; never reuses an existing one."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LabkitError(f"--out {str(out_dir)[:160]}: cannot create the folder ({exc.strerror})") from None
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
     base = f"{_utc():%Y%m%dT%H%M%SZ}-{host}"
     for i in range(1000):
@@ -87,6 +90,8 @@ def new_run_folder(out_dir: Path) -> Path:
             return folder
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise LabkitError(f"--out {str(out_dir)[:160]}: cannot create a run folder in it ({exc.strerror})") from None
     raise LabkitError(f"{out_dir}: could not create a new run folder")
 
 
@@ -196,6 +201,10 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
 
     from labkit.core.provenance import header
 
+    _, bad = history.read(out_dir)   # an unreadable history is refused here, before a run folder exists
+    if bad:
+        print(f"labkit report: warning: {bad} damaged line(s) in {out_dir / history.HISTORY_FILE} skipped "
+              f"(`labkit report history {out_dir}` moves them aside)", file=sys.stderr, flush=True)
     folder = new_run_folder(out_dir)
     write_bokeh_js(folder)  # the one BokehJS every page of the run loads (offline: a file beside them)
     command = " ".join(shlex.quote(a) for a in sys.argv)
@@ -320,6 +329,23 @@ def _check_out_dir(out_dir: Path | str) -> Path:
     if not str(out_dir).strip():
         raise LabkitError("--out: the report folder is empty; give a directory such as reports")
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise LabkitError(f"--out {out}: exists and is not a directory")
+    shown = str(out) if len(str(out)) <= 160 else str(out)[:80] + f"...({len(str(out))} characters)"
+    if any(len(part.encode()) > 255 for part in out.parts):
+        raise LabkitError(f"--out {shown}: a folder name longer than the file system allows (255 bytes)")
+    probe = out
+    while True:   # the nearest existing folder on the way must be a folder, and one we may write in
+        try:
+            st = probe.stat()
+        except FileNotFoundError:
+            probe = probe.parent
+            continue
+        except OSError as exc:
+            raise LabkitError(f"--out {shown}: cannot be a folder ({exc.strerror})") from None
+        break
+    import stat as stat_mod
+
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise LabkitError(f"--out {shown}: {'exists and is not a directory' if probe == out else f'{probe} is a file'}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise LabkitError(f"--out {shown}: cannot create folders in {probe} (permission denied)")
     return out

@@ -58,6 +58,9 @@ def run_topo(args: argparse.Namespace) -> int:
     from labkit.topology.load import list_samples, load_p2p_table
 
     if args.list:
+        other = [f for f, v in (("--file", args.file), ("--sample", args.sample), ("--p2p", args.p2p)) if v]
+        if other:
+            raise LabkitError(f"--list lists the bundled samples; {', '.join(other)} does not apply")
         samples = list_samples()
         if args.json:
             print(dumps(samples))
@@ -109,12 +112,25 @@ def run_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: One collective's or send's size: more than one GPU's memory (1 TiB) is not a message size.
+MAX_MESSAGE_BYTES = 1 << 40
+
+
+def _message_bytes(text: str, flag: str) -> int:
+    from labkit.core.errors import LabkitError
+
+    v = parse_bytes(text, what=flag)
+    if not 0 < v <= MAX_MESSAGE_BYTES:
+        raise LabkitError(f"{flag} {text!r}: a message size from 1 byte to 1 TiB (one GPU's memory at most)")
+    return v
+
+
 def run_place(args: argparse.Namespace) -> int:
     from labkit.topology.placement import Sizes, place
 
+    sizes = Sizes(tp_bytes=_message_bytes(args.tp_bytes, "--tp-bytes"), pp_bytes=_message_bytes(args.pp_bytes, "--pp-bytes"),
+                  dp_bytes=_message_bytes(args.dp_bytes, "--dp-bytes"))
     topo = _load(args)
-    sizes = Sizes(tp_bytes=parse_bytes(args.tp_bytes, what="--tp-bytes"), pp_bytes=parse_bytes(args.pp_bytes, what="--pp-bytes"),
-                  dp_bytes=parse_bytes(args.dp_bytes, what="--dp-bytes"))
     p = place(topo, args.tp, args.pp, args.dp, sizes=sizes)
     if args.json:
         print(dumps(p))

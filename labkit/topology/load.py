@@ -100,10 +100,13 @@ def load_topology(source: str = "live", *, gpu_name: str | None = None) -> Topol
         return load_live()
     if any(s.name == source for s in list_samples()):
         return load_sample(source, gpu_name=gpu_name)
-    if Path(source).exists():
-        return load_file(source, gpu_name=gpu_name)
+    from labkit.core.serialize import path_is
+
+    if path_is(source, "exists") or path_is(source, "link") or "/" in source:
+        return load_file(source, gpu_name=gpu_name)   # a path: its own error names what is wrong with it
     names = ", ".join(s.name for s in list_samples())
-    raise LabkitError(f"topology source {source!r} is neither 'live', a sample ({names}) nor an existing file")
+    shown = source if len(source) <= 120 else source[:80] + f"...({len(source)} characters)"
+    raise LabkitError(f"topology source {shown!r} is neither 'live', a sample ({names}) nor an existing file")
 
 
 def load_p2p_table(source: str | Path) -> P2PTable:

@@ -21,6 +21,8 @@ _SM_MODEL = {60: "P100", 70: "V100", 80: "A100", 86: "RTX A6000", 89: "RTX 6000 
 
 
 MAX_MASK_HEX_DIGITS = 4096   # 16,384 CPUs: the longest affinity mask read
+MAX_DEPTH = 10_000           # PCIe bridges above one device (a real machine has a few)
+MAX_PATH_TOTAL = 20_000      # bridges on all GPUs' paths together: bounds the pairwise path comparisons
 
 
 def mask_to_cpulist(mask: str) -> str | None:
@@ -80,23 +82,41 @@ def parse_nccl_xml(text: str, name: str = "<xml>", *, source: str | None = None,
         gpus_raw.append(dict(dev=dev, busid=(path[-1] if path else "").lower(), numa=numa, affinity=affinity,
                              path=path, sm=el.get("sm"), links=links))
 
-    def walk(top, numa, affinity) -> None:
-        # depth-first without recursion: a file may nest <pci> elements deeper than Python's stack
-        todo = [(child, []) for child in reversed(list(top))]
-        while todo:
-            el, path = todo.pop()
-            if el.tag == "gpu":
-                gpu(el, numa, affinity, path)
-                continue
-            if el.tag == "nic":
-                nics_raw.extend(dict(name=net.get("name", "net"), numa=numa, path=path) for net in el.findall("net"))
-            sub = path + [el.get("busid", "?")] if el.tag == "pci" else path
-            todo.extend((child, sub) for child in reversed(list(el)))
+    path_total = 0
 
-    for cpu in root.iter("cpu"):
-        numa = cpu.get("numaid")
-        walk(cpu, int(numa) if numa and numa.isascii() and numa.isdigit() and len(numa) <= 9 else None,
-             mask_to_cpulist(cpu.get("affinity", "")))
+    def materialise(node) -> list[str]:
+        """A path kept as linked (busid, parent, depth) nodes, as a list (the work bounded by MAX_PATH_TOTAL)."""
+        nonlocal path_total
+        out = []
+        while node is not None:
+            out.append(node[0])
+            node = node[1]
+        path_total += len(out)
+        if path_total > MAX_PATH_TOTAL:
+            raise LabkitError(f"{name}: the GPUs' PCIe paths hold more than {MAX_PATH_TOTAL} bridges in all: not a "
+                              "machine's topology")
+        return out[::-1]
+
+    # One depth-first pass without recursion (a file may nest elements deeper than Python's stack), linear in the
+    # file: each element is visited once, a path is shared with its parent's; the nearest <cpu> gives the NUMA node.
+    todo = [(child, None, None, None, False) for child in reversed(list(root))]
+    while todo:
+        el, node, numa, affinity, in_cpu = todo.pop()
+        depth = node[2] if node is not None else 0
+        if el.tag == "cpu":
+            v = el.get("numaid")
+            numa, affinity, in_cpu = (int(v) if v and v.isascii() and v.isdigit() and len(v) <= 9 else None,
+                                      mask_to_cpulist(el.get("affinity", "")), True)
+        elif in_cpu and el.tag == "gpu":
+            gpu(el, numa, affinity, materialise(node))
+            continue
+        elif in_cpu and el.tag == "nic":
+            nics_raw.extend(dict(name=net.get("name", "net"), numa=numa) for net in el.findall("net"))
+        elif el.tag == "pci":
+            if depth >= MAX_DEPTH:
+                raise LabkitError(f"{name}: <pci> elements nested more than {MAX_DEPTH} deep: not a machine's topology")
+            node = (el.get("busid", "?"), node, depth + 1)
+        todo.extend((child, node, numa, affinity, in_cpu) for child in reversed(list(el)))
     if not gpus_raw:
         raise LabkitError(f"{name}: no <gpu> elements under <cpu>: not an NCCL topology with GPUs")
     if len(gpus_raw) > MAX_GPUS:

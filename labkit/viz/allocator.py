@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
 GiB = 1024**3
 MiB = 1024**2
-STATE_COLORS = {"active_allocated": "#d62728", "active_awaiting_free": "#ff7f0e", "inactive": "#9ecae1"}
+STATE_COLORS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e", "inactive": "#9ecae1"}
 # red: allocated to a tensor; orange: freed, awaiting another stream; light blue: free (cached)
 STATE_WORDS = {"active_allocated": "allocated to a tensor", "active_awaiting_free": "freed, awaiting another stream",
                "inactive": "free (cached)"}

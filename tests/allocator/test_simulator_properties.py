@@ -151,7 +151,7 @@ class Checker:
         assert st["segment.all.current"] == len(self.cuda_segments)
         # the byte counters agree with the blocks and with the requests made
         allocated = sum(x["size"] for s in segs for x in s["blocks"] if x["state"] == "active_allocated")
-        pending = sum(x["size"] for s in segs for x in s["blocks"] if x["state"] == "active_awaiting_free")
+        pending = sum(x["size"] for s in segs for x in s["blocks"] if x["state"] == "active_pending_free")
         split_free = sum(x["size"] for s in segs if not s["is_expandable"] and len(s["blocks"]) > 1
                          for x in s["blocks"] if x["state"] == "inactive")
         assert st["allocated_bytes.all.current"] == allocated == sum(b.size for b, _ in self.live.values())

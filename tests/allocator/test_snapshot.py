@@ -149,7 +149,9 @@ def test_private_pools_are_refused(snap_dict):
         compile_trace(read_snapshot(dict(snap_dict, segments=[seg])))
 
 
-def test_deep_nesting_is_named_without_recursing(tmp_path):
+def test_deep_nesting_is_named_without_recursing(tmp_path, monkeypatch):
+    import labkit.allocator.snapshot as snapshot_mod
+
     """issue 12: a trace entry nested 100,000 deep raised RecursionError inside the error message."""
     n = 100_000
     deep = b"]" * n + b"a" * (n - 1)  # pickle opcodes: n empty lists, each appended into the one below
@@ -157,6 +159,11 @@ def test_deep_nesting_is_named_without_recursing(tmp_path):
            + b"\x8c\x04addrK\x01s" + b"aas.")
     p = tmp_path / "deep.pickle"
     p.write_bytes(raw)
+    # refused before decoding now (100,000 empty lists in 200 KB is built to expand), and past that budget the
+    # description of the entry is still bounded
+    with pytest.raises(LabkitError, match="built to expand"):
+        read_snapshot(p)
+    monkeypatch.setattr(snapshot_mod, "MAX_DECODE_RATIO", 1000)
     with pytest.raises(LabkitError, match=r"device_traces\[0\]\[0\] has action \[\[\[\.\.\.\]\]\]"):
         read_snapshot(p)
 

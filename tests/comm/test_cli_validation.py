@@ -15,15 +15,15 @@ from labkit.cli import main
     (["buckets", "--sizes", "inf"], "--sizes: bucket size must be a positive finite number of MiB, got 'inf'"),
     (["buckets", "--sizes", "1,nan"], "--sizes: bucket size must be a positive finite number"),
     (["buckets", "--sizes", "1e9"], "--sizes: bucket size 1e+09 MiB is above"),
-    (["buckets", "--steps", "0"], "argument --steps: must be an integer >= 1"),
-    (["buckets", "--warmup", "1"], "argument --warmup: must be an integer >= 2"),
+    (["buckets", "--steps", "0"], "argument --steps: must be an integer from 1 to 1000"),
+    (["buckets", "--warmup", "1"], "argument --warmup: must be an integer from 2 to 1000"),
     (["buckets", "--world", "0"], "argument --world: must be an integer >= 1"),
     (["buckets", "--world", "1000"], "--world 1000: at most 64 processes"),
     (["bench", "--world", "24", "--min-bytes", "100MiB", "--max-bytes", "1TB"], "above its"),
     (["bench", "--max-bytes", "1e400"], "largest size: '1e400' is not a finite size"),
     (["bench", "--factor", "1"], "argument --factor: must be an integer >= 2"),
-    (["bench", "--repeats", "0"], "argument --repeats: must be an integer >= 1"),
-    (["bench", "--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
+    (["bench", "--repeats", "0"], "argument --repeats: must be an integer from 1 to 10000"),
+    (["bench", "--warmup", "-1"], "argument --warmup: must be an integer from 0 to 1000"),
 ])
 def test_refused_before_spawning(capsys, argv, needle):
     rc = main(["comm", *argv])

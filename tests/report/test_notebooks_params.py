@@ -20,3 +20,14 @@ def test_coerce(text, type_name, value):
 def test_coerce_refuses_wrong_type():
     with pytest.raises(LabkitError, match="p is a bool"):
         coerce("p", "maybe", "bool")
+
+
+@pytest.mark.parametrize("name,text,type_name,match", [("tp", "-2", "int", "tp is a count from 1 to 1024"),
+                                                       ("world", "100000", "int", "world is a count from 1 to 64"),
+                                                       ("seq", "0", "int", "seq is a count"),
+                                                       ("gpu_memory_gib", "nan", "float", "finite number >= 0"),
+                                                       ("cap_gib", "-1", "float", "finite number >= 0")])
+def test_counts_are_refused_before_anything_runs(name, text, type_name, match):
+    """issue 29: `report -p tp=-2` ran the notebook and exited 1 instead of refusing."""
+    with pytest.raises(LabkitError, match=match):
+        coerce(name, text, type_name)

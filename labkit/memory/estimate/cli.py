@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         m.add_argument(f"--{d.replace('_', '-')}", type=positive_int, dest=d)
     m.add_argument("--gated", action="store_true", default=None, help="gated (SwiGLU) MLP")
     m.add_argument("--untied", action="store_true", help="untied input and output embeddings")
-    m.add_argument("--params", type=finite_float(ge=1), help="parameter count (with --model-states-only)")
+    m.add_argument("--params", type=finite_float(ge=1, le=1e15), help="parameter count (with --model-states-only; "
+                   "at most 1e15)")
     m.add_argument("--model-states-only", action="store_true", help="weights + grads + optimizer states only")
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (default 1)")
@@ -169,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
     from labkit.memory.estimate.totals import spec_dict
 
     _check_mode(args)
+    if args.model is not None and not args.model.strip():
+        raise LabkitError("--model: empty; name a preset (labkit estimate --list-models) or give the dimensions")
+    if args.list_models and (args.model or args.plan):
+        raise LabkitError(f"--list-models lists the presets; {'--model' if args.model else '--plan'} does not apply")
     if args.list_models:
         from labkit.memory.estimate.presets import presets
 

@@ -9,7 +9,6 @@ refused: the analytical model has no experts (the tracer handles them).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,15 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_ex
 def load_hf_config(source: str | Path) -> dict[str, Any]:
     """A config dict from a ``config.json`` path (or a folder holding one), or the default config
     of a model type (``llama``, ``gpt2``...) through ``transformers.AutoConfig.for_model``."""
+    from labkit.core.serialize import path_is, read_json
+
+    if not str(source).strip():
+        raise LabkitError("--hf-config: empty; give a config.json path or a transformers model type")
     p = Path(source)
-    if p.is_dir():
+    if path_is(p, "dir"):
         p = p / "config.json"
-    if p.suffix == ".json" or p.exists():
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise LabkitError(f"--hf-config {source}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise LabkitError(f"--hf-config {source}: cannot read it ({exc})") from None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise LabkitError(f"--hf-config {source}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if p.suffix == ".json" or path_is(p, "exists") or "/" in str(source) or len(str(source)) > 100:
+        doc = read_json(p, "Hugging Face config", limit=4 << 20)
         if not isinstance(doc, dict):
             raise LabkitError(f"--hf-config {source}: expected a JSON object, got {type(doc).__name__}")
         return doc
@@ -52,12 +46,22 @@ def load_hf_config(source: str | Path) -> dict[str, Any]:
         raise LabkitError(f"--hf-config {source}: not a file and not a transformers model type") from None
 
 
+#: Bounds on what a config may give (a model built from it is traced by advise): the largest published models have
+#: 126 layers, 16,384 hidden, 128 heads and 256k vocabularies.
+_BOUNDS = {"num_hidden_layers": 512, "n_layer": 512, "hidden_size": 1 << 17, "n_embd": 1 << 17,
+           "num_attention_heads": 1024, "n_head": 1024, "vocab_size": 1 << 22, "intermediate_size": 1 << 20,
+           "ffn_dim": 1 << 20}
+
+
 def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: bool = True) -> int | None:
     for k in (key,) + alts:
         v = cfg.get(k)
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise LabkitError(f"hf config: {k} must be a positive integer, got {v!r}")
+                raise LabkitError(f"hf config: {k} must be a positive integer, got {str(v)[:40]!r}")
+            hi = _BOUNDS.get(key)
+            if hi is not None and v > hi:
+                raise LabkitError(f"hf config: {k} is {v}, more than labkit takes ({hi}): not a model's configuration")
             return v
     if default is not None or not required:
         return default

@@ -16,11 +16,18 @@ import argparse
 import sys
 from typing import Any
 
-from labkit.core.cliargs import moe_routing_value
+from labkit.core.cliargs import int_between, moe_routing_value
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
+
+# Bounds on the counts a user gives, so that the work is bounded: the largest published models have 126 layers,
+# 16,384 hidden, 128 heads, 256k vocabularies; a step of 2^20 tokens per sample is past any trained context.
+MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_VOCAB = 512, 1 << 17, 1024, 1 << 22
+MAX_SEQ, MAX_MICRO_BATCH, MAX_IMAGE, MAX_STEPS, MAX_PLACEMENTS = 1 << 20, 1 << 16, 8192, 50, 64
+#: The batch is built on the host (in fake mode too): token ids and labels (int64) or float32 images.
+MAX_BATCH_BYTES = 1 << 30
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,15 +61,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-kv-cache", action="store_true",
                    help="--hf-config: build the model with use_cache=False (transformers' default builds the KV cache "
                         "in every training forward; under torch.utils.checkpoint it is kept through backward)")
-    m.add_argument("--layers", type=int)
-    m.add_argument("--hidden", type=int)
-    m.add_argument("--heads", type=int)
-    m.add_argument("--vocab", type=int)
+    m.add_argument("--layers", type=int_between(1, MAX_LAYERS))
+    m.add_argument("--hidden", type=int_between(1, MAX_HIDDEN))
+    m.add_argument("--heads", type=int_between(1, MAX_HEADS))
+    m.add_argument("--vocab", type=int_between(1, MAX_VOCAB))
     b = p.add_argument_group("batch")
-    b.add_argument("--micro-batch", type=int, help="samples per step")
-    b.add_argument("--seq", type=int, help="tokens per sample")
-    b.add_argument("--image-size", type=int, help="image side in pixels (vision models)")
-    b.add_argument("--batch", type=int, help=argparse.SUPPRESS)          # deprecated: --micro-batch
+    b.add_argument("--micro-batch", type=int_between(1, MAX_MICRO_BATCH), help="samples per step")
+    b.add_argument("--seq", type=int_between(1, MAX_SEQ), help="tokens per sample")
+    b.add_argument("--image-size", type=int_between(1, MAX_IMAGE), help="image side in pixels (vision models)")
+    b.add_argument("--batch", type=int_between(1, MAX_MICRO_BATCH), help=argparse.SUPPRESS)          # deprecated: --micro-batch
     s = p.add_argument_group("step")
     s.add_argument("--precision", default="fp32", help="fp32, amp-bf16, amp-fp16 or bf16 (default fp32)")
     s.add_argument("--recompute", default=None, help="none, full, every-K or selective (default none)")
@@ -84,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--allocator-state", metavar="SNAPSHOT", default=None,
                    help="fake-cuda: replay reserved from the segments a process already holds, from a memory snapshot "
                         "of that process (torch.cuda.memory._dump_snapshot(): a .pickle, optionally gzip'd)")
-    s.add_argument("--reserved-placements", type=int, default=0, metavar="N",
+    s.add_argument("--reserved-placements", type=int_between(0, MAX_PLACEMENTS), default=0, metavar="N",
                    help="fake-cuda: also replay reserved under N other orders of the segments' addresses and print "
                         "the range (where the driver puts segments depends on the process's history)")
     s.add_argument("--process", choices=("fresh", "warm"), default="fresh",
@@ -157,6 +164,64 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
             raise LabkitError(f"--{n} must be >= 1, got {v}")
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a model named by an empty string, a count past its bound, a flag that does not
+    apply to the model or device given (the README's contract: exit 2; a flag at its default is let be), and a
+    batch too large to build on the host."""
+    from labkit.core.errors import LabkitError
+
+    for flag, v in (("--hf-config", args.hf_config), ("--factory", args.factory), ("--model", args.workload)):
+        if v is not None and not str(v).strip():
+            raise LabkitError(f"{flag}: empty; name a model (or leave the flag out for the lab's GPT)")
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
+        raise LabkitError(f"--steps must be from 1 to {MAX_STEPS}, got {args.steps}")
+    if args.recompute_via != "torch" and not args.hf_config:
+        raise LabkitError("--recompute-via applies to a Hugging Face model: give --hf-config")
+    if args.device != "fake-cuda":
+        for flag, given in (("--moe-routing", args.moe_routing is not None),
+                            ("--allocator-state", args.allocator_state is not None),
+                            ("--reserved-placements", bool(args.reserved_placements)),
+                            ("--process", args.process != "fresh")):
+            if given:
+                raise LabkitError(f"{flag} applies to fake mode (--device fake-cuda), not --device {args.device}")
+    if not (args.hf_config or args.factory):
+        for flag, v in (("--image-size", args.image_size), ("--task", args.task)):
+            if v is not None:
+                raise LabkitError(f"{flag} does not apply to the lab's GPT (a causal LM of tokens): give --hf-config "
+                                  "or --factory")
+        if args.moe_routing is not None:
+            raise LabkitError("--moe-routing does not apply to the lab's GPT: it is a dense model (no experts)")
+    if args.task == "image-classification" and args.seq is not None:
+        raise LabkitError("--seq does not apply to image classification: give --image-size")
+    _check_batch(args)
+
+
+def _check_routing(args: argparse.Namespace, rep: Any, what: str) -> None:
+    """``--moe-routing`` on a model that ran no mixture-of-experts layer: refused (it would be said nowhere)."""
+    from labkit.core.errors import LabkitError
+
+    routing = (rep.emulation or {}).get("moe_routing") or {}
+    if args.moe_routing is not None and not (routing.get("used_by") or routing.get("not_needed_by")):
+        raise LabkitError(f"--moe-routing does not apply to {what}: it ran no mixture-of-experts layer (a dense model)")
+
+
+def _check_batch(args: argparse.Namespace) -> None:
+    """The batch is a host tensor (in fake mode too): its bytes are bounded by :data:`MAX_BATCH_BYTES`."""
+    from labkit.core.errors import LabkitError
+    from labkit.core.units import fmt_bytes
+
+    mb = args.micro_batch or 4
+    if args.image_size is not None or args.task == "image-classification":
+        side = args.image_size or 224
+        need, what = mb * 3 * side * side * 4, f"{mb} x 3 x {side} x {side} float32 images"
+    else:
+        seq = args.seq or 1024
+        need, what = mb * seq * 16, f"{mb} x {seq} token ids and labels (int64)"
+    if need > MAX_BATCH_BYTES:
+        raise LabkitError(f"--micro-batch {mb}: a batch of {what} is {fmt_bytes(need)} on the host, more than "
+                          f"{fmt_bytes(MAX_BATCH_BYTES)}; measure a smaller micro-batch (memory scales with it)")
+
+
 def _gpt_sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
     from labkit.workloads import get_workload
 
@@ -193,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         args.steps = 2
     _deprecated(args)
     _quiet_transformers()
+    _check_flags(args)
     _positive(args, "layers", "hidden", "heads", "vocab", "micro-batch", "seq", "image-size")
     sources = [x for x in (args.hf_config and "--hf-config", args.factory and "--factory",
                            args.workload and "--model") if x]
@@ -300,8 +366,16 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
     if not args.allocator_state:
         return None
     from labkit.allocator import read_snapshot
+    from labkit.core.errors import LabkitError
 
-    return [s for s in read_snapshot(args.allocator_state).segments if s.get("device", 0) == 0]
+    segments = read_snapshot(args.allocator_state).segments
+    mine = [s for s in segments if s.get("device", 0) == 0]
+    if segments and not mine:
+        others = sorted({s.get("device") for s in segments})
+        raise LabkitError(f"--allocator-state {args.allocator_state}: segments only of device(s) "
+                          f"{', '.join(map(str, others))}; the step runs on device 0 (take the snapshot on that GPU, "
+                          "or with CUDA_VISIBLE_DEVICES naming it)")
+    return mine
 
 
 def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, Any]:
@@ -352,6 +426,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
     state = _allocator_state(args)
     rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing,
                   allocator_state=state, reserved_placements=args.reserved_placements, **_process(args, state))
+    _check_routing(args, rep, f"{arch} from {args.hf_config}")
     if task == "causal-lm" and case.recompute != "none" and case.checkpoint_impl == "torch" and not args.no_kv_cache:
         rep.notes.append(_kv_cache_note())
     return rep, f"{arch} ({task}) from {args.hf_config}, {case.micro_batch} x {case.seq}" + (
@@ -384,6 +459,7 @@ def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
     if task == "image-classification":
         kw = {"loss_fn": vision_loss, "call": vision_call}
     rep = measure_step(factory, batch, **kw, **_step_kwargs(args))
+    _check_routing(args, rep, f"{args.factory}()")
     return rep, f"{args.factory}() ({task})"
 
 

@@ -177,7 +177,7 @@ def test_fake_mode_refusal_is_one_line_naming_op_and_module(tmp_path, capsys):
     (["--hf-config", "llama", "--factory", "a:b"], "give one model"),
     (["--lora"], "--lora applies to a Hugging Face model"),
     (["--factory", "nomodule"], "expected MODULE:FUNCTION"),
-    (["--micro-batch", "0"], "--micro-batch must be >= 1"),
+    (["--micro-batch", "0"], "argument --micro-batch: must be an integer from 1"),
 ])
 def test_bad_input_is_one_line(capsys, args, msg):
     rc, out, err = run(capsys, *args)

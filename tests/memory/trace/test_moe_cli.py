@@ -70,7 +70,7 @@ def test_grouped_mm_default_says_the_routing_is_not_needed(capsys, tmp_path):
     (["--moe-routing", "0.5,0.4"], "the shares sum to 0.9, not 1"),
     (["--moe-routing", "nan,1"], "is not a finite number"),
     (["--moe-routing", ""], "is not a number"),
-    (["--moe-routing", "0.5,0.5", "--device", "cpu"], "moe_routing applies to device 'fake-cuda'"),
+    (["--moe-routing", "0.5,0.5", "--device", "cpu"], "--moe-routing applies to fake mode (--device fake-cuda)"),
 ])
 def test_malformed_routing_is_one_line(capsys, args, msg):
     rc, out, err = run(capsys, "--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "8", "--vocab", "64", *args)
