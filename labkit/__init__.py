@@ -20,6 +20,8 @@ __version__ = "0.1.0"
 _LAZY_NAMES = {
     # a training step, measured (GPU, CPU) or predicted on fake tensors (labkit.memory.trace)
     "measure_step": "labkit.memory",
+    "trace_script": "labkit.memory",
+    "fake_gpu": "labkit.memory",
     "MeasureReport": "labkit.memory",
     "CudaTarget": "labkit.memory",
     # the analytical per-GPU model and the layout planner (labkit.memory.estimate)

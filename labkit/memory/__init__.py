@@ -34,6 +34,10 @@ _LAZY_NAMES = {
     "run_sweep": "labkit.memory.trace.sweeps",
     "fit_segments": "labkit.memory.trace.sweeps",
     "read_profiler_timeline": "labkit.memory.trace.phases",
+    # script (a user's whole program on the fake GPU)
+    "trace_script": "labkit.memory.script.run",
+    "fake_gpu": "labkit.memory.script.runtime",
+    "ScriptReport": "labkit.memory.script.script_report",
     # estimate (the analytical model, presets, planner)
     "ModelSpec": "labkit.memory.estimate",
     "ParallelSpec": "labkit.memory.estimate",

@@ -205,8 +205,19 @@ def reported_devices(placement: Placement, index: int = 0) -> Iterator[None]:
     FakeTensor.device = property(device)                         # type: ignore[assignment]
     torch.Tensor._make_wrapper_subclass = staticmethod(wrapper_subclass)  # type: ignore[assignment]
     dtensor = _dtensor_class()
+    propagator = _sharding_propagator()
     if dtensor is not None:
         dtensor.device = property(subclass_device)                # type: ignore[attr-defined]
+    if propagator is not None:
+        meta = propagator._propagate_tensor_meta_non_cached
+
+        def propagate_meta(self: Any, *a: Any, **k: Any) -> Any:
+            # DTensor infers an op's output shapes by running it on stand-in tensors under the fake mode it finds
+            # (this one): on the GPU no memory is involved, so they are not the GPU's allocations
+            with placement.direct("host"):
+                return meta(self, *a, **k)
+
+        propagator._propagate_tensor_meta_non_cached = propagate_meta
     FakeTensor.is_cuda = property(is_cuda)                       # type: ignore[assignment]
     FakeTensor.get_device = get_device                           # type: ignore[assignment]
     try:
@@ -216,6 +227,8 @@ def reported_devices(placement: Placement, index: int = 0) -> Iterator[None]:
         del torch.Tensor._make_wrapper_subclass
         if dtensor is not None:
             del dtensor.device
+        if propagator is not None:
+            propagator._propagate_tensor_meta_non_cached = meta
         del FakeTensor.is_cuda
         del FakeTensor.get_device
         for lst in added:
@@ -228,6 +241,14 @@ def _dtensor_class() -> Any:
     except ImportError:          # a build without torch.distributed
         return None
     return DTensor
+
+
+def _sharding_propagator() -> Any:
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:
+        return None
+    return ShardingPropagator if hasattr(ShardingPropagator, "_propagate_tensor_meta_non_cached") else None
 
 
 def local_tensor(t: Any) -> Any:
