@@ -33,7 +33,7 @@ from labkit.core.errors import LabkitError
 from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
 from labkit.memory.script.live_allocator import LiveAllocator
 from labkit.memory.script.tensor_placement import DeviceMode, local_tensor, reported_devices
-from labkit.memory.script.tracker import GpuTracker, Sites
+from labkit.memory.script.tracker import GpuTracker, Sites, resized_storages
 from labkit.memory.trace.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
                                            data_dependent_choices)
 from labkit.memory.trace.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
@@ -288,6 +288,7 @@ class FakeGPU:
             st.enter_context(cuda_answers(self.facts, self.live, self.note, self.local_rank))
             st.enter_context(framework_adapters(self))
             st.enter_context(reported_devices(self.placement, self.local_rank))
+            st.enter_context(resized_storages(self.tracker))
             st.enter_context(self._phase_hooks())
             if self.target.emulate_kernels:
                 st.enter_context(CudaFunctionRules(self.emulator))

@@ -10,9 +10,10 @@ user's own code that led to it (:class:`Sites`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -97,6 +98,9 @@ class GpuTracker(StorageTracker):
         self.placement = Placement(self)
         self.sites = sites
         self.site_of: dict[int, int] = {}       # storage id -> site id
+        import weakref
+
+        self._emptied: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # GPU storages resized to 0
         self.on_alloc: Any = None               # called after each tracked op (the live allocator)
 
     def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
@@ -105,6 +109,29 @@ class GpuTracker(StorageTracker):
         if self._next_id != before:
             self.site_of[before] = self.sites.here()
         return n
+
+    def storage_resized(self, st: Any, nbytes: int) -> None:
+        """``UntypedStorage.resize_`` on a GPU storage (FSDP2 frees an unsharded parameter's memory with
+        ``resize_(0)`` and allocates it again with ``resize_(n)``, the tensor kept): a free, then a new block.
+        Storage resizes are not dispatched ops, so :func:`resized_storages` reports them here."""
+        key = id(st)
+        known = self._ids.get(key)
+        if known is not None and known[0]() is st:
+            sid = known[1]
+            if sid in self.live:
+                self.live.discard(sid)
+                n = self.sizes[sid]
+                self.current -= n
+                self.events.append((sid, -n, self.phase_index))
+            self._ids.pop(key, None)
+            self._emptied[key] = st
+        elif key in self._emptied and self._emptied[key] is not st:
+            self._emptied.pop(key, None)
+        if nbytes > 0 and (key in self._emptied):
+            self._emptied.pop(key, None)
+            self._track_storage(st, nbytes)
+        if self.on_alloc is not None:
+            self.on_alloc()
 
     def _gpu_op(self, func: Any, args: tuple, kwargs: dict) -> bool:
         d = self.placement.directed
@@ -166,3 +193,20 @@ class GpuTracker(StorageTracker):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         return out
+
+
+@contextlib.contextmanager
+def resized_storages(tracker: GpuTracker) -> Iterator[None]:
+    """Report ``torch.UntypedStorage.resize_`` calls to ``tracker`` (see :meth:`GpuTracker.storage_resized`)."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(self: Any, size: int) -> Any:
+        out = original(self, size)
+        tracker.storage_resized(self, int(size))
+        return out
+
+    torch.UntypedStorage.resize_ = resize_                       # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original                  # type: ignore[method-assign]
