@@ -84,29 +84,14 @@ def _live_at(tracker: Any, upto: int) -> dict[int, int]:
     return live
 
 
-def _categories(gpu: Any, live: dict[int, int]) -> dict[str, int]:
-    roles, tracker = gpu.roles, gpu.tracker
-    born: dict[int, str] = {}
-    for sid, delta, ph in tracker.events:
-        if delta > 0 and sid not in born:
-            born[sid] = tracker.phases[ph]
-    out = {c: 0 for c in ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs",
-                          "workspace")}
-    for sid, n in live.items():
-        if sid in roles.parameters:
-            c = "parameters"
-        elif sid in roles.gradients:
-            c = "gradients"
-        elif sid in roles.optimizer_state:
-            c = "optimizer_state"
-        elif sid in roles.workspace:
-            c = "workspace"
-        elif born.get(sid) in ("forward", "loss", "eval"):
-            c = "activations"
-        else:
-            c = "temporaries"
-        out[c] += n
-    return out
+def _categories(gpu: Any, upto: int) -> dict[str, int]:
+    """Tensor storages live at event ``upto`` by category (``categorise``: born in a forward, a loss or an
+    evaluation pass and not a parameter, gradient or optimizer state: activations)."""
+    from labkit.memory.trace.storage import categorise
+
+    tracker = gpu.tracker
+    acts = tuple(i for i, name in enumerate(tracker.phases) if name in ("forward", "loss", "eval"))
+    return categorise(tracker, gpu.roles, upto + 1, acts)
 
 
 def _sites(gpu: Any, live: dict[int, int], top: int = 8) -> list[Site]:
@@ -162,7 +147,7 @@ def build_report(gpu: Any, *, what: str, outcome: str | None = None) -> ScriptRe
         what=what, target=gpu.facts.name, process="fresh" if not gpu.target.warm_process else "warm",
         outcome=outcome, peak_bytes=live.peak, reserved_bytes=live.reserved_peak,
         peak_phase=_phase_at(tracker, live.peak_event), peak_step=peak_step,
-        peak_by_category={k: v for k, v in _categories(gpu, at_peak).items() if v},
+        peak_by_category={k: v for k, v in _categories(gpu, live.peak_event).items() if v} if tracker.events else {},
         steps=steps, first_step_peak_bytes=steps[0].peak_bytes if steps else None,
         steady_step_peak_bytes=steps[-1].peak_bytes if len(steps) > 1 else None,
         top_sites=_sites(gpu, at_peak), notes=notes, elapsed_s=round(elapsed, 3),
