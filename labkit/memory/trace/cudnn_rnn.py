@@ -16,8 +16,10 @@ all layers (``aten/src/ATen/native/cudnn/RNN.cpp``), which allocates, in this or
   ``nn.RNNBase`` calls at construction on a GPU, and after ``.to``), a flat copy where they are not.
 
 Under autocast, ``_cudnn_rnn`` is dispatched through ``_cudnn_rnn_cast_reflatten``
-(``aten/src/ATen/cudnn/AutocastRNN.cpp``): the input and ``hx``/``cx`` are cast to the autocast dtype and the
-weights are cast *and re-flattened* into a new flat buffer, which the backward keeps.
+(``aten/src/ATen/cudnn/AutocastRNN.cpp``): the input and ``hx``/``cx`` are cast to float16 (``kHalf``, whatever
+the autocast dtype: bfloat16 autocast runs cuDNN's RNN in float16, the same bytes) and the weights are cast
+*and re-flattened* into a new flat float16 buffer (``copy_weights_to_flat_buf_views``), which the backward
+keeps.
 
 Backward (``_cudnn_rnn_backward``): ``_cudnn_rnn_backward_input`` makes ``dy`` contiguous (a copy where the
 output's gradient is the transposed view a ``batch_first`` module returns), ``dx`` (seq, batch, input),
@@ -146,12 +148,13 @@ def run_cudnn_rnn(mode: str, args: tuple, kwargs: dict, tracker: Any, autocast_d
     dirs = 2 if bidir else 1
     hidden = c0.shape[-1] if c0 is not None else h0.shape[-1]
     weight_buf = None
-    if autocast_dtype is not None and x.is_floating_point() and x.dtype != autocast_dtype:
+    half = torch.float16                  # AutocastRNN.cpp casts to kHalf whatever the autocast dtype
+    if autocast_dtype is not None and x.is_floating_point() and x.dtype != torch.float64 and weights[0].dtype != half:
         # _cudnn_rnn_cast_reflatten: input, hx, cx cast; the weights cast into one new flat buffer
-        x = x.to(autocast_dtype)
-        h0 = h0.to(autocast_dtype)
-        c0 = c0.to(autocast_dtype) if c0 is not None else None
-        weight_buf = torch.empty(_numel(weights), dtype=autocast_dtype, device=x.device)
+        x = x.to(half)
+        h0 = h0.to(half)
+        c0 = c0.to(half) if c0 is not None else None
+        weight_buf = torch.empty(_numel(weights), dtype=half, device=x.device)
         views, off = [], 0
         for w in weights:                     # the cast weights are views of the one buffer: no more storage
             views.append(weight_buf[off:off + w.numel()].view(w.shape))
