@@ -19,9 +19,9 @@ def test_deepcopy_of_a_module_made_in_fake_mode_stays_in_that_mode():
     the same fake mode (not a new mode, as Tensor.__deepcopy__ makes them), flagged as parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.memory.trace.fake_runtime import FakeDeepcopy
+    from labkit.memory.trace.fake_runtime import fake_deepcopy
 
-    with FakeTensorMode() as mode, FakeDeepcopy():
+    with FakeTensorMode() as mode, fake_deepcopy():
         lin = nn.Linear(8, 8)
         lin.weight.note = "kept"
         twin = copy.deepcopy(lin)
