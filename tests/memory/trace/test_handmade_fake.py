@@ -118,11 +118,19 @@ def test_rnn_rules_scale_with_the_gates():
     assert workspace_bytes("lstm", *args) == 64 * 256 * 4 * 1024 * 2
 
 
-def test_amp_lstm_keeps_a_bf16_copy_of_the_weights():
-    """Under autocast _cudnn_rnn_cast_reflatten casts the weights into one new flat buffer kept for backward."""
-    fp32 = predict(get_case("hand-gru-b64-s256-fp32@tiny"), steps=1)
-    amp = predict(get_case("hand-gru-b64-s256-amp-bf16@tiny"), steps=1)
-    assert amp.peak_bytes > 0 and fp32.peak_bytes > 0
+def test_amp_rnn_keeps_a_float16_copy_of_the_weights():
+    """Under autocast _cudnn_rnn_cast_reflatten (AutocastRNN.cpp) casts the weights into one new flat float16
+    buffer (kHalf, also under bfloat16 autocast), kept for backward; fp32 runs on the module's own weights."""
+    from labkit.workloads.corpus import build_model
+
+    case = get_case("hand-gru-b64-s256-amp-bf16@tiny")
+    n = sum(p.numel() for p in build_model(case).rnn.parameters())
+    amp = predict(case, steps=1, op_log=True)
+    fp32 = predict(get_case("hand-gru-b64-s256-fp32@tiny"), steps=1, op_log=True)
+    flat = f"-> float16[{n}]"
+    assert any(o.name == "aten.empty.memory_format" and o.shapes.endswith(flat) for o in amp.op_log)
+    assert not any(o.shapes.endswith(flat) or o.shapes.endswith(f"-> float32[{n}]") for o in fp32.op_log
+                   if o.phase == "forward")
 
 
 def test_transposed_convolution_passes_are_the_passes_they_run():
