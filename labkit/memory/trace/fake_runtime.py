@@ -133,6 +133,16 @@ class CudaFunctionRules(TorchFunctionMode):
             self.emulator.note_sdpa(choice)
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
+        if func is torch._VF._pack_padded_sequence:       # packed sequences' sizes (cudnn_rnn.py)
+            from labkit.memory.trace.cudnn_rnn import pack_padded
+
+            return pack_padded(args, kwargs, self.emulator.assume)
+        if func is torch._VF._pad_packed_sequence:
+            from labkit.memory.trace.cudnn_rnn import pad_packed
+
+            out = pad_packed(args, kwargs)
+            if out is not NotImplemented:
+                return out
         if func in _CUDNN_RNN and self.emulator._tracker is not None:
             from labkit.memory.trace.cudnn_rnn import ASSUMPTION, run_cudnn_rnn
 

@@ -147,3 +147,30 @@ def test_3d_convolutions_are_an_assumption_until_measured():
     n, why = conv_workspace_bytes("forward", (8, 64, 16, 56, 56), (64, 64, 3, 3, 3), (8, 64, 16, 56, 56), (1, 1, 1),
                                   (1, 1, 1), (1, 1, 1), 1, torch.float32)
     assert n == 0 and "3-D" in why and "record_handmade.py" in why
+
+
+class _PackedLSTM(nn.Module):
+    """The usual variable-length recipe: pack_padded_sequence, a bidirectional LSTM, pad_packed_sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(100, 32), nn.Linear(64, 100)
+        self.rnn = nn.LSTM(32, 32, 2, batch_first=True, bidirectional=True)
+
+    def forward(self, x, lengths, y):
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+        out, _ = nn.utils.rnn.pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=x.shape[1])
+        return nn.functional.cross_entropy(self.head(out).flatten(0, 1), y.flatten())
+
+
+def test_packed_sequences_run_at_their_full_length():
+    """pack_padded_sequence's lengths are values: fake mode takes every sequence at its full length (stated), and
+    the packed LSTM runs as cuDNN's RNN on the packed tokens."""
+    from labkit.memory.trace.cudnn_rnn import PACKED_ASSUMPTION
+
+    batch = {"x": torch.randint(0, 100, (4, 16)), "lengths": torch.tensor([16, 12, 9, 3]),
+             "y": torch.randint(0, 100, (4, 16))}
+    rep = measure_step(_PackedLSTM, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b), device="fake-cuda",
+                       steps=1)
+    assert rep.peak_bytes > 0
+    assert PACKED_ASSUMPTION in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
