@@ -6,9 +6,8 @@ the value could decide what follows. But a tensor made by ``torch.arange``, ``to
 depends on no input: the program computes it the same way on any device. PyTorch's ``FakeTensorMode``
 already keeps such values (a fake tensor's ``constant``) for ``torch.tensor(...)`` and for one-element
 results (``CONSTANT_NUMEL_LIMIT = 1`` and the ``all_constant`` path of ``FakeTensorMode._dispatch_impl``,
-torch/_subclasses/fake_tensor.py); :func:`known_value` extends the rule to factories and ``torch.tensor``
-of Python numbers
-and to small results (up to :data:`KNOWN_NUMEL_LIMIT` elements) computed from known values only.
+torch/_subclasses/fake_tensor.py); :func:`known_value` extends the rule to factories and ``torch.tensor`` of
+Python numbers and to small results (up to :data:`KNOWN_NUMEL_LIMIT` elements) computed from known values only.
 
 Fake mode applies the factory part while the model is built (the ``init`` phase: a constructor's arithmetic on
 such values decides the model's shapes) and the rest in every phase (``pack_padded_sequence``'s batch sizes,

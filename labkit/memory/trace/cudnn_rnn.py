@@ -230,7 +230,7 @@ def run_cudnn_rnn(mode: str, args: tuple, kwargs: dict, tracker: Any, autocast_d
         sizes = _values(args[1])
         if not sizes:
             return NotImplemented
-        data, _, hx, weights, bias, layers, dropout, train, bidir = args
+        data, _, hx, weights, _bias, layers, _dropout, train, bidir = args
         return _run(mode, data, hx, list(weights), layers, train, bidir, False, tracker, autocast_dtype,
                     packed=(len(sizes), sizes[0]))
     if not isinstance(args[2], (list, tuple)):
