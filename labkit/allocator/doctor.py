@@ -19,7 +19,6 @@ Cases (``Finding.kind``):
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
