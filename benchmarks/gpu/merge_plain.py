@@ -1,6 +1,7 @@
 """Merge a new ``record_plain.py --fresh`` recording into the corpus' fresh-process recording.
 
-    PYTHONPATH=. python3 benchmarks/gpu/merge_plain.py NEW/plain_cases.json [--into data/measurements/measure/plain__fresh.json] [--note TEXT]
+    PYTHONPATH=. python3 benchmarks/gpu/merge_plain.py NEW/plain_cases.json [--note TEXT]
+        [--into data/measurements/measure/plain__fresh.json]
 
 Each row of ``NEW`` that ran (no ``error``) is stored with the new recording's provenance as its own
 (``row["provenance"]``, which ``labkit.memory.trace.corpus_check.load_plain`` prefers to the file's), replacing

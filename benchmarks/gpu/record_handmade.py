@@ -1,7 +1,7 @@
 """Ground truth for the kernels of hand-built models (issue 27), recorded on the GPU:
 
 1. **cuDNN RNN reserve and workspace** (``--part rnn``): for a grid of ``nn.LSTM`` / ``nn.GRU`` shapes
-   (1 and 2 layers, hidden 256 and 1024, batch 16 and 64, 64 and 256 steps, float32 and bfloat16,
+   (1 and 2 layers, hidden 256 and 1024, batch 64 (and 16), 64 and 256 steps, float32 and bfloat16,
    ``batch_first``), the reserve space ``torch._cudnn_rnn`` returns (its 4th output: a uint8 tensor of exactly
    cudnnGetRNNTempSpaceSizes' reserve bytes), and for the module's forward and backward as autograd runs them
    the bytes kept and the transient blocks (the allocator's own trace: the contiguous input copy, the
@@ -13,7 +13,8 @@
 
     PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv] [--smoke]
 
-Writes ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``), ``DIR/conv_workspace_3d_transposed.json`` (kind
+Writes (after every row: a run cut short keeps what finished) ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``),
+``DIR/conv_workspace_3d_transposed.json`` (kind
 ``conv_workspace``) and ``DIR/log.txt``. ``--smoke``: one shape of each on the CPU (no memory figures), to
 check the script.
 """
@@ -37,8 +38,8 @@ T0 = time.perf_counter()
 LOG: list[str] = []
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (mode, layers, hidden, batch, steps)
-RNN_GRID = [(m, L, h, b, s) for m in ("lstm", "gru") for L in (1, 2) for h in (256, 1024) for b in (16, 64)
-            for s in (64, 256)]
+RNN_GRID = ([(m, L, h, 64, s) for m in ("lstm", "gru") for L in (1, 2) for h in (256, 1024) for s in (64, 256)]
+            + [("lstm", 2, 1024, 16, 256), ("gru", 2, 1024, 16, 256)])
 RNN_SMOKE = [("lstm", 2, 32, 2, 8), ("gru", 1, 32, 2, 8)]
 CUDNN_MODE = {"lstm": 2, "gru": 3}       # cudnnRNNMode_t: RNN_RELU 0, RNN_TANH 1, LSTM 2, GRU 3
 # (label, in channels, out channels, input spatial size, kernel, stride, padding, transposed)
@@ -100,14 +101,20 @@ def rnn_probe(mode: str, layers: int, hidden: int, batch: int, steps: int, dtype
     return row
 
 
-def rnn_section(device: str, smoke: bool) -> dict[str, Any]:
-    rows = []
+def rnn_section(device: str, smoke: bool, save: Any = None) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
     for shape in (RNN_SMOKE if smoke else RNN_GRID):
         for dtype_name in (("fp32",) if smoke else DTYPES):
             r = rnn_probe(*shape, dtype_name, device)
             rows.append(r)
             log(f"rnn {shape} {dtype_name}: reserve {r.get('reserve_bytes')}, fwd transient "
                 f"{(r.get('forward') or {}).get('transient_blocks')}{' ' + r['error'] if 'error' in r else ''}")
+            if save:
+                save(_rnn_doc(device, smoke, rows))
+    return _rnn_doc(device, smoke, rows)
+
+
+def _rnn_doc(device: str, smoke: bool, rows: list) -> dict[str, Any]:
     return {"device": device, "smoke": smoke, "method": __doc__.split("\n\n")[1],
             "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
             "rows": rows}
@@ -149,8 +156,8 @@ def conv_probe(geom: tuple, n: int, dtype_name: str, device: str) -> dict[str, A
     return row
 
 
-def conv_section(device: str, smoke: bool) -> dict[str, Any]:
-    rows = []
+def conv_section(device: str, smoke: bool, save: Any = None) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
     for geom in CONV_GEOMETRIES:
         if smoke:
             label, cin, cout, size, k, s, p, t = geom
@@ -166,6 +173,12 @@ def conv_section(device: str, smoke: bool) -> dict[str, Any]:
                     f"{(r.get('backward_data') or {}).get('transient_peak_bytes')}, filter "
                     f"{(r.get('backward_filter') or {}).get('transient_peak_bytes')}"
                     f"{' ' + r['error'] if 'error' in r else ''}")
+                if save:
+                    save(_conv_doc(device, smoke, rows))
+    return _conv_doc(device, smoke, rows)
+
+
+def _conv_doc(device: str, smoke: bool, rows: list) -> dict[str, Any]:
     return {"device": device, "smoke": smoke, "method": __doc__.split("\n\n")[1],
             "settings": {"cudnn_benchmark_default": torch.backends.cudnn.benchmark,
                          "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
@@ -192,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     prov.update(record_plain.versions())
     log(f"device {device}; torch {torch.__version__}; {prov.get('gpu_name')}; cudnn {prov.get('cudnn')}")
     try:
+        # each file is rewritten after every row: a run cut short keeps what finished
         if "rnn" in parts:
-            write_measurement(args.out / "rnn_cudnn.json", "cudnn_rnn", rnn_section(device, args.smoke),
-                              provenance=prov)
+            rnn_section(device, args.smoke, lambda doc: write_measurement(args.out / "rnn_cudnn.json", "cudnn_rnn",
+                                                                          doc, provenance=prov))
         if "conv" in parts:
-            write_measurement(args.out / "conv_workspace_3d_transposed.json", "conv_workspace",
-                              conv_section(device, args.smoke), provenance=prov)
+            conv_section(device, args.smoke, lambda doc: write_measurement(
+                args.out / "conv_workspace_3d_transposed.json", "conv_workspace", doc, provenance=prov))
         log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")

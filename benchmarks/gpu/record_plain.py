@@ -15,7 +15,8 @@ amp-bf16, fused AdamW) run as a plain loop with the output dropped / kept, with 
 by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``measure_step(device="cuda")``
 (the tracer attached), to isolate why the traced recording is higher than the plain loop.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--case NAME ...] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
+        [--case NAME --case NAME ...]
 
 ``--smoke``: a few cases at CI size on the CPU (no peaks: there is no allocator to ask), to check the script.
 ``--no-profile``: no profiled step after a case (no kernel list). A control on the H200
@@ -23,7 +24,8 @@ by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``m
 cases' figures: two sequences of three cases gave byte-identical peaks and reserved peaks with and without it.
 ``--fresh J``: every case in its own new process, as a user runs one training script, J at a time (memory
 only: the step times of concurrent processes are not recorded; no profiler), admitted while the running cases'
-expected reserved peaks (from the corpus recording, ``--expect-gb`` (48) where unknown) stay under ``--gpu-budget`` GB, so that
+expected reserved peaks (from the corpus recording, ``--expect-gb`` (48) where unknown) stay under
+``--gpu-budget`` GB, so that
 no case's ``cudaMalloc`` can fail for another's (a failure would make the allocator free its cache and retry,
 lowering the reserved peak: ``num_alloc_retries`` is recorded per row). Processes are independent address
 spaces: the control's sequences, run beside ``--fresh`` processes, gave to the byte the figures recorded

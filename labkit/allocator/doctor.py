@@ -19,7 +19,6 @@ Cases (``Finding.kind``):
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -512,7 +511,8 @@ def _follow_replays(d: Diagnosis, sim: dict) -> str:
                      simulator_check=sim["text"])
     fr.evidence.insert(0, f"the recorded requests run out of memory under {base or 'default'} and fit under "
                           f"{', '.join(saving)} (the simulator's replays)")
-    fr.fix = f"Start the process with PYTORCH_ALLOC_CONF={conf} (the simulator's replay fits under it). " + fr.fix
+    if f"PYTORCH_ALLOC_CONF={conf}" not in fr.fix:
+        fr.fix = f"Start the process with PYTORCH_ALLOC_CONF={conf} (the simulator's replay fits under it). " + fr.fix
     fr.verified = True
     for f in d.findings:
         if f.kind == "too_large":

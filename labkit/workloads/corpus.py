@@ -1,8 +1,8 @@
 """The corpus of models an engineer is likely to bring, defined once.
 
 Each :class:`Case` is one training configuration: a model family built from its configuration
-(no weights, no network: ``transformers.AutoConfig.for_model`` or ``torchvision.models.<name>(weights=None)``),
-a batch shape, a precision, a recomputation policy, an optimizer and the loop the user writes.
+(no weights, no network: ``transformers.AutoConfig.for_model``, ``torchvision.models.<name>(weights=None)``, or a
+model built by hand from PyTorch's modules, :mod:`labkit.workloads.handmade`), a batch shape, a precision, a recomputation policy, an optimizer and the loop the user writes.
 The same definitions serve
 
 * the ground truth: ``benchmarks/gpu/record_plain.py`` runs each case as a plain, untraced loop

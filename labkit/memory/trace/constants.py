@@ -6,12 +6,12 @@ the value could decide what follows. But a tensor made by ``torch.arange``, ``to
 depends on no input: the program computes it the same way on any device. PyTorch's ``FakeTensorMode``
 already keeps such values (a fake tensor's ``constant``) for ``torch.tensor(...)`` and for one-element
 results (``CONSTANT_NUMEL_LIMIT = 1`` and the ``all_constant`` path of ``FakeTensorMode._dispatch_impl``,
-torch/_subclasses/fake_tensor.py); :func:`known_value` extends the rule to factories and ``torch.tensor``
-of Python numbers
-and to small results (up to :data:`KNOWN_NUMEL_LIMIT` elements) computed from known values only.
+torch/_subclasses/fake_tensor.py); :func:`known_value` extends the rule to factories and ``torch.tensor`` of
+Python numbers and to small results (up to :data:`KNOWN_NUMEL_LIMIT` elements) computed from known values only.
 
-Fake mode applies it while the model is built (the ``init`` phase): a constructor's arithmetic on such
-values decides the model's shapes. Example: torchvision's RegNet computes its stage widths at construction
+Fake mode applies the factory part while the model is built (the ``init`` phase: a constructor's arithmetic on
+such values decides the model's shapes) and the rest in every phase (``pack_padded_sequence``'s batch sizes,
+read back by ``nn.LSTM``). Example: torchvision's RegNet computes its stage widths at construction
 (``BlockParams.from_init_params``, torchvision/models/regnet.py: ``torch.arange(depth) * w_a + w_0``,
 ``torch.round``, ``torch.log``, then ``.int().tolist()``); that read is now answered with the value the
 GPU run computes.
@@ -45,9 +45,10 @@ def _fake_mode() -> Any:
     return None
 
 
-def known_value(func: Any, args: tuple, kwargs: dict) -> Any:
+def known_value(func: Any, args: tuple, kwargs: dict, *, factories: bool = True) -> Any:
     """``func``'s result as fake tensors that know their value (``constant``), where every input is a
-    Python number or such a tensor and the result is small; else ``NotImplemented``."""
+    Python number or such a tensor and the result is small; else ``NotImplemented``. ``factories``: also
+    tensors made from Python numbers alone (fake mode's ``init`` phase: a constructor's arithmetic)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._mode_utils import no_dispatch
 
@@ -56,6 +57,8 @@ def known_value(func: Any, args: tuple, kwargs: dict) -> Any:
     for a in args:      # the common case, an op on data, leaves at once
         if isinstance(a, FakeTensor) and a.constant is None:
             return NotImplemented
+    if not factories and not any(isinstance(a, FakeTensor) for a in args):
+        return NotImplemented
     flat, spec = tree_flatten((args, kwargs))
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
     if tensors:
@@ -72,7 +75,7 @@ def known_value(func: Any, args: tuple, kwargs: dict) -> Any:
         if mode is None:
             return NotImplemented
     else:
-        if func not in FACTORIES:
+        if func not in FACTORIES or not factories:
             return NotImplemented
         mode = _fake_mode()
         if mode is None:
@@ -81,13 +84,23 @@ def known_value(func: Any, args: tuple, kwargs: dict) -> Any:
         if fake.numel() > KNOWN_NUMEL_LIMIT or fake.device.type != "cpu":
             return fake
     real = tree_unflatten([a.constant if isinstance(a, FakeTensor) else a for a in flat], spec)
-    with no_dispatch():
+    if func.is_view:
+        # a view must stay a view of its input for autograd: fake mode makes it, and it learns the view's value
+        fake = func(*args, **kwargs)
+        with _disable_current_modes(), no_dispatch():
+            value = func(*real[0], **real[1])
+        pairs = zip(tree_flatten(fake)[0], tree_flatten(value)[0])
+        for f, v in pairs:
+            if isinstance(f, FakeTensor) and isinstance(v, torch.Tensor) and v.numel() <= KNOWN_NUMEL_LIMIT:
+                f.constant = v
+        return fake
+    with _disable_current_modes(), no_dispatch():    # real compute, outside the fake mode
         out = func(*real[0], **real[1])
     if func is aten._local_scalar_dense.default:
         return out                             # the number itself (``.item()``, each element of ``.tolist()``)
     if any(t.numel() > KNOWN_NUMEL_LIMIT for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):
         return NotImplemented                  # small inputs, a large result (an expand): fake mode makes it
-    with no_dispatch():
+    with _disable_current_modes(), no_dispatch():
         out = tree_map_only(torch.Tensor, lambda t: t.clone(), out)
     with _disable_current_modes():             # as FakeTensorMode makes its constants: outside every mode
         return tree_map_only(torch.Tensor,

@@ -16,8 +16,10 @@ all layers (``aten/src/ATen/native/cudnn/RNN.cpp``), which allocates, in this or
   ``nn.RNNBase`` calls at construction on a GPU, and after ``.to``), a flat copy where they are not.
 
 Under autocast, ``_cudnn_rnn`` is dispatched through ``_cudnn_rnn_cast_reflatten``
-(``aten/src/ATen/cudnn/AutocastRNN.cpp``): the input and ``hx``/``cx`` are cast to the autocast dtype and the
-weights are cast *and re-flattened* into a new flat buffer, which the backward keeps.
+(``aten/src/ATen/cudnn/AutocastRNN.cpp``): the input and ``hx``/``cx`` are cast to float16 (``kHalf``, whatever
+the autocast dtype: bfloat16 autocast runs cuDNN's RNN in float16, the same bytes) and the weights are cast
+*and re-flattened* into a new flat float16 buffer (``copy_weights_to_flat_buf_views``), which the backward
+keeps.
 
 Backward (``_cudnn_rnn_backward``): ``_cudnn_rnn_backward_input`` makes ``dy`` contiguous (a copy where the
 output's gradient is the transposed view a ``batch_first`` module returns), ``dx`` (seq, batch, input),
@@ -77,10 +79,10 @@ class _CudnnRNN(torch.autograd.Function):
     def forward(ctx: Any, meta: dict, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None,
                 *weights: torch.Tensor) -> Any:
         tracker, mode = meta["tracker"], meta["mode"]
-        seq, batch = x.shape[0], x.shape[1]
+        seq, batch = meta["packed"] or (x.shape[0], x.shape[1])
         hidden, layers, dirs = meta["hidden"], meta["layers"], meta["dirs"]
         elem = x.element_size()
-        y = x.new_empty(seq, batch, dirs * hidden)
+        y = x.new_empty(*x.shape[:-1], dirs * hidden)          # (seq, batch, .) or packed (tokens, .)
         hy = hx.new_empty(hx.shape)
         cy = cx.new_empty(cx.shape) if cx is not None else None
         if meta["train"]:
@@ -107,11 +109,11 @@ class _CudnnRNN(torch.autograd.Function):
         saved = ctx.saved_tensors
         x, hx = saved[0], saved[1]
         gy = grads[0]
-        seq, batch = x.shape[0], x.shape[1]
+        seq, batch = meta["packed"] or (x.shape[0], x.shape[1])
         hidden, layers, dirs = meta["hidden"], meta["layers"], meta["dirs"]
         elem = x.element_size()
         if gy is None:
-            gy = x.new_zeros(seq, batch, dirs * hidden)
+            gy = x.new_zeros(*x.shape[:-1], dirs * hidden)
         # _cudnn_rnn_backward_input: dx, dhx, dcx; dy = grad_output.contiguous(), input.contiguous() and the
         # workspace live inside the call
         dx = x.new_empty(x.shape)
@@ -132,13 +134,114 @@ class _CudnnRNN(torch.autograd.Function):
         return (None, dx, dhx, dcx, *gws)
 
 
+PACKED_ASSUMPTION = ("pack_padded_sequence's lengths are tensor values fake mode does not have: every sequence "
+                     "taken at the full padded length (the most memory)")
+
+
+def _constant(mode: Any, values: list[int]) -> torch.Tensor:
+    """A CPU int64 fake tensor that knows its values (made as FakeTensorMode makes its constants: the real
+    tensor outside every mode)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        real = torch.tensor(values, dtype=torch.int64)
+        return mode.fake_tensor_converter.from_real_tensor(mode, real, make_constant=True)
+
+
+def _values(t: Any) -> list[int] | None:
+    """The values a fake tensor knows (its ``constant``, read outside the fake mode), or None."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    known = getattr(t, "constant", None)
+    if known is None:
+        return None
+    with _disable_current_modes():
+        return [int(v) for v in known.tolist()]
+
+
+def pack_padded(args: tuple, kwargs: dict, assume: Any) -> Any:
+    """``torch._VF._pack_padded_sequence(input, lengths, batch_first)`` in fake mode: its output's size is the
+    sum of the lengths, values fake tensors lack unless they are known (a constant); otherwise every sequence
+    is taken at its full padded length (:data:`PACKED_ASSUMPTION`). Returns ``(data, batch_sizes)``,
+    ``batch_sizes`` a CPU int64 tensor that knows its values (``nn.LSTM`` and ``pad_packed_sequence`` read
+    them)."""
+    p = dict(zip(("input", "lengths", "batch_first"), args))
+    p.update(kwargs)
+    x, lengths, batch_first = p["input"], p["lengths"], bool(p["batch_first"])
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    lens = _values(lengths)
+    if lens is None:
+        assume(PACKED_ASSUMPTION)
+        lens = [steps] * batch
+    sizes = [sum(1 for n in lens if n > t) for t in range(max(lens))]
+    return _PackPadded.apply(x, (sum(lens), *x.shape[2:])), _constant(x.fake_mode, sizes)
+
+
+class _PackPadded(torch.autograd.Function):
+    """``_pack_padded_sequence``'s memory: the packed data; backward, the padded input's gradient (its CPU
+    kernels read the batch sizes' data before any dispatch: fake mode answers the call as a whole)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shape: tuple) -> torch.Tensor:
+        ctx.x_shape = x.shape
+        return x.new_empty(shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad.new_zeros(ctx.x_shape), None
+
+
+class _PadPacked(torch.autograd.Function):
+    """``_pad_packed_sequence``'s memory: the padded output; backward, the packed data's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, data: torch.Tensor, shape: tuple) -> torch.Tensor:
+        ctx.data_shape = data.shape
+        return data.new_zeros(shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad.new_empty(ctx.data_shape), None
+
+
+def pad_packed(args: tuple, kwargs: dict) -> Any:
+    """``_pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length)`` in fake mode, from
+    the batch sizes :func:`pack_padded` made: ``(padded, lengths)``; else ``NotImplemented``. (Its CPU kernel
+    reads the batch sizes' data itself, before any dispatch: fake mode answers the call as a whole.)"""
+    p = dict(zip(("data", "batch_sizes", "batch_first", "padding_value", "total_length"), args))
+    p.update(kwargs)
+    data, sizes = p["data"], _values(p["batch_sizes"])
+    if not sizes:
+        return NotImplemented
+    batch, steps = sizes[0], max(int(p["total_length"]), len(sizes))
+    shape = (batch, steps) if p["batch_first"] else (steps, batch)
+    lens = [sum(1 for b in sizes if b > i) for i in range(batch)]
+    return _PadPacked.apply(data, (*shape, *data.shape[1:])), _constant(data.fake_mode, lens)
+
+
 def run_cudnn_rnn(mode: str, args: tuple, kwargs: dict, tracker: Any, autocast_dtype: torch.dtype | None) -> Any:
     """``torch._VF.<mode>(input, hx, weights, bias, num_layers, dropout, train, bidirectional, batch_first)``
-    as cuDNN runs it (see the module docstring), or ``NotImplemented`` for the packed-sequence form."""
-    if kwargs or len(args) != 9 or not isinstance(args[2], (list, tuple)):
-        return NotImplemented                        # packed sequences (batch_sizes): fake mode's own path
+    as cuDNN runs it (see the module docstring); the packed form ``(data, batch_sizes, hx, weights, bias,
+    num_layers, dropout, train, bidirectional)`` with the batch sizes :func:`pack_padded` made (cuDNN sizes the
+    reserve for the longest sequence times the batch); else ``NotImplemented``."""
+    if kwargs or len(args) != 9:
+        return NotImplemented
+    if isinstance(args[1], torch.Tensor) and isinstance(args[3], (list, tuple)):      # a PackedSequence
+        sizes = _values(args[1])
+        if not sizes:
+            return NotImplemented
+        data, _, hx, weights, _bias, layers, _dropout, train, bidir = args
+        return _run(mode, data, hx, list(weights), layers, train, bidir, False, tracker, autocast_dtype,
+                    packed=(len(sizes), sizes[0]))
+    if not isinstance(args[2], (list, tuple)):
+        return NotImplemented
     x, hx, weights, _bias, layers, _dropout, train, bidir, batch_first = args
-    weights = list(weights)
+    return _run(mode, x, hx, list(weights), layers, train, bidir, batch_first, tracker, autocast_dtype)
+
+
+def _run(mode: str, x: torch.Tensor, hx: Any, weights: list, layers: int, train: bool, bidir: bool,
+         batch_first: bool, tracker: Any, autocast_dtype: torch.dtype | None,
+         packed: tuple[int, int] | None = None) -> Any:
     if mode == "lstm":
         h0, c0 = hx
     else:
@@ -146,12 +249,13 @@ def run_cudnn_rnn(mode: str, args: tuple, kwargs: dict, tracker: Any, autocast_d
     dirs = 2 if bidir else 1
     hidden = c0.shape[-1] if c0 is not None else h0.shape[-1]
     weight_buf = None
-    if autocast_dtype is not None and x.is_floating_point() and x.dtype != autocast_dtype:
+    half = torch.float16                  # AutocastRNN.cpp casts to kHalf whatever the autocast dtype
+    if autocast_dtype is not None and x.is_floating_point() and x.dtype != torch.float64 and weights[0].dtype != half:
         # _cudnn_rnn_cast_reflatten: input, hx, cx cast; the weights cast into one new flat buffer
-        x = x.to(autocast_dtype)
-        h0 = h0.to(autocast_dtype)
-        c0 = c0.to(autocast_dtype) if c0 is not None else None
-        weight_buf = torch.empty(_numel(weights), dtype=autocast_dtype, device=x.device)
+        x = x.to(half)
+        h0 = h0.to(half)
+        c0 = c0.to(half) if c0 is not None else None
+        weight_buf = torch.empty(_numel(weights), dtype=half, device=x.device)
         views, off = [], 0
         for w in weights:                     # the cast weights are views of the one buffer: no more storage
             views.append(weight_buf[off:off + w.numel()].view(w.shape))
@@ -159,7 +263,7 @@ def run_cudnn_rnn(mode: str, args: tuple, kwargs: dict, tracker: Any, autocast_d
         weights = [_CastView.apply(w, v) for w, v in zip(weights, views)]
     xs = x.transpose(0, 1) if batch_first else x         # RNN.cpp: a view; its contiguous copy is transient
     meta = {"tracker": tracker, "mode": mode, "hidden": hidden, "layers": layers, "dirs": dirs, "train": train,
-            "weight_buf": weight_buf}
+            "weight_buf": weight_buf, "packed": packed}
     outs = _CudnnRNN.apply(meta, xs, h0, c0, *weights)
     y = outs[0].transpose(0, 1) if batch_first else outs[0]
     if mode == "lstm":
@@ -181,4 +285,5 @@ class _CastView(torch.autograd.Function):
         return g.to(ctx.dtype), None
 
 
-__all__ = ["ASSUMPTION", "GATES", "reserve_bytes", "run_cudnn_rnn", "workspace_bytes"]
+__all__ = ["ASSUMPTION", "GATES", "PACKED_ASSUMPTION", "pack_padded", "pad_packed", "reserve_bytes", "run_cudnn_rnn",
+           "workspace_bytes"]

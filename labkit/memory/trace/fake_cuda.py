@@ -527,10 +527,10 @@ class CudaEmulator:
         routed = self.routing.replace(func, args, kwargs)    # MoE dispatch's data-dependent shapes
         if routed is not NotImplemented:
             return routed
-        if tracker.phases[-1] == "init":          # the model's constructor: what it computes from Python numbers
-            known = known_value(func, args, kwargs)      # alone has a value (constants.py)
-            if known is not NotImplemented:
-                return known
+        # what is computed from Python numbers alone has a value (constants.py); factories in the constructor only
+        known = known_value(func, args, kwargs, factories=tracker.phases[-1] == "init")
+        if known is not NotImplemented:
+            return known
         if func is torch.ops.aten._local_scalar_dense.default:
             return self._scalar_read(args[0])
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,

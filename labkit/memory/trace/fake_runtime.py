@@ -133,6 +133,16 @@ class CudaFunctionRules(TorchFunctionMode):
             self.emulator.note_sdpa(choice)
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
+        if func is torch._VF._pack_padded_sequence:       # packed sequences' sizes (cudnn_rnn.py)
+            from labkit.memory.trace.cudnn_rnn import pack_padded
+
+            return pack_padded(args, kwargs, self.emulator.assume)
+        if func is torch._VF._pad_packed_sequence:
+            from labkit.memory.trace.cudnn_rnn import pad_packed
+
+            out = pad_packed(args, kwargs)
+            if out is not NotImplemented:
+                return out
         if func in _CUDNN_RNN and self.emulator._tracker is not None:
             from labkit.memory.trace.cudnn_rnn import ASSUMPTION, run_cudnn_rnn
 
@@ -212,34 +222,44 @@ def checkpoint_autocast(emulator: Any) -> Iterator[None]:
         cp.CheckpointFunction = original_fn
 
 
-class FakeDeepcopy(TorchFunctionMode):
-    """``copy.deepcopy`` of a fake tensor: a clone in the same fake mode.
+def _fake_deepcopy(t: Any, memo: dict) -> Any:
+    """``copy.deepcopy`` of a fake tensor: a clone in the same fake mode (see :func:`fake_deepcopy`)."""
+    if id(t) in memo:
+        return memo[id(t)]
+    with torch.no_grad():
+        new = t.clone(memory_format=torch.preserve_format)
+    new.requires_grad_(t.requires_grad)
+    for key, value in t.__dict__.items():    # _is_param and the user's attributes; not the fake tensor's own
+        if key not in new.__dict__:          # fields (its fake_mode above all: a deep copy of it is a new mode)
+            new.__dict__[key] = copy.deepcopy(value, memo)
+    memo[id(t)] = new
+    return new
+
+
+@contextlib.contextmanager
+def fake_deepcopy() -> Iterator[None]:
+    """``copy.deepcopy`` of a fake tensor makes a clone in the same fake mode.
 
     ``Tensor.__deepcopy__`` (torch/_tensor.py) clones a wrapper subclass only when its ``data_ptr()`` is 0;
-    a ``FakeTensor`` answers the read with a warning and a nonzero pointer, so its storage is deep-copied into
-    tensors of another fake mode ("Mixing fake modes NYI" at their first use: the copy of ``__dict__`` copies the
-    tensor's ``fake_mode`` too). A parameter made in fake mode
-    is a ``FakeTensor`` flagged ``_is_param`` (``Parameter.__new__`` for a custom tensor type,
-    torch/nn/parameter.py), so ``Parameter.__deepcopy__`` does not apply either. PyTorch's own modules copy
-    themselves this way: ``nn.TransformerEncoder`` and ``nn.TransformerDecoder`` clone their layer
-    ``num_layers`` times with ``copy.deepcopy`` (``_get_clones``, torch/nn/modules/transformer.py)."""
+    a ``FakeTensor`` answers the read with a warning and a nonzero pointer, so its storage is deep-copied and
+    its ``__dict__`` with it, ``fake_mode`` included: the copy belongs to a new fake mode ("Mixing fake modes
+    NYI" at its first use). A parameter made in fake mode is a ``FakeTensor`` flagged ``_is_param``
+    (``Parameter.__new__`` for a custom tensor type, torch/nn/parameter.py), so ``Parameter.__deepcopy__`` does
+    not apply either. PyTorch's own modules copy themselves this way: ``nn.TransformerEncoder`` and
+    ``nn.TransformerDecoder`` clone their layer ``num_layers`` times with ``copy.deepcopy`` (``_get_clones``,
+    torch/nn/modules/transformer.py). The method is set on the ``FakeTensor`` class for the fake run (no cost
+    per op) and removed after."""
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
-            t, memo = args[0], args[1]
-            if id(t) in memo:
-                return memo[id(t)]
-            with torch.no_grad():
-                new = t.clone(memory_format=torch.preserve_format)
-            new.requires_grad_(t.requires_grad)
-            for key, value in t.__dict__.items():    # _is_param and the user's attributes; not the fake tensor's
-                if key not in new.__dict__:          # own fields (its fake_mode above all: a deep copy is a new mode)
-                    new.__dict__[key] = copy.deepcopy(value, memo)
-            memo[id(t)] = new
-            return new
-        return func(*args, **(kwargs or {}))
+    had = FakeTensor.__dict__.get("__deepcopy__")
+    FakeTensor.__deepcopy__ = _fake_deepcopy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had is None:
+            del FakeTensor.__deepcopy__
+        else:
+            FakeTensor.__deepcopy__ = had  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -299,7 +319,7 @@ def fake_run(emulator: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(emulator.modules.active())
         stack.enter_context(fake_module_conversion())
-        stack.enter_context(FakeDeepcopy())
+        stack.enter_context(fake_deepcopy())
         stack.enter_context(checkpoint_autocast(emulator))
         if emulator.target.emulate_kernels:
             stack.enter_context(CudaFunctionRules(emulator))

@@ -19,9 +19,9 @@ def test_deepcopy_of_a_module_made_in_fake_mode_stays_in_that_mode():
     the same fake mode (not a new mode, as Tensor.__deepcopy__ makes them), flagged as parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.memory.trace.fake_runtime import FakeDeepcopy
+    from labkit.memory.trace.fake_runtime import fake_deepcopy
 
-    with FakeTensorMode() as mode, FakeDeepcopy():
+    with FakeTensorMode() as mode, fake_deepcopy():
         lin = nn.Linear(8, 8)
         lin.weight.note = "kept"
         twin = copy.deepcopy(lin)
@@ -118,11 +118,19 @@ def test_rnn_rules_scale_with_the_gates():
     assert workspace_bytes("lstm", *args) == 64 * 256 * 4 * 1024 * 2
 
 
-def test_amp_lstm_keeps_a_bf16_copy_of_the_weights():
-    """Under autocast _cudnn_rnn_cast_reflatten casts the weights into one new flat buffer kept for backward."""
-    fp32 = predict(get_case("hand-gru-b64-s256-fp32@tiny"), steps=1)
-    amp = predict(get_case("hand-gru-b64-s256-amp-bf16@tiny"), steps=1)
-    assert amp.peak_bytes > 0 and fp32.peak_bytes > 0
+def test_amp_rnn_keeps_a_float16_copy_of_the_weights():
+    """Under autocast _cudnn_rnn_cast_reflatten (AutocastRNN.cpp) casts the weights into one new flat float16
+    buffer (kHalf, also under bfloat16 autocast), kept for backward; fp32 runs on the module's own weights."""
+    from labkit.workloads.corpus import build_model
+
+    case = get_case("hand-gru-b64-s256-amp-bf16@tiny")
+    n = sum(p.numel() for p in build_model(case).rnn.parameters())
+    amp = predict(case, steps=1, op_log=True)
+    fp32 = predict(get_case("hand-gru-b64-s256-fp32@tiny"), steps=1, op_log=True)
+    flat = f"-> float16[{n}]"
+    assert any(o.name == "aten.empty.memory_format" and o.shapes.endswith(flat) for o in amp.op_log)
+    assert not any(o.shapes.endswith(flat) or o.shapes.endswith(f"-> float32[{n}]") for o in fp32.op_log
+                   if o.phase == "forward")
 
 
 def test_transposed_convolution_passes_are_the_passes_they_run():
@@ -139,3 +147,30 @@ def test_3d_convolutions_are_an_assumption_until_measured():
     n, why = conv_workspace_bytes("forward", (8, 64, 16, 56, 56), (64, 64, 3, 3, 3), (8, 64, 16, 56, 56), (1, 1, 1),
                                   (1, 1, 1), (1, 1, 1), 1, torch.float32)
     assert n == 0 and "3-D" in why and "record_handmade.py" in why
+
+
+class _PackedLSTM(nn.Module):
+    """The usual variable-length recipe: pack_padded_sequence, a bidirectional LSTM, pad_packed_sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(100, 32), nn.Linear(64, 100)
+        self.rnn = nn.LSTM(32, 32, 2, batch_first=True, bidirectional=True)
+
+    def forward(self, x, lengths, y):
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+        out, _ = nn.utils.rnn.pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=x.shape[1])
+        return nn.functional.cross_entropy(self.head(out).flatten(0, 1), y.flatten())
+
+
+def test_packed_sequences_run_at_their_full_length():
+    """pack_padded_sequence's lengths are values: fake mode takes every sequence at its full length (stated), and
+    the packed LSTM runs as cuDNN's RNN on the packed tokens."""
+    from labkit.memory.trace.cudnn_rnn import PACKED_ASSUMPTION
+
+    batch = {"x": torch.randint(0, 100, (4, 16)), "lengths": torch.tensor([16, 12, 9, 3]),
+             "y": torch.randint(0, 100, (4, 16))}
+    rep = measure_step(_PackedLSTM, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b), device="fake-cuda",
+                       steps=1)
+    assert rep.peak_bytes > 0
+    assert PACKED_ASSUMPTION in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
