@@ -56,6 +56,11 @@ def _bad_environment() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    # fake mode's note that the installed torch is not its rules' torch is part of each report (emulation's
+    # torch, a note line), not a warning on stderr beside a one-line error
+    warnings.filterwarnings("ignore", message="fake mode's rules are for torch")
     parser = build_parser()
     flush_notes(show=False)
     try:

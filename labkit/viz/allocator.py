@@ -11,7 +11,7 @@ GiB = 1024**3
 MiB = 1024**2
 STATE_COLORS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e", "inactive": "#9ecae1"}
 # red: allocated to a tensor; orange: freed, awaiting another stream; light blue: free (cached)
-STATE_WORDS = {"active_allocated": "allocated to a tensor", "active_awaiting_free": "freed, awaiting another stream",
+STATE_WORDS = {"active_allocated": "allocated to a tensor", "active_pending_free": "freed, awaiting another stream",
                "inactive": "free (cached)"}
 
 

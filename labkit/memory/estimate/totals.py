@@ -196,10 +196,10 @@ def spec_dict(obj) -> dict:
     ``recompute_every`` alias, always folded into ``recompute``, left out)."""
     out = {k: getattr(obj, k) for k in obj.__dataclass_fields__ if k != "recompute_every"}
     for k, v in out.items():
-        if dataclasses.is_dataclass(v):
+        if k == "recompute":
+            out[k] = str(v)
+        elif dataclasses.is_dataclass(v):
             out[k] = dataclasses.asdict(v)
-    if "recompute" in out:
-        out["recompute"] = str(out["recompute"])
     return out
 
 

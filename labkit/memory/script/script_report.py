@@ -138,7 +138,12 @@ def build_report(gpu: Any, *, what: str, outcome: str | None = None) -> ScriptRe
         outcome = ("out of memory" if live.oom is not None else
                    f"stopped after {gpu.stopped_after} optimizer steps" if gpu.stopped_after else "completed")
     elapsed = (gpu.ended or gpu.started) - gpu.started
+    from labkit.memory.trace.fake_cuda import torch_versions
+
     notes = list(gpu.notes) + list(gpu.emulator.assumptions)
+    torch_note = torch_versions(gpu.target).get("note")
+    if torch_note:
+        notes.append(torch_note)
     for choice in getattr(gpu, "_hf_choices", None) or []:
         notes.append("transformers' mask checks: " + choice.replace(
             "(the batch's attention_mask is all ones)", "(assumed: the batches are not padded; a padded batch keeps an "

@@ -492,6 +492,9 @@ def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
     routing = emulation.get("moe_routing") or {}
     if routing.get("used_by") or routing.get("not_needed_by"):
         print(f"\nMoE routing assumed: {routing['assumed']}" + (" (the default)" if routing.get("default") else ""))
+    torch_note = (emulation.get("torch") or {}).get("note")
+    if torch_note:
+        print(f"\nnote: {torch_note}")
     if emulation.get("assumptions"):
         print("\nassumed where fake tensors have no values:")
         for text in emulation["assumptions"]:
