@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.paths import DATA_DIR
-from labkit.core.units import GB, fmt_bytes
+from labkit.core.units import GiB, fmt_bytes
 from labkit.viz.section import Section
 
 __all__ = ["Recorded", "recorded", "example", "validation", "ranks", "commands"]
@@ -71,9 +71,9 @@ def example(rec: Recorded, name: str = "nanogpt_sdpa") -> Section:
     r = rec.scripts[name]
     rep = _predict(r)
     sec = Section(f"One script, unmodified: data/scripts/{r['script']}", source="model: labkit fake GPU, run here now")
-    sec.claim("Predicted peak allocated (torch.cuda.max_memory_allocated at the end)", round(rep.peak_bytes / GB, 3),
-              "GB", name="script_example_peak", digits=2)
-    sec.claim("Recorded on the H200", round(r["peak_allocated"] / GB, 3), "GB", source=rec.label, digits=2)
+    sec.claim("Predicted peak allocated (torch.cuda.max_memory_allocated at the end)", round(rep.peak_bytes / GiB, 3),
+              "GiB", name="script_example_peak", digits=2)
+    sec.claim("Recorded on the H200", round(r["peak_allocated"] / GiB, 3), "GiB", source=rec.label, digits=2)
     sec.claim("Prediction error, peak", _err(rep.peak_bytes, r["peak_allocated"]), "%", digits=2,
               name="script_example_peak_error", tolerance=3.0)
     sec.claim("Prediction error, peak reserved", _err(rep.reserved_bytes, r["peak_reserved"]), "%", digits=2)

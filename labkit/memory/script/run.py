@@ -21,6 +21,7 @@ from typing import Any
 
 from labkit.core.errors import LabkitError
 
+OUTPUT_KEPT = 8000          # characters of a script's own output kept in its report (trace_script)
 BANNER = ("labkit: {path} runs on a fake {gpu} (no GPU is used); torch.cuda answers with predicted figures, so "
           "the script's own memory prints are predictions too")
 
@@ -114,11 +115,12 @@ def run_script(path: str, argv: list[str] | None = None, *, max_steps: int | Non
 
 
 def trace_script(path: str, argv: list[str] | None = None, *, max_steps: int | None = None,
-                 fresh: bool = True, timeout: float | None = None) -> Any:
+                 fresh: bool = True, timeout: float | None = None, echo: bool = False) -> Any:
     """Predict what ``python path argv`` allocates on the target GPU, without a GPU.
 
-    ``fresh`` (default): in a new Python process, as the real script runs (``labkit measure --script``);
-    its output goes to this process's stderr. Otherwise in this process (:func:`run_script`)."""
+    ``fresh`` (default): in a new Python process, as the real script runs (``labkit measure --script``); the
+    script's own output is kept in the report's ``output`` (and written to this process's stderr with
+    ``echo``). Otherwise in this process (:func:`run_script`)."""
     if not fresh:
         return run_script(path, argv, max_steps=max_steps, banner=False)
     path = check_script(path)
@@ -127,10 +129,13 @@ def trace_script(path: str, argv: list[str] | None = None, *, max_steps: int | N
         cmd += ["--steps", str(max_steps)]
     cmd += ["--", *(argv or [])]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    sys.stderr.write(proc.stderr)
+    if echo:
+        sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise LabkitError(last.split("error: ", 1)[-1] if "error: " in last else last)
     from labkit.memory.script.script_report import report_from_json
 
-    return report_from_json(json.loads(proc.stdout))
+    rep = report_from_json(json.loads(proc.stdout))
+    rep.output = proc.stderr[-OUTPUT_KEPT:]
+    return rep

@@ -61,6 +61,7 @@ class ScriptReport:
     oom: dict[str, int] | None = None
     sdpa: dict[str, int] = field(default_factory=dict)
     outside_allocator: dict[str, Any] | None = None
+    output: str = ""                     # the script's own output (its last characters), where it was kept
     source: str = "model: labkit fake GPU (fake tensors, no GPU used), validated against H200 recordings"
 
     @property
