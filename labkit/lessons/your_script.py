@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from labkit.core.paths import DATA_DIR
@@ -92,10 +91,11 @@ def validation(rec: Recorded, smoke: bool) -> Section:
     """Several recorded scripts predicted here, reference and held-out apart (the full set:
     ``benchmarks/bench_script.py --validate``)."""
     names = SMOKE_SCRIPTS if smoke else FULL_SCRIPTS
-    rows, worst = [], 0.0
+    rows, worst, points = [], 0.0, []
     for name in names:
         r = rec.scripts[name]
         rep = _predict(r)
+        points.append((name, r["peak_allocated"], rep.peak_bytes))
         pe, re_ = _err(rep.peak_bytes, r["peak_allocated"]), _err(rep.reserved_bytes, r["peak_reserved"])
         worst = max(worst, abs(pe))
         rows.append([name, split(name), fmt_bytes(r["peak_allocated"]), fmt_bytes(rep.peak_bytes), f"{pe:+.2f}%",
@@ -105,6 +105,10 @@ def validation(rec: Recorded, smoke: bool) -> Section:
               len(rows), "scripts")
     sec.claim("Worst peak error among them", round(worst, 2), "%", digits=2, name="script_worst_peak_error",
               tolerance=3.0, direction="lower", source="model vs recording, computed here now")
+    from labkit.viz.measure import predicted_vs_recorded
+
+    sec.figure(predicted_vs_recorded(points, title="Peak of each script: predicted here vs recorded on the H200",
+                                     source="model (run here now) vs " + rec.label))
     return sec.table(["script", "split", "recorded peak", "predicted", "peak error", "reserved error", "time here"],
                      rows, caption=rec.label)
 

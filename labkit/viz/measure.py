@@ -161,3 +161,25 @@ def profiler_timeline(times_us: Sequence[float], by_category: Mapping[str, Seque
                     legend_label=[c.replace("_", " ") for c in cats])
     fig.add_layout(fig.legend[0], "right")  # beside the plot, clear of the areas
     return fig
+
+
+def predicted_vs_recorded(points: Sequence[tuple[str, int, int]], *, title: str, source: str,
+                          width: int = 560, height: int = 360):
+    """Each script's predicted peak against its recorded one (bytes), with the line where they agree.
+    ``points``: (name, recorded bytes, predicted bytes)."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+
+    top = max([max(r, p) for _, r, p in points] or [GIB])
+    div, unit = _unit(top)
+    src = ColumnDataSource({"name": [n for n, _, _ in points], "recorded": [r / div for _, r, _ in points],
+                            "predicted": [p / div for _, _, p in points]})
+    fig = figure(title=title, width=width, height=height, x_axis_label=f"recorded peak, {unit}",
+                 y_axis_label=f"predicted peak, {unit}", x_range=(0, top / div * 1.1), y_range=(0, top / div * 1.1))
+    fig.line([0, top / div * 1.1], [0, top / div * 1.1], color="#999999", line_dash="dashed",
+             legend_label="prediction = recording")
+    fig.scatter("recorded", "predicted", source=src, size=9, color="#1f77b4", legend_label="a script")
+    fig.add_tools(HoverTool(tooltips=[("script", "@name"), ("recorded", "@recorded{0.00}"),
+                                      ("predicted", "@predicted{0.00}")]))
+    fig.legend.location = "top_left"
+    return _source_line(fig, source)

@@ -16,7 +16,6 @@ it did in the run's notes:
 from __future__ import annotations
 
 import contextlib
-import sys
 from typing import Any, Iterator
 
 

@@ -24,12 +24,11 @@ copy methods); :class:`labkit.memory.script.tracker.GpuTracker` the dispatch-lev
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-CUDA0 = torch.device("cuda", 0)
 _CPU = torch.device("cpu")
 
 

@@ -6,6 +6,7 @@ category, current and peak bytes, on a real GPU (``cuda``), on the CPU (``cpu``)
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -13,7 +14,6 @@ import torch
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
-from labkit.memory.trace.backends import make_backend
 from labkit.memory.trace.storage import CATEGORIES, Roles, StorageTracker, Stopwatch, categorise
 
 DEVICES = ("fake-cuda", "cuda", "cpu")
@@ -173,6 +173,32 @@ class MeasureReport:
         return {p.phase: p.peak_bytes for p in self.by_phase}
 
 
+def _fake_copy(model: nn.Module, fake: Any) -> nn.Module:
+    """A structural copy of ``model`` whose parameters and buffers are fake (no real memory is copied).
+    Call it before entering ``fake`` (converting real tensors inside the mode is refused)."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(fake.from_tensor(p.detach()), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = fake.from_tensor(b)
+    return copy.deepcopy(model, memo)
+
+
+def _build_model(model: nn.Module | Callable[[], nn.Module], device: str) -> nn.Module:
+    if isinstance(model, nn.Module):
+        if device == "fake-cuda":
+            return model   # already a fake copy (see _fake_copy)
+        return model.to(device)
+    if not callable(model):
+        raise LabkitError(f"model must be an nn.Module or a zero-argument callable, got {type(model).__name__}")
+    # fake mode: the active FakeTensorMode makes every tensor the factory creates a fake CPU tensor
+    with torch.device("cpu" if device == "fake-cuda" else device):
+        m = model()
+    if not isinstance(m, nn.Module):
+        raise LabkitError(f"the model factory returned {type(m).__name__}, not an nn.Module")
+    return m
+
+
 def _tensors(obj: Any) -> list[torch.Tensor]:
     from torch.utils._pytree import tree_leaves
 
@@ -236,21 +262,7 @@ def measure_step(model: nn.Module | Callable[[], nn.Module], batch: Any, *,
     foreach AdamW or in labkit's untraced ``TrainStep``. What does change it is the loop: keeping the
     output object through backward adds its bf16 logits (+0.40 GB, 29.80 GB), hence ``loop=``.
     """
-    from labkit.workloads import StepPolicy
-
-    policy = StepPolicy(precision=precision, optimizer=optimizer, recompute=recompute, checkpointing=checkpointing)
-    moe_routing = _check_options(device, loop, steps, moe_routing, allocator_state, reserved_placements)
-    backend = make_backend(device, policy, target=target, moe_routing=moe_routing, allocator_state=allocator_state,
-                           reserved_placements=reserved_placements, alloc_confs=alloc_confs)
-    run = _run_steps(backend, model, batch, policy, steps=steps, loss_fn=loss_fn, call=call, loop=loop,
-                     rounding=rounding, op_log=op_log, timing=timing, observers=observers)
-    return _report(backend, run, policy, steps=steps, loop=loop, op_log=op_log)
-
-
-def _check_options(device: str, loop: str, steps: int, moe_routing: Any, allocator_state: Any,
-                   reserved_placements: int) -> Any:
-    """Refuse what does not apply (one line each); returns the parsed MoE routing."""
-    from labkit.workloads import LOOPS
+    from labkit.workloads import LOOPS, StepPolicy, TrainStep, move_batch
 
     if loop not in LOOPS:
         raise LabkitError(f"loop {loop!r} is not one of {', '.join(LOOPS)}")
@@ -258,53 +270,80 @@ def _check_options(device: str, loop: str, steps: int, moe_routing: Any, allocat
         raise LabkitError(f"device {device!r} is not one of {', '.join(DEVICES)}")
     if steps < 1:
         raise LabkitError(f"steps must be >= 1, got {steps}")
-    if reserved_placements < 0:
-        raise LabkitError(f"reserved_placements must be 0 or more, got {reserved_placements}")
-    fake_only = {"moe_routing": (moe_routing is not None, "the batch's real routing decides"),
-                 "allocator_state": (allocator_state is not None, "the real allocator's own state decides"),
-                 "reserved_placements": (bool(reserved_placements), "the driver places the segments")}
-    for name, (given, why) in fake_only.items():
-        if given and device != "fake-cuda":
-            raise LabkitError(f"{name} applies to device 'fake-cuda' (on {device!r} {why}); leave it out")
     if moe_routing is not None:
         from labkit.core.vocab import MoeRouting
 
         moe_routing = MoeRouting.parse(moe_routing, what="moe_routing")
-    return moe_routing
+        if device != "fake-cuda":
+            raise LabkitError(f"moe_routing applies to device 'fake-cuda' (on {device!r} the batch's real routing "
+                              "decides); leave it out")
+    if allocator_state is not None and device != "fake-cuda":
+        raise LabkitError(f"allocator_state applies to device 'fake-cuda' (on {device!r} the real allocator's own "
+                          "state decides); leave it out")
+    if reserved_placements and device != "fake-cuda":
+        raise LabkitError(f"reserved_placements applies to device 'fake-cuda' (on {device!r} the driver places the "
+                          "segments); leave it out")
+    if reserved_placements < 0:
+        raise LabkitError(f"reserved_placements must be 0 or more, got {reserved_placements}")
+    policy = StepPolicy(precision=precision, optimizer=optimizer, recompute=recompute, checkpointing=checkpointing)
+    is_cuda = device == "cuda"
+    if is_cuda and not torch.cuda.is_available():
+        raise LabkitError("device 'cuda' asked for but torch sees no CUDA GPU here; use device='fake-cuda'")
 
+    stack = contextlib.ExitStack()
+    emulator = None
+    autocast = None
+    fused: bool | None = None
+    if device == "fake-cuda":
+        from torch._subclasses.fake_tensor import FakeTensorMode
 
-@dataclass
-class _Run:
-    tracker: StorageTracker
-    roles: Roles
-    phases: list[PhaseStats]
-    index: dict[int, int]              # id(PhaseStats) -> tracker phase index
-    init_bytes: int
-    num_params: int
-    step_times: list[float]
-    finished: Any = None
+        from labkit.memory.trace.fake_cuda import CudaEmulator, CudaTarget
 
+        from labkit.memory.trace.fake_cuda import data_dependent_choices
 
-def _run_steps(backend: Any, model: Any, batch: Any, policy: Any, *, steps: int, loss_fn: Any, call: Any,
-               loop: str, rounding: int | None, op_log: bool, timing: bool, observers: tuple) -> _Run:
-    """The loop: build the model and batch on the back-end's device, then ``steps`` training steps, each phase
-    measured by the tracker (and, on a GPU, the allocator's own peak)."""
-    from labkit.workloads import TrainStep, move_batch
+        from labkit.memory.trace.fake_runtime import fake_run
 
-    tracker = backend.tracker(rounding, op_log, observers)
-    watch = Stopwatch(torch.cuda.synchronize if (backend.device == "cuda" and timing) else None)
-    roles, phases, index = Roles(), [], {}
-    state = {"step": 0, "train": None}
+        emulator = CudaEmulator(target or CudaTarget(), policy, moe_routing)
+        fake = FakeTensorMode(allow_non_fake_inputs=False)
+        emulator.assumptions = stack.enter_context(data_dependent_choices(batch))
+        if isinstance(model, nn.Module):
+            model = _fake_copy(model, fake)
+        stack.enter_context(fake)
+        stack.enter_context(fake_run(emulator))
+        if policy.autocast_dtype is not None:
+            autocast = emulator.autocast_factory(policy.autocast_dtype)
+        tracker = StorageTracker(device_type="meta", rounding=rounding or 512, emulator=emulator, op_log=op_log,
+                                 observers=observers)  # fake storages are meta
+        to_device: Callable[[torch.Tensor], torch.Tensor] = fake.from_tensor
+        device_type = "cpu"
+    elif is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        tracker = StorageTracker(device_type="cuda", rounding=rounding or 512, op_log=op_log, cuda_op_stats=op_log,
+                                 observers=observers)
+        to_device = lambda t: t.to("cuda", non_blocking=False)  # noqa: E731
+        device_type = "cuda"
+    else:
+        tracker = StorageTracker(device_type="cpu", rounding=rounding or 1, op_log=op_log, observers=observers)
+        to_device = lambda t: t  # noqa: E731
+        device_type = "cpu"
+        fused = None  # fused AdamW has a CPU kernel too
+
+    watch = Stopwatch(torch.cuda.synchronize if (is_cuda and timing) else None)
+    roles = Roles()
+    phases: list[PhaseStats] = []
+    step_no = 0
+    cuda_base = torch.cuda.memory_allocated() if is_cuda else 0
 
     @contextlib.contextmanager
     def on_phase(name: str) -> Iterator[None]:
         idx = tracker.begin_phase(name)
         start = tracker.current
-        backend.phase_start()
+        if is_cuda:
+            torch.cuda.reset_peak_memory_stats()
         t0 = watch.now() if timing else None
         yield
         t1 = watch.now() if timing else None
-        step = state["train"]
         if name in ("backward", "optimizer"):
             roles.add(tracker, "gradients", [p.grad for p in step.model.parameters() if p.grad is not None])
         if name == "optimizer":
@@ -312,72 +351,126 @@ def _run_steps(backend: Any, model: Any, batch: Any, policy: Any, *, steps: int,
             if step.scaler is not None:
                 roles.add(tracker, "optimizer_state", [getattr(step.scaler, "_scale", None),
                                                        getattr(step.scaler, "_growth_tracker", None)])
-        peak, end = backend.phase_stats()
-        phases.append(PhaseStats(step=state["step"], phase=name, start_bytes=start, end_bytes=tracker.current,
-                                 peak_bytes=tracker.phase_peaks[idx], storage_peak_bytes=tracker.phase_peaks[idx],
-                                 peak_by_category={}, time_s=(t1 - t0) if timing else None,
-                                 cuda_peak_allocated=peak, cuda_end_allocated=end))
-        index[id(phases[-1])] = idx
+        phases.append(PhaseStats(
+            step=step_no, phase=name, start_bytes=start, end_bytes=tracker.current,
+            peak_bytes=tracker.phase_peaks[idx], storage_peak_bytes=tracker.phase_peaks[idx], peak_by_category={},
+            time_s=(t1 - t0) if timing else None,
+            cuda_peak_allocated=(torch.cuda.max_memory_allocated() - cuda_base) if is_cuda else None,
+            cuda_end_allocated=(torch.cuda.memory_allocated() - cuda_base) if is_cuda else None,
+        ))
+        phases[-1]._index = idx  # type: ignore[attr-defined]
 
     built: list[nn.Module] = []
-    stack = contextlib.ExitStack()
-    times: list[float] = []
-    with _refusals(backend.device, tracker, built, model), stack:
-        model = backend.enter(stack, model, batch)
+    with _refusals(device, tracker, built, model), stack:
         with tracker:
             with on_phase("init"):
-                if backend.emulator is not None:
-                    backend.emulator.start(tracker, roles)
-                m = backend.build(model)
+                if emulator is not None:
+                    emulator.start(tracker, roles)
+                m = _build_model(model, device)
                 built.append(m)
-                dev_batch = move_batch(batch, backend.to_device)
-                if backend.tracks_model(model):
+                dev_batch = move_batch(batch, to_device)
+                if device == "fake-cuda" or (isinstance(model, nn.Module) and device != "cpu"):
                     tracker.track(list(m.parameters()) + list(m.buffers()))
                 tracker.track(_tensors(dev_batch))
             roles.add(tracker, "parameters", list(m.parameters()) + list(m.buffers()))
             roles.add(tracker, "inputs", _tensors(dev_batch))
             init_bytes = tracker.current
-            backend.after_init()
-            step = state["train"] = TrainStep(m, dev_batch, policy=policy, device_type=backend.device_type,
-                                              loss_fn=loss_fn, autocast=backend.autocast, call=call,
-                                              grad_scaler=backend.grad_scaler(policy), loop=loop)
+            if is_cuda:
+                init_cuda = torch.cuda.memory_allocated() - cuda_base
+            step = TrainStep(m, dev_batch, policy=policy, device_type=device_type if device != "fake-cuda" else "cpu",
+                             loss_fn=loss_fn, autocast=autocast, fused=fused, call=call,
+                             grad_scaler=emulator.grad_scaler() if (emulator and policy.precision == "amp-fp16") else None,
+                             loop=loop)
             roles.add(tracker, "parameters", list(step.model.parameters()) + list(step.model.buffers()))
-            if backend.emulator is not None:
-                backend.emulator.attach(step, tracker, roles)
+            if emulator is not None:
+                emulator.attach(step, tracker, roles)
+            t_steps = []
             for s in range(1, steps + 1):
-                state["step"] = s
+                step_no = s
                 t0 = watch.now() if timing else None
                 step.run(on_phase)
                 if timing:
-                    times.append(watch.now() - t0)
+                    t_steps.append(watch.now() - t0)
         num_params = sum(p.numel() for p in step.model.parameters())
-    return _Run(tracker, roles, phases, index, init_bytes, num_params, times)
 
-
-def _report(backend: Any, run: _Run, policy: Any, *, steps: int, loop: str, op_log: bool) -> MeasureReport:
-    """Categories at each phase's peak (an event replay), the back-end's allocator figures, the report."""
-    tracker, phases = run.tracker, run.phases
+    # categories at each phase peak (event replay)
     by_step: dict[int, list[int]] = {}
     for p in phases:
-        by_step.setdefault(p.step, []).append(run.index[id(p)])
+        by_step.setdefault(p.step, []).append(p._index)  # type: ignore[attr-defined]
     for p in phases:
+        idx = p._index  # type: ignore[attr-defined]
         acts = tuple(i for i in by_step[p.step] if tracker.phases[i] in ("forward", "loss"))
-        p.peak_by_category = categorise(tracker, run.roles, tracker.phase_peak_event[run.index[id(p)]], acts)
-    done = backend.finish(tracker, phases, run.index, by_step)
+        p.peak_by_category = categorise(tracker, roles, tracker.phase_peak_event[idx], acts)
+    reserved = None
+    reserved_range: tuple[int, int] | None = None
+    reserved_by_conf: dict[str, dict[str, int]] = {}
+    if device == "fake-cuda" and emulator is not None and emulator.target.simulate_allocator:
+        from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
+
+        step_starts = [tracker.phase_start_event[min(by_step[s])] for s in sorted(by_step) if s >= 1]
+        seeded: dict[str, Any] = {}
+        if allocator_state is not None:
+            # a warm process's cuBLAS workspaces are blocks of the state, where it holds that much
+            from labkit.allocator import live_bytes
+
+            ws = frozenset(emulator._roles.workspace) if emulator.target.warm_process and emulator._roles else frozenset()
+            if live_bytes(allocator_state) < len(ws) * emulator.target.cublas_workspace_bytes:
+                ws = frozenset()
+            seeded = {"state": allocator_state, "in_state": ws}
+        rp = replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP, **seeded)
+        for p in phases:
+            p.peak_bytes = rp.phase_peak_allocated[p._index]  # type: ignore[attr-defined]
+        reserved = rp.reserved_end
+        if reserved_placements:
+            from labkit.allocator import ShuffledVA
+
+            spread = [reserved] + [replay_tracker(tracker, step_starts=step_starts, through_step=MEASURED_THROUGH_STEP,
+                                                  address_space=ShuffledVA(seed), **seeded).reserved_end
+                                   for seed in range(reserved_placements)]
+            reserved_range = (min(spread), max(spread))
+        if alloc_confs:
+            from labkit.allocator import parse_alloc_conf
+
+            for conf in alloc_confs:
+                r = replay_tracker(tracker, parse_alloc_conf(conf), step_starts=step_starts,
+                                   through_step=MEASURED_THROUGH_STEP, **seeded)
+                reserved_by_conf[conf] = {"reserved_peak": r.reserved_peak, "segments": r.segments,
+                                          "peak_allocated": max(r.phase_peak_allocated, default=0)}
+    elif is_cuda:
+        for p in phases:
+            p.peak_bytes = p.cuda_peak_allocated or 0
     last = [p for p in phases if p.step == steps]
     top = max(last, key=lambda p: p.peak_bytes)
     top_storage = max(last, key=lambda p: p.storage_peak_bytes)
-    em = backend.emulator
+    cuda_info = None
+    if is_cuda:
+        st = torch.cuda.memory_stats()
+        cuda_info = {
+            "steady_peak_allocated": max(p.cuda_peak_allocated or 0 for p in last),
+            "steady_phase_peaks": {p.phase: p.cuda_peak_allocated for p in last},
+            "init_allocated": init_cuda,
+            "base_allocated": cuda_base,
+            "reserved_peak": int(st.get("reserved_bytes.all.peak", 0)),
+            "reserved_current": int(st.get("reserved_bytes.all.current", 0)),
+            "num_alloc_retries": int(st.get("num_alloc_retries", 0)),
+            "num_ooms": int(st.get("num_ooms", 0)),
+        }
+        reserved = cuda_info["reserved_peak"]
+    for p in phases:
+        if hasattr(p, "_index"):
+            del p._index  # type: ignore[attr-defined]
     rep = MeasureReport(
-        device=backend.device, policy={"precision": policy.precision, "optimizer": policy.optimizer.name,
-                                       "optimizer_impl": policy.optimizer.impl, "recompute": str(policy.recompute),
-                                       "loop": loop},
+        device=device, policy={"precision": policy.precision, "optimizer": policy.optimizer.name,
+                               "optimizer_impl": policy.optimizer.impl, "recompute": str(policy.recompute)},
         steps=steps, peak_bytes=top.peak_bytes, peak_phase=top.phase, by_phase=last,
-        by_category=top_storage.peak_by_category, init_bytes=run.init_bytes,
-        storage_peak_bytes=top_storage.storage_peak_bytes, reserved_bytes=done.reserved, all_phases=phases,
-        cuda=done.cuda, emulation=em.describe() if em is not None else None, num_params=run.num_params,
-        step_time_s=(sorted(run.step_times)[len(run.step_times) // 2] if run.step_times else None),
-        reserved_by_conf=done.reserved_by_conf, reserved_range=done.reserved_range)
+        by_category=top_storage.peak_by_category, init_bytes=init_bytes,
+        storage_peak_bytes=top_storage.storage_peak_bytes, reserved_bytes=reserved, all_phases=phases, cuda=cuda_info,
+        emulation=emulator.describe() if emulator is not None else None, num_params=num_params,
+        step_time_s=(sorted(t_steps)[len(t_steps) // 2] if timing and t_steps else None),
+    )
+    rep.reserved_by_conf = reserved_by_conf
+    rep.reserved_range = reserved_range
+    rep.policy["loop"] = loop
     if op_log:
         rep.op_log = tracker.op_log  # type: ignore[attr-defined]
     return rep

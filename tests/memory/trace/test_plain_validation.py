@@ -40,7 +40,9 @@ def test_split_is_recorded_and_a_third_is_held_out():
         held = [r for r in records if r.split == "held-out"]
         assert 0.25 < len(held) / len(records) < 0.42
     assert {r.split for r in CHEAP_FRESH} == {"reference", "held-out"}
-    assert {r.name for r in FRESH} == {r.name for r in RECORDS}          # the same corpus, recorded both ways
+    # the corpus recorded both ways; the cases added since the in-process recording (issue 27's hand-built ones)
+    # were recorded in fresh processes only
+    assert {r.name for r in RECORDS} <= {r.name for r in FRESH}
     assert len(CHEAP_IN_PROCESS) >= 2
 
 
