@@ -17,7 +17,6 @@ Every run prints the reproducibility header first.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import resource
@@ -38,8 +37,10 @@ PEAK_TARGET, RESERVED_TARGET, SECONDS_TARGET = 3.0, 10.0, 120.0
 
 
 def split(name: str) -> str:
-    h = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
-    return "held-out" if h % 3 == 0 else "reference"
+    """Held out or reference, by the corpus's rule (:func:`labkit.workloads.corpus.split_of`)."""
+    from labkit.workloads.corpus import split_of
+
+    return split_of(name)
 
 
 def predict(script: Path, args: list[str], extra: list[str] = ()) -> tuple[dict | None, float, int, str]:

@@ -3,7 +3,6 @@ each prediction beside the H200's recording of the same script."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +38,10 @@ def recorded() -> Recorded:
 
 
 def split(name: str) -> str:
-    """``held-out`` for a third of the scripts (a hash of the name, as the corpus splits its cases)."""
-    return "held-out" if int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 3 == 0 else "reference"
+    """Held out or reference, by the corpus's rule (:func:`labkit.workloads.corpus.split_of`)."""
+    from labkit.workloads.corpus import split_of
+
+    return split_of(name)
 
 
 def _predict(rec: dict, world: int = 0) -> Any:

@@ -36,6 +36,13 @@ CheckpointImpl = Literal["torch", "hf", "hf-reentrant"]
 Loop = Literal["plain", "keep-output"]
 
 
+
+def split_of(name: str) -> str:
+    """``held-out`` for a third of the names (the first 8 hex digits of its SHA-256, modulo 3), else
+    ``reference``: the lab's one rule for holding cases out of any tuning (corpus cases, recorded scripts)."""
+    return "held-out" if int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 3 == 0 else "reference"
+
+
 @dataclass(frozen=True)
 class Case:
     """One training configuration of the corpus (sizes for the H200 recording; see :func:`tiny`)."""
@@ -64,8 +71,7 @@ class Case:
     @property
     def split(self) -> str:
         """``held-out`` for a third of the cases (by a hash of the name), else ``reference``."""
-        h = int(hashlib.sha256(self.name.encode()).hexdigest()[:8], 16)
-        return "held-out" if h % 3 == 0 else "reference"
+        return split_of(self.name)
 
     @property
     def step_precision(self) -> str:

@@ -16,6 +16,9 @@ from typing import Any, Iterator
 
 import torch
 
+from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES
+from labkit.memory.trace.fake_cuda import H200
+
 
 @dataclass(frozen=True)
 class GpuFacts:
@@ -24,17 +27,17 @@ class GpuFacts:
     ``total_memory``: ``cudaDeviceProp::totalGlobalMem``, what ``get_device_properties().total_memory``
     reports, recorded on the lab's H200 (``data/measurements/script/scripts.json``, ``total_memory``; its OOM
     messages say "a total capacity of 139.80 GiB"). ``context_bytes``: what the CUDA context and libraries hold outside
-    PyTorch's allocator; the OOM messages under ``data/measurements/allocator/`` put it at 0.66-0.72 GiB ("this process has 9.23 GiB memory in use"
-    with 8.57 GiB reserved by PyTorch), so 0.67 GiB, the median of three. ``mem_get_info`` subtracts it, and
-    the simulated device serves at most ``total_memory - context_bytes``.
+    PyTorch's allocator: the figure the estimator uses, measured on the H200
+    (:data:`labkit.memory.estimate.buffers.CUDA_CONTEXT_BYTES`, one home for the fact). ``mem_get_info``
+    subtracts it, and the simulated device serves at most ``total_memory - context_bytes``.
     """
 
-    name: str = "NVIDIA H200"
+    name: str = H200["name"]                   # the target's facts file (labkit/memory/trace/targets/h200.json)
     total_memory: int = 150_109_880_320      # get_device_properties(0).total_memory on the H200
-    major: int = 9
-    minor: int = 0
-    multi_processor_count: int = 132
-    context_bytes: int = 719_407_000             # 0.67 GiB
+    major: int = H200["sm"][0]
+    minor: int = H200["sm"][1]
+    multi_processor_count: int = H200["sm_count"]
+    context_bytes: int = CUDA_CONTEXT_BYTES
     device_count: int = 1
 
     @property
