@@ -62,11 +62,26 @@ backward-data of the convolution it transposes (its input in the role of that co
 gradient, its output in the role of the input gradient), its input gradient as that convolution's forward
 on the output gradient, and its weight gradient as that convolution's backward-filter with input and output
 gradient swapped; the weight tensor is the same. :func:`conv_workspace_bytes` sizes each pass as the pass it
-runs (:data:`TRANSPOSED_PASS`).
+runs (:data:`TRANSPOSED_PASS`). Measured since (a UNet's 2x2/2 ``ConvTranspose2d`` at four widths and a 3x3 at
+256x256, batch 8 and 16, float32 and bf16, ``conv_workspace_3d_transposed__h200.json``): 54 of 60 passes within
+10% (or 0.6 MiB), 44 to the kilobyte.
 
-Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D and 3-D convolutions (the 2-D rule's NDHWC
-copies would raise R3D-18's predicted float32 peak by 4%: too large a guess to make unmeasured; its
-workspaces are recorded by ``benchmarks/gpu/record_handmade.py --part conv``), fp16 depthwise in NCHW,
+**3-D convolutions** run the same path: ``ConvParams::use_cudnn`` (``aten/src/ATen/native/Convolution.cpp``)
+has no condition on the number of dimensions (NNPACK's has: ``input.ndimension() == 4``), so a 5-D input goes
+to ``cudnn_convolution`` and ``Conv_v8.cpp``'s ``run_single_conv`` as a 4-D one does, and cuDNN's engines copy
+the operands to NDHWC as they copy 2-D ones to NHWC. Measured on the H200 (``record_handmade.py --part conv``,
+``conv_workspace_3d_transposed__h200.json``: R3D-18's seven convolution geometries at batch 8 and 16, float32
+and bf16, 84 passes): with the NDHWC copies (input + output + weight) the rule is within 10% (or 0.6 MiB) in
+70 of the 84 passes, 53 of them to the kilobyte; the split-K buffer of the weight gradient is 4 float32
+copies of it where 2 or more fit in :data:`SPLIT_K_CAP` (:data:`SPLIT_K_COPIES_3D`), none otherwise. Known misses: the float32 forward of the 3x3x3 64->64 at
+16x56x56 and of the strided 1x1x1 downsample take the input's copy only (the rule gives the output's too: up
+to 196 MiB more at batch 16, in the forward, where no step peaks), the 3-channel stem in bf16 takes no
+forward workspace, its float32 weight gradient 24-30 MiB more, and the split-K buffers of the 3x3x3 256->256
+at batch 16 in bf16 and of the 3x3x3 512->512 in float32 (4.5-6.75 MiB, none in the rule). R3D-18
+(``tv-r3d_18-b16-*``): predicted peak -4.2% -> -0.2% (float32, reference), -3.4% -> -0.1% (amp-bf16,
+held-out); reserved -20% -> +2.0% and -17% -> +2.3%.
+
+Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
 """
 
@@ -80,8 +95,7 @@ import torch
 _HALF = (torch.float16, torch.bfloat16)
 
 ASSUMPTIONS = {
-    "other": "cuDNN convolution workspace for a 1-D or 3-D convolution: not measured, assumed none "
-             "(benchmarks/gpu/record_handmade.py --part conv records R3D-18's)",
+    "other": "cuDNN convolution workspace for a 1-D convolution: not measured, assumed none",
     "channels_last": "cuDNN convolution workspace for a dense channels-last convolution: not modelled, assumed "
                      "none (measured on the H200 at most 17 MB for most geometries; the channels-last stem and patchify "
                      "take several times their input)",
@@ -129,6 +143,8 @@ def _channels_last_depthwise(pass_: str, x_shape: Sequence[int], w_shape: Sequen
 SPLIT_K_COPIES = {torch.float32: 14, torch.bfloat16: 13, torch.float16: 13}
 SPLIT_K_MIN_PIXELS = {torch.float32: 64 * 7 * 7, torch.bfloat16: 8 * 56 * 56, torch.float16: 8 * 56 * 56}
 SPLIT_K_CAP = 8 * 1024 * 1024
+# 3-D (NDHWC) convolutions: at most 4 copies, and none where fewer than 2 fit the cap (see _split_k_partials)
+SPLIT_K_COPIES_3D = 4
 
 
 def _split_k_partials(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
@@ -148,9 +164,12 @@ def _split_k_partials(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int]
     not measured and taken as bf16."""
     if pass_ != "backward_filter" or dtype not in SPLIT_K_COPIES or x_shape[1] <= 3:
         return 0
+    w32 = math.prod(w_shape) * 4
+    if len(x_shape) == 5:
+        copies = min(SPLIT_K_COPIES_3D, SPLIT_K_CAP // w32)
+        return copies * w32 if copies >= 2 else 0
     if x_shape[0] * math.prod(y_shape[2:]) < SPLIT_K_MIN_PIXELS[dtype]:
         return 0
-    w32 = math.prod(w_shape) * 4
     copies = min(SPLIT_K_COPIES[dtype], SPLIT_K_CAP // w32)
     if copies == 0:
         return SPLIT_K_CAP if dtype == torch.float32 else 0
@@ -172,7 +191,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     cin = x_shape[1]
     if groups == cin and groups > 1 and dtype != torch.float16 and not channels_last:
         return 0, None                                   # PyTorch's depthwise kernel, not cuDNN
-    if len(x_shape) != 4:
+    if len(x_shape) not in (4, 5):
         return 0, ASSUMPTIONS["other"]
     if channels_last and groups == cin and groups > 1:
         return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)

@@ -240,3 +240,35 @@ def test_split_k_partials_improve_the_float32_weight_gradients_on_the_grid():
     ok = sum(abs(_rule(r, "backward_filter") - _measured(r, "backward_filter"))
              <= max(0.01 * _measured(r, "backward_filter"), 0.6 * MiB) for r in fp32)
     assert len(fp32) == 111 and ok >= 76, ok          # 43 within 1% without the partials
+
+
+def _3d_tr_rows():
+    doc = load_measurement(measure_dir() / "conv_workspace_3d_transposed__h200.json", kind="conv_workspace")
+    return doc["data"]["rows"]
+
+
+def _nd_rule(r, p):
+    dt = torch.float32 if r["dtype"] == "fp32" else torch.bfloat16
+    return conv_workspace_bytes(p, r["input_shape"], r["weight_shape"], r["output_shape"], r["stride"], r["padding"],
+                                [1] * len(r["stride"]), r["groups"], dt, transposed=r["transposed"])[0]
+
+
+@pytest.mark.parametrize("three_d, passes, within, to_the_kib", [(True, 84, 70, 53), (False, 60, 54, 44)])
+def test_3d_and_transposed_workspaces_as_the_h200_took_them(three_d, passes, within, to_the_kib):
+    """record_handmade.py --part conv: R3D-18's 3-D convolutions (NDHWC copies, 4 split-K copies) and a UNet's
+    transposed ones (run as the passes they transpose), against the rule."""
+    res = [(_nd_rule(r, p), _measured(r, p)) for r in _3d_tr_rows() if (len(r["input_shape"]) == 5) == three_d
+           for p in ("forward", "backward_data", "backward_filter")]
+    assert len(res) == passes
+    assert sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res) >= within
+    assert sum(abs(a - b) <= 1024 for a, b in res) >= to_the_kib
+
+
+def test_3d_first_stage_backward_is_exact():
+    # the largest of R3D-18's workspaces: its first stage's 3x3x3 64->64 at 16x56x56, batch 16
+    (r,) = [r for r in _3d_tr_rows() if (r["geometry"], r["batch"], r["dtype"]) == ("r3d-3x3x3-64", 16, "fp32")]
+    for p in ("backward_data", "backward_filter"):
+        assert abs(_nd_rule(r, p) - _measured(r, p)) <= 1024, p
+    # dx + dy + w in NDHWC, plus 4 float32 copies of the weight gradient
+    x = 16 * 64 * 16 * 56 * 56 * 4
+    assert _nd_rule(r, "backward_filter") == 2 * x + 64 * 64 * 27 * 4 * 5

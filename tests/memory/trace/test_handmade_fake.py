@@ -143,10 +143,12 @@ def test_transposed_convolution_passes_are_the_passes_they_run():
         assert t == plain and t[0] > 0
 
 
-def test_3d_convolutions_are_an_assumption_until_measured():
+def test_3d_convolutions_take_their_ndhwc_copies_and_1d_ones_are_an_assumption():
     n, why = conv_workspace_bytes("forward", (8, 64, 16, 56, 56), (64, 64, 3, 3, 3), (8, 64, 16, 56, 56), (1, 1, 1),
-                                  (1, 1, 1), (1, 1, 1), 1, torch.float32)
-    assert n == 0 and "3-D" in why and "record_handmade.py" in why
+                                  (1, 1, 1), (1, 1, 1), 1, torch.bfloat16)
+    assert why is None and n == (2 * 8 * 64 * 16 * 56 * 56 + 64 * 64 * 27) * 2
+    n, why = conv_workspace_bytes("forward", (8, 64, 56), (64, 64, 3), (8, 64, 56), (1,), (1,), (1,), 1, torch.float32)
+    assert n == 0 and "1-D" in why
 
 
 class _PackedLSTM(nn.Module):
