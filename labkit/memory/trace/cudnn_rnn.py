@@ -26,9 +26,13 @@ output's gradient is the transposed view a ``batch_first`` module returns), ``dx
 ``dhx``, ``dcx`` and a workspace; ``_cudnn_rnn_backward_weight`` a zeroed flat ``dw`` (the weight buffer's size
 and dtype) and a workspace; the weights' gradients are views of ``dw``.
 
-The reserve and workspace sizes are cuDNN's (closed source): :func:`reserve_bytes` and
-:func:`workspace_bytes` state the rule used and :data:`ASSUMPTION` says so in the report;
-``benchmarks/gpu/record_handmade.py --part rnn`` records the sizes cuDNN returns on the H200.
+The reserve and workspace sizes are cuDNN's (``cudnnGetRNNTempSpaceSizes``, closed source): the rules
+below are the shape of the sizes cuDNN 9.19 returned on the H200 (``benchmarks/gpu/record_handmade.py --part
+rnn``, ``data/measurements/measure/rnn_cudnn__h200.json``: ``nn.LSTM`` and ``nn.GRU``, 1 and 2 layers, hidden 256
+and 1024, batch 16 and 64, 64 and 256 steps, float32 and bf16, 64 shapes). :func:`reserve_bytes` gives every
+recorded reserve to the byte; :func:`workspace_bytes` gives the LSTM workspaces within 0.3% and the GRU ones
+within 1.2%. Plain ``nn.RNN`` and bidirectional layers are not measured
+(:data:`ASSUMPTION`).
 """
 
 from __future__ import annotations
@@ -40,32 +44,52 @@ import torch
 
 # gates per cell (cuDNN's modes): RNN_RELU/RNN_TANH 1, LSTM 4, GRU 3
 GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
-ASSUMPTION = ("cuDNN RNN reserve space taken as the gate activations, the cell state or recurrent "
-              "pre-activations and the layer's output per layer, direction, step and sample; workspace as one "
-              "layer's input projections for every step (cudnnGetRNNTempSpaceSizes is not modelled from a recording "
-              "yet: benchmarks/gpu/record_handmade.py --part rnn records it)")
+ASSUMPTION = ("cuDNN RNN reserve space and workspace from the sizes cuDNN 9.19 returned on the H200 for LSTM and GRU "
+              "layers (rnn_cudnn__h200.json); plain RNN (tanh/relu) layers and bidirectional ones are not measured: "
+              "taken by the same rule (a plain RNN's reserve as its activations and layer outputs, its workspace as "
+              "an LSTM's)")
 
-
-# hidden-sized vectors the reserve keeps per layer, direction, step and sample (see reserve_bytes)
-RESERVE_VECTORS = {"lstm": 4 + 1 + 1, "gru": 3 + 3 + 1, "rnn_relu": 1 + 1, "rnn_tanh": 1 + 1}
+# hidden-sized vectors the reserve keeps per layer, direction, step and sample (see reserve_bytes); rnn: assumed
+RESERVE_VECTORS = {"lstm": 5, "gru": 6, "rnn_relu": 1, "rnn_tanh": 1}
+# bytes cuDNN adds to every reserve (all 64 recorded shapes)
+RESERVE_EXTRA = 256
+# hidden-sized vectors per step and sample in the workspace (see workspace_bytes): 6, but 5 for a GRU of more
+# than one layer
+WORKSPACE_STEP_VECTORS = 6
+WORKSPACE_STEP_VECTORS_GRU_STACKED = 5
+# the workspace's part per layer and direction: fixed bytes, and hidden-sized vectors per sample
+WORKSPACE_LAYER_BYTES = 8 * 1024 * 1024
+WORKSPACE_SAMPLE_VECTORS = 11
 
 
 def reserve_bytes(mode: str, layers: int, directions: int, seq: int, batch: int, hidden: int,
                   elem: int) -> int:
-    """Bytes of the training reserve space: for every layer, direction, time step and sample, what the
-    backward pass reads back (:data:`RESERVE_VECTORS` vectors of ``hidden``): an LSTM's four gate activations,
-    its cell state and its output; a GRU's three gate activations, the three recurrent pre-activations
-    (``W_h h + b_h``: the candidate gate's backward needs its part, the GEMM makes all three) and its output; a
-    plain RNN's pre-activation and output. That a GRU keeps more than an LSTM of the same shapes is what cuDNN
-    reports (https://github.com/pytorch/pytorch/issues/2895: reserve 864,000,000 vs 736,000,000 bytes, a ratio
-    of 1.17; 7/6 here)."""
-    return layers * directions * seq * batch * RESERVE_VECTORS[mode] * hidden * elem
+    """Bytes of the training reserve space: for every layer, direction, time step and sample
+    :data:`RESERVE_VECTORS` hidden-sized vectors (an LSTM's four gate activations and its cell state, a GRU's
+    three gate activations and three recurrent pre-activations ``W_h h + b_h``, whose candidate part its backward
+    needs), plus the output of every layer but the last (the next layer's input; the last one's is the call's
+    output ``y``), plus :data:`RESERVE_EXTRA`. Exact on the 64 recorded shapes (e.g. a 2-layer LSTM, hidden 1024,
+    batch 64 x 256 steps, float32: 738,197,760 bytes = 11 x 64 MiB + 256). That a GRU keeps more than an LSTM of
+    the same shapes is what cuDNN reports (https://github.com/pytorch/pytorch/issues/2895)."""
+    vectors = layers * directions * RESERVE_VECTORS[mode] + (layers - 1) * directions
+    return vectors * seq * batch * hidden * elem + RESERVE_EXTRA
 
 
-def workspace_bytes(mode: str, layers: int, directions: int, seq: int, batch: int, hidden: int, elem: int) -> int:
-    """Bytes of the forward/backward workspace: the input projections of one layer for every step (cuDNN's
-    standard algorithm computes them for the whole sequence at once)."""
-    return directions * seq * batch * GATES[mode] * hidden * elem
+def workspace_bytes(mode: str, layers: int, directions: int, seq: int, batch: int, hidden: int, elem: int,
+                    input_size: int | None = None) -> int:
+    """Bytes of the forward/backward workspace (one block, the same size in the forward and in each backward
+    call), as recorded: :data:`WORKSPACE_STEP_VECTORS` hidden-sized vectors per step and sample (the gates'
+    input projections for the whole sequence, which cuDNN's standard algorithm computes at once, and their
+    partial sums; 5 for a stacked GRU), per layer and direction :data:`WORKSPACE_LAYER_BYTES` and
+    :data:`WORKSPACE_SAMPLE_VECTORS` hidden-sized vectors per sample (the recurrent state's), and a copy of
+    the weight matrices (gates x hidden x (layer input + hidden) per layer and direction; ``input_size``
+    defaults to ``hidden``)."""
+    inp = hidden if input_size is None else input_size
+    per_step = WORKSPACE_STEP_VECTORS_GRU_STACKED if mode == "gru" and layers > 1 else WORKSPACE_STEP_VECTORS
+    weights = sum(GATES[mode] * hidden * ((inp if layer == 0 else directions * hidden) + hidden)
+                  for layer in range(layers)) * directions
+    per_layer = WORKSPACE_LAYER_BYTES + WORKSPACE_SAMPLE_VECTORS * batch * hidden * elem
+    return (directions * per_step * seq * batch * hidden + weights) * elem + layers * directions * per_layer
 
 
 def _numel(ts: Sequence[torch.Tensor]) -> int:
@@ -82,6 +106,7 @@ class _CudnnRNN(torch.autograd.Function):
         seq, batch = meta["packed"] or (x.shape[0], x.shape[1])
         hidden, layers, dirs = meta["hidden"], meta["layers"], meta["dirs"]
         elem = x.element_size()
+        ws = workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem, x.shape[-1])
         y = x.new_empty(*x.shape[:-1], dirs * hidden)          # (seq, batch, .) or packed (tokens, .)
         hy = hx.new_empty(hx.shape)
         cy = cx.new_empty(cx.shape) if cx is not None else None
@@ -91,7 +116,7 @@ class _CudnnRNN(torch.autograd.Function):
             reserve = x.new_empty(0, dtype=torch.uint8)
         # input.contiguous() (a copy of a batch_first input's transpose) and the workspace, freed on return
         copy = 0 if x.is_contiguous() else x.numel() * elem
-        tracker.transient_group([copy, workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem)])
+        tracker.transient_group([copy, ws])
         wbuf = meta.get("weight_buf")
         ctx.meta = meta
         ctx.save_for_backward(x, hx, *( [cx] if cx is not None else []), y, reserve,
@@ -112,6 +137,7 @@ class _CudnnRNN(torch.autograd.Function):
         seq, batch = meta["packed"] or (x.shape[0], x.shape[1])
         hidden, layers, dirs = meta["hidden"], meta["layers"], meta["dirs"]
         elem = x.element_size()
+        ws = workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem, x.shape[-1])
         if gy is None:
             gy = x.new_zeros(*x.shape[:-1], dirs * hidden)
         # _cudnn_rnn_backward_input: dx, dhx, dcx; dy = grad_output.contiguous(), input.contiguous() and the
@@ -121,11 +147,11 @@ class _CudnnRNN(torch.autograd.Function):
         dcx = hx.new_empty(hx.shape) if ctx.has_cx else None
         tracker.transient_group([0 if gy.is_contiguous() else gy.numel() * gy.element_size(),
                                  0 if x.is_contiguous() else x.numel() * elem,
-                                 workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem)])
+                                 ws])
         # _cudnn_rnn_backward_weight: one zeroed flat dw, the weights' gradients are views of it
         total = sum(math.prod(s) for s in ctx.shapes)
         dw = torch.zeros(total, dtype=ctx.wdtype, device=x.device)
-        tracker.transient(workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem))
+        tracker.transient(ws)
         gws, off = [], 0
         for s in ctx.shapes:
             n = math.prod(s)
