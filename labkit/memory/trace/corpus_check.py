@@ -62,12 +62,54 @@ def check_case(case: Any, *, steps: int = 1) -> Support:
     try:
         rep = predict(case, steps=steps)
     except FakeModeUnsupported as exc:
-        return Support(case.name, "refused", str(exc), seconds=time.perf_counter() - t)
+        return Support(case.name, "refused", _refusal(case, exc, steps), seconds=time.perf_counter() - t)
     except LabkitError as exc:
         if "not importable" in str(exc):
             return Support(case.name, "unavailable", str(exc), seconds=time.perf_counter() - t)
         raise
     return Support(case.name, "predicted", "", rep.peak_bytes, time.perf_counter() - t)
+
+
+# the size flags of `labkit measure --hf-config`, by the configuration field they set
+_SIZE_FLAGS = (("num_hidden_layers", "--layers"), ("hidden_size", "--hidden"), ("num_attention_heads", "--heads"),
+               ("vocab_size", "--vocab"))
+
+
+def cache_free_command(case: Any) -> list[str]:
+    """The ``labkit measure`` command for a Hugging Face causal LM case (its model type and sizes, batch,
+    precision, recompute) with ``--no-kv-cache``."""
+    cmd = ["labkit", "measure", "--hf-config", case.arch]
+    cmd += [a for key, flag in _SIZE_FLAGS if key in case.overrides for a in (flag, str(case.overrides[key]))]
+    cmd += ["--micro-batch", str(case.micro_batch), "--seq", str(case.seq), "--precision", case.precision,
+            "--recompute", case.recompute, "--no-kv-cache"]
+    return cmd
+
+
+def _refusal(case: Any, exc: Exception, steps: int) -> str:
+    """The refusal's line. A Hugging Face causal LM checkpointed by torch.utils.checkpoint with its KV cache on
+    can fail in the recomputation, which appends to the cache the forward filled (Gemma 2 under transformers 5.24:
+    the recomputed keys no longer match the mask; real tensors fail the same way, so ``--device cpu`` is no way
+    out): where the case runs with ``use_cache=False``, the line names that command instead."""
+    from dataclasses import replace
+
+    from labkit.memory.trace.step import FakeModeUnsupported
+    from labkit.workloads.corpus import predict
+
+    reason = str(exc)
+    if not (case.family == "transformers" and case.task == "causal-lm" and case.recompute != "none"
+            and case.checkpoint_impl == "torch" and case.overrides.get("use_cache", True) is not False):
+        return reason
+    try:
+        predict(replace(case, overrides={**case.overrides, "use_cache": False}), steps=steps)
+    except FakeModeUnsupported:
+        return reason
+    import shlex
+
+    import transformers
+
+    return (reason.split("; run the step on a device instead", 1)[0] + "; the model's own recomputation grows the KV "
+            f"cache its forward filled (transformers {transformers.__version__}; real tensors fail the same way); "
+            f"without the cache it runs: {shlex.join(cache_free_command(case))}")
 
 
 def support(cases: list[Any] | None = None) -> list[Support]:
@@ -619,6 +661,6 @@ def process_section(pairs: list[ProcessPair] | None = None, *, rows: int = 8) ->
 
 
 __all__ = ["PEAK_TOLERANCE_PCT", "PROCESS_WORDS", "RECORDINGS", "RESERVED_TOLERANCE_PCT", "PlainRecord", "ProcessPair",
-           "Support", "Validation", "cache_pairs", "check_case", "load_plain", "process_pairs", "process_section",
+           "Support", "Validation", "cache_free_command", "cache_pairs", "check_case", "load_plain", "process_pairs", "process_section",
            "recorded_attention", "recorded_cache_dtype", "recorded_process", "recorded_rotary", "summary", "support", "support_markdown",
            "support_section", "validate", "validation_section"]
