@@ -35,17 +35,26 @@ H200 (``record_vision.py --part trace``) shows these blocks, in this order, insi
 294.05 MiB in the stem, 98.07 MiB in each 3x3 of the first stage, 25.63 MiB at 14x14), as the rule gives
 them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the batch as the rule says.
 
-:func:`conv_workspace_bytes` applies these. Checked against all 522 measured passes: 434 within 10% (or
-0.6 MiB); the backward-filter passes of both grids within 1%: float32 76 of 111 (43 without the split-K
-partials), bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): 3-channel
-stems in float32 (the 3x3/2 stem and the 4x4/4 patchify take none, the 7x7/2 stem's backward-data none),
-the 4x4/4 patchify's forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces),
-float32 forwards whose stride equals their kernel (1x1/2, 2x2/2) at larger batches (the input's copy
-only, e.g. 392 MiB where the rule gives 589), and the split-K misses listed at :func:`_split_k_partials`.
-The workspaces are transient: on the torchvision corpus they leave the predicted peaks where they were
-(within 0.1%) and move the replayed reserved bytes. In the recorded allocation streams of a ResNet-50 step
-at batch 128 (``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 59 of the 77
-backward workspace blocks in float32 are this rule's within 0.3 MiB (39 without the split-K partials), 54
+:func:`conv_workspace_bytes` applies these, and two float32 refinements measured on both grids:
+
+* a **float32 forward whose kernel does not overlap its strides** (1x1/2, 2x2/2) takes the input's copy and the
+  weight only once the input's copy is 64 MiB or more (:data:`FP32_STRIDED_INPUT_ONLY`; e.g. 392 MiB for a
+  1x1/2 256->512 at 56x56, batch 128, where the copies of both would be 589);
+* a **float32 stem's weight gradient** (3 input channels) copies the input with its channels padded to 4 and
+  takes a split-K buffer (:data:`FP32_STEM_WGRAD_PAD`, :data:`FP32_STEM_SPLIT_K_COPIES`): 985.8 MiB for
+  ResNet's 7x7/2 stem at batch 256, more than its forward's 931 MiB, so the GPU maps a second segment for it.
+  With both, ``tv-resnet18-b256-fp32``'s reserved moves from -14.5% to -0.3%.
+
+Checked against all 522 measured passes: 439 within 10% (or 0.6 MiB), and 122 of the 144 at batch 96-256;
+the backward-filter passes of both grids within 1%: float32 81 of 111 (43 without the split-K partials),
+bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): 3-channel stems (the
+3x3/2 stem and the 4x4/4 patchify take none in float32, the 7x7/2 stem's backward-data none), the 4x4/4
+patchify's forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces), and the split-K
+misses listed at :func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they leave
+the predicted peaks where they were (within 0.1%) and move the replayed reserved bytes. In the recorded
+allocation streams of a ResNet-50 step at batch 128
+(``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 60 of the 77 backward workspace
+blocks in float32 are this rule's within 0.3 MiB (40 without the split-K partials), 54
 of 78 in amp-bf16 (42 without); the reference cases' predicted reserved peaks move from -7.4% to +0.2%
 (fp32) and from -10.6% to about -4% (amp-bf16).
 
@@ -63,8 +72,9 @@ gradient, its output in the role of the input gradient), its input gradient as t
 on the output gradient, and its weight gradient as that convolution's backward-filter with input and output
 gradient swapped; the weight tensor is the same. :func:`conv_workspace_bytes` sizes each pass as the pass it
 runs (:data:`TRANSPOSED_PASS`). Measured since (a UNet's 2x2/2 ``ConvTranspose2d`` at four widths and a 3x3 at
-256x256, batch 8 and 16, float32 and bf16, ``conv_workspace_3d_transposed__h200.json``): 54 of 60 passes within
-10% (or 0.6 MiB), 44 to the kilobyte.
+256x256, batch 8 and 16, float32 and bf16, ``conv_workspace_3d_transposed__h200.json``): 53 of 60 passes within
+10% (or 0.6 MiB), 43 to the kilobyte; the input gradients of the float32 2x2/2 at 128 and 256 channels take the
+output's copy too (the strided-forward refinement below leaves it out: 32-64 MiB less).
 
 **3-D convolutions** run the same path: ``ConvParams::use_cudnn`` (``aten/src/ATen/native/Convolution.cpp``)
 has no condition on the number of dimensions (NNPACK's has: ``input.ndimension() == 4``), so a 5-D input goes
@@ -72,14 +82,14 @@ to ``cudnn_convolution`` and ``Conv_v8.cpp``'s ``run_single_conv`` as a 4-D one 
 the operands to NDHWC as they copy 2-D ones to NHWC. Measured on the H200 (``record_handmade.py --part conv``,
 ``conv_workspace_3d_transposed__h200.json``: R3D-18's seven convolution geometries at batch 8 and 16, float32
 and bf16, 84 passes): with the NDHWC copies (input + output + weight) the rule is within 10% (or 0.6 MiB) in
-70 of the 84 passes, 53 of them to the kilobyte; the split-K buffer of the weight gradient is 4 float32
+74 of the 84 passes, 55 of them to the kilobyte; the split-K buffer of the weight gradient is 4 float32
 copies of it where 2 or more fit in :data:`SPLIT_K_CAP` (:data:`SPLIT_K_COPIES_3D`), none otherwise. Known misses: the float32 forward of the 3x3x3 64->64 at
-16x56x56 and of the strided 1x1x1 downsample take the input's copy only (the rule gives the output's too: up
-to 196 MiB more at batch 16, in the forward, where no step peaks), the 3-channel stem in bf16 takes no
-forward workspace, its float32 weight gradient 24-30 MiB more, and the split-K buffers of the 3x3x3 256->256
+16x56x56 takes the input's copy only (the rule gives the output's too: up to 196 MiB more at batch 16, in the
+forward, where no step peaks), the 3-channel stem in bf16 takes no forward workspace, its float32 weight
+gradient 10 MiB more than the rule, and the split-K buffers of the 3x3x3 256->256
 at batch 16 in bf16 and of the 3x3x3 512->512 in float32 (4.5-6.75 MiB, none in the rule). R3D-18
 (``tv-r3d_18-b16-*``): predicted peak -4.2% -> -0.2% (float32, reference), -3.4% -> -0.1% (amp-bf16,
-held-out); reserved -20% -> +2.0% and -17% -> +2.3%.
+held-out); reserved -20% -> +2.4% and -17% -> +2.3%.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
@@ -103,6 +113,21 @@ ASSUMPTIONS = {
                         "than 7x7 at 28x28 or larger: assumed none (measured on the H200: at most 2.2 MB)",
 }
 
+
+# a float32 stem's weight gradient (3 input channels): the input's NHWC copy has its channels padded to 4 (4 x 4 B:
+# 16 bytes per pixel, as bf16's 8 x 2 B), and a split-K buffer of this many float32 copies of the padded weight
+# gradient, at most SPLIT_K_CAP. Measured on the H200: one float32 plane per sample above the unpadded copy for the
+# 7x7/2 stem at batch 32-256, R3D-18's 3x7x7 stem at 8 and 16 and the 16x16/16 patch embedding at 64-256; the rest
+# 6.03 MB for the 7x7/2 stem at every batch from 32 to 256 (120.25 copies of 64 x 4 x 7 x 7 x 4 B), 18.56 MB in
+# 3-D (the rule: 8 MiB), 0.79 MB for the patch embedding (the rule: 8 MiB)
+FP32_STEM_WGRAD_PAD = 4
+FP32_STEM_SPLIT_K_COPIES = 120
+
+# a float32 forward whose kernel does not overlap its strides (1x1/2, 2x2/2, 1x1x1/2) takes the input's NHWC copy
+# and the weight only, not the output's, once the input's copy is this large (measured on the H200: 1x1/2
+# 256->512 at 56x56 from batch 32, 2x2/2 96->96 from 64 (73.5 MiB; 36.8 MiB at 32 takes the output's too),
+# R3D-18's 1x1x1/2 downsample at 8 and 16; 2x2/2 384->384 at 14x14 takes the output's at 18.4 MiB)
+FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
 
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
@@ -199,11 +224,20 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return 0, ASSUMPTIONS["channels_last"]
     es = torch.empty((), dtype=dtype).element_size()
     pad = 8 if dtype in _HALF else 1
+    # float32 weight gradients of a 3-channel input (a stem) copy the input with its channels padded to 4
+    xpad = FP32_STEM_WGRAD_PAD if (pass_ == "backward_filter" and dtype == torch.float32 and cin <= 3) else pad
     n, cout = x_shape[0], w_shape[0]
-    nhwc = (n * _round(cin, pad) * math.prod(x_shape[2:]) + n * _round(cout, pad) * math.prod(y_shape[2:])
+    nhwc = (n * _round(cin, xpad) * math.prod(x_shape[2:]) + n * _round(cout, pad) * math.prod(y_shape[2:])
             + cout * _round(w_shape[1], pad) * math.prod(w_shape[2:])) * es
     pointwise = all(k == 1 for k in w_shape[2:]) and all(s == 1 for s in stride) and not any(padding)
     split_k = _split_k_partials(pass_, x_shape, w_shape, y_shape, dtype)
+    if xpad == FP32_STEM_WGRAD_PAD and xpad != pad:
+        split_k = min(FP32_STEM_SPLIT_K_COPIES * cout * _round(w_shape[1], xpad) * math.prod(w_shape[2:]) * 4,
+                      SPLIT_K_CAP)
+    if (pass_ == "forward" and dtype == torch.float32 and cin > 3 and any(st > 1 for st in stride)
+            and all(k <= st for k, st in zip(w_shape[2:], stride)) and not any(padding)
+            and n * cin * math.prod(x_shape[2:]) * es >= FP32_STRIDED_INPUT_ONLY):
+        return (n * cin * math.prod(x_shape[2:]) + cout * w_shape[1] * math.prod(w_shape[2:])) * es, None
     if not pointwise:
         return nhwc + split_k, None
     if math.prod(y_shape[2:]) <= SMALL_SPATIAL:
