@@ -45,11 +45,13 @@ them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the bat
   ResNet's 7x7/2 stem at batch 256, more than its forward's 931 MiB, so the GPU maps a second segment for it.
   With both, ``tv-resnet18-b256-fp32``'s reserved moves from -14.5% to -0.3%.
 
-Checked against all 522 measured passes: 439 within 10% (or 0.6 MiB), and 122 of the 144 at batch 96-256;
-the backward-filter passes of both grids within 1%: float32 81 of 111 (43 without the split-K partials),
-bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): 3-channel stems (the
-3x3/2 stem and the 4x4/4 patchify take none in float32, the 7x7/2 stem's backward-data none), the 4x4/4
-patchify's forward in bf16 (none), 3x3 convolutions at 7x7 (larger engines' workspaces), and the split-K
+Checked against all 522 measured passes: 456 within 10% (or 0.6 MiB), and 122 of the 144 at batch 96-256;
+the backward-filter passes of both grids within 1%: float32 86 of 111 (43 without the split-K partials),
+bf16 72 of 111 (65 without). A stem with a small filter (3x3/2, 4x4/4) takes none in its forward, nor in float32 for its weight gradient
+(:data:`SMALL_STEM_TAPS`; RegNet's, EfficientNet's and MobileNet's 3x3/2 stems, ConvNeXt's and Swin's 4x4/4
+patchify). Known misses
+(engines the heuristics pick otherwise): the 7x7/2 stem's backward-data (none; autograd never asks for it),
+3x3 convolutions at 7x7 (larger engines' workspaces), and the split-K
 misses listed at :func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they leave
 the predicted peaks where they were (within 0.1%) and move the replayed reserved bytes. In the recorded
 allocation streams of a ResNet-50 step at batch 128
@@ -113,6 +115,12 @@ ASSUMPTIONS = {
                         "than 7x7 at 28x28 or larger: assumed none (measured on the H200: at most 2.2 MB)",
 }
 
+
+# a stem (3 input channels) with at most this many filter taps (3x3, 4x4) takes no workspace in its forward, nor
+# in float32 for its weight gradient (measured on the H200: the 3x3/2 stem and the 4x4/4 patchify at batch 8-64,
+# float32 and bf16, but for the patchify's float32 weight gradient at batch 8, 16.6 MB); 7x7 and 16x16 filters
+# take the NHWC copies
+SMALL_STEM_TAPS = 16
 
 # a float32 stem's weight gradient (3 input channels): the input's NHWC copy has its channels padded to 4 (4 x 4 B:
 # 16 bytes per pixel, as bf16's 8 x 2 B), and a split-K buffer of this many float32 copies of the padded weight
@@ -222,6 +230,9 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)
     if channels_last:
         return 0, ASSUMPTIONS["channels_last"]
+    if cin <= 3 and math.prod(w_shape[2:]) <= SMALL_STEM_TAPS and (
+            pass_ == "forward" or (pass_ == "backward_filter" and dtype == torch.float32)):
+        return 0, None                                   # a small-filter stem: a kernel without workspace
     es = torch.empty((), dtype=dtype).element_size()
     pad = 8 if dtype in _HALF else 1
     # float32 weight gradients of a 3-channel input (a stem) copy the input with its channels padded to 4

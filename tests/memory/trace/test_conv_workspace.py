@@ -287,3 +287,16 @@ def test_float32_refinements_on_the_batch_grid():
     for r in stems:                    # e.g. 985.8 MiB at batch 256, above the forward's 931 MiB
         assert abs(_rule(r, "backward_filter") - _measured(r, "backward_filter")) <= 0.1 * MiB, r["batch"]
         assert _measured(r, "backward_filter") > _measured(r, "forward")
+
+
+def test_small_filter_stems_take_no_forward_workspace():
+    # the 3x3/2 stem and the 4x4/4 patchify (3 channels, at most 16 taps): none forward, none for the float32
+    # weight gradient (the patchify's at batch 8 excepted: 16.6 MB); the 7x7/2 stem takes the NHWC copies
+    for r in _rows():
+        if r["geometry"] not in ("stem3x3s2", "patch4", "stem7x7s2"):
+            continue
+        small = r["geometry"] != "stem7x7s2"
+        assert (_rule(r, "forward") == 0) == small and _measured(r, "forward") <= (512 if small else 1 << 40)
+        if small and r["dtype"] == "fp32":
+            assert _rule(r, "backward_filter") == 0
+            assert _measured(r, "backward_filter") == 0 or (r["geometry"], r["batch"]) == ("patch4", 8)
