@@ -64,8 +64,12 @@ class Case:
     # the LoRA order: ``cast-before`` (``model.to(torch.bfloat16)`` then ``get_peft_model``: peft's default
     # ``autocast_adapter_dtype=True`` keeps the adapters in float32), ``cast-before-bf16-adapters`` (the same with
     # ``autocast_adapter_dtype=False``: bf16 adapters), ``cast-after`` (``get_peft_model`` then ``.to(bfloat16)``)
+    # ``cast-before-input-grads``: cast-before, then ``model.enable_input_require_grads()`` (a common recipe line)
     lora_order: str = "cast-before"
     lora_dropout: float = 0.0
+    # the loss: ``model`` (labels given to the model, its own loss) or ``fp32-logits`` (no labels: the user's
+    # shifted cross-entropy on ``logits.float()``)
+    loss: str = "model"
     frames: int = 16                           # video cases: frames per clip (the image side is ``seq``)
 
     @property
@@ -88,6 +92,8 @@ class Case:
         if self.lora:
             bits.append("LoRA on a bf16 base" + (f" ({self.lora_order})" if self.lora_order != "cast-before" else "")
                         + (f", dropout {self.lora_dropout}" if self.lora_dropout else ""))
+        if self.loss != "model":
+            bits.append(f"loss {self.loss}")
         if self.optimizer_impl != "fused":
             bits.append(f"AdamW {self.optimizer_impl}")
         if self.loop != "plain":
@@ -214,10 +220,13 @@ def build_model(case: Case) -> nn.Module:
                                     autocast_adapter_dtype=case.lora_order != "cast-before-bf16-adapters")
         if case.lora_order == "cast-after":
             model = model.to(torch.bfloat16)
+        if case.lora_order == "cast-before-input-grads":
+            model.enable_input_require_grads()
     return model
 
 
-LORA_ORDERS = ("cast-before", "cast-before-bf16-adapters", "cast-after")
+LORA_ORDERS = ("cast-before", "cast-before-bf16-adapters", "cast-after", "cast-before-input-grads")
+LOSSES = ("model", "fp32-logits")
 
 
 def enable_hf_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
@@ -299,8 +308,24 @@ def vision_call(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
     return model(batch["pixel_values"])
 
 
+def logits_call(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+    """A causal LM called without labels (the user computes the loss)."""
+    return model(input_ids=batch["input_ids"])
+
+
+def fp32_logits_loss(output: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The user's loss on a causal LM's logits: shifted, in float32
+    (``F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten())``)."""
+    logits = output.logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), batch["labels"][:, 1:].flatten())
+
+
 def step_hooks(case: Case) -> dict[str, Callable]:
     """``loss_fn`` and ``call`` for ``measure_step`` (torchvision models return bare logits)."""
+    if case.loss not in LOSSES:
+        raise LabkitError(f"case {case.name}: loss {case.loss!r} is not one of {', '.join(LOSSES)}")
+    if case.loss == "fp32-logits":
+        return {"loss_fn": fp32_logits_loss, "call": logits_call}
     if case.family == "torchvision":
         return {"loss_fn": vision_loss, "call": vision_call}
     if case.family == "handmade":
@@ -348,6 +373,12 @@ def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: 
                 loss = vision_loss(out, batch)
             else:
                 loss = vision_loss(model(batch["pixel_values"]), batch)
+        elif case.loss == "fp32-logits":
+            if case.loop == "keep-output":
+                out = logits_call(model, batch)
+                loss = fp32_logits_loss(out, batch)
+            else:
+                loss = fp32_logits_loss(logits_call(model, batch), batch)
         elif case.loop == "keep-output":
             out = model(**batch)
             loss = out.loss
@@ -477,6 +508,39 @@ def _built_by_hand() -> list[Case]:
                         ("tinyllama-b4-lora-drop-bf16", "bf16", dict(lora_dropout=0.05)),
                         ("tinyllama-b4-lora-hfgc-bf16", "bf16", dict(recompute="full", checkpoint_impl="hf"))):
         c.append(Case(name, "transformers", "llama", "causal-lm", dict(TINYLLAMA), 4, 1024, p, lora=True, **kw))
+    return c
+
+
+def _built_by_hand_2() -> list[Case]:
+    """Issue 27, a second batch (added 2026-12-03, predicted in fake mode before they were recorded; names' hash
+    decides the split): what a user's own LoRA loop adds (``enable_input_require_grads``, the loss on float32 logits
+    outside the model with the output kept, the output kept, autocast over a cast-after model), 3-D convolutions
+    of two more shapes ((2+1)-D, mixed), segmentation heads on MobileNet, more torchvision classifiers (one at
+    batch 256 in float32, whose stem's weight gradient outgrows its forward), and RNN / UNet shapes of their own."""
+    c: list[Case] = []
+    for name, p, kw in (("tinyllama-b4-lora-inputgrads-bf16", "bf16", dict(lora_order="cast-before-input-grads")),
+                        ("tinyllama-b4-lora-fp32loss-bf16", "bf16", dict(loss="fp32-logits", loop="keep-output")),
+                        ("tinyllama-b4-lora-fp32loss-amp-bf16", "amp-bf16",
+                         dict(loss="fp32-logits", loop="keep-output")),
+                        ("tinyllama-b4-lora-keep-bf16", "bf16", dict(loop="keep-output")),
+                        ("tinyllama-b4-lora-cast-after-amp-bf16", "amp-bf16", dict(lora_order="cast-after"))):
+        c.append(Case(name, "transformers", "llama", "causal-lm", dict(TINYLLAMA), 4, 1024, p, lora=True, **kw))
+    c.append(Case("tv-r2plus1d_18-b8-amp-bf16", "torchvision", "video.r2plus1d_18", "video-classification", {}, 8,
+                  112, "amp-bf16"))
+    c.append(Case("tv-mc3_18-b16-fp32", "torchvision", "video.mc3_18", "video-classification", {}, 16, 112, "fp32"))
+    c.append(Case("tv-lraspp_mobilenet_v3_large-b16-s512-fp32", "torchvision", "segmentation.lraspp_mobilenet_v3_large",
+                  "segmentation", dict(num_classes=21), 16, 512, "fp32"))
+    c.append(Case("tv-deeplabv3_mobilenet_v3_large-b16-s512-amp-bf16", "torchvision",
+                  "segmentation.deeplabv3_mobilenet_v3_large", "segmentation", dict(num_classes=21), 16, 512,
+                  "amp-bf16"))
+    for arch, b, p in (("resnet34", 256, "fp32"), ("resnext50_32x4d", 64, "amp-bf16"), ("wide_resnet50_2", 64, "fp32"),
+                       ("shufflenet_v2_x1_0", 256, "fp32")):
+        c.append(Case(f"tv-{arch}-b{b}-{p}", "torchvision", arch, "image-classification", {}, b, 224, p))
+    c.append(Case("hand-lstm-b32-s512-h512-l3-fp32", "handmade", "lstm-lm", "language-model",
+                  dict(HAND_RNN, hidden=512, layers=3), 32, 512, "fp32"))
+    c.append(Case("hand-gru-b128-s128-h768-amp-bf16", "handmade", "gru-lm", "language-model",
+                  dict(HAND_RNN, hidden=768, layers=1), 128, 128, "amp-bf16"))
+    c.append(Case("hand-unet-b8-s512-fp32", "handmade", "unet", "segmentation", {}, 8, 512, "fp32"))
     return c
 
 
@@ -651,6 +715,7 @@ def _cases() -> list[Case]:
     c.append(Case("tv-convnext_small-b96-fp32", "torchvision", "convnext_small", "image-classification", {}, 96, 224,
                   "fp32"))
     c += _built_by_hand()
+    c += _built_by_hand_2()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

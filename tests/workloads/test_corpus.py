@@ -41,7 +41,30 @@ def test_corpus_covers_the_families_and_policies():
     # segmentation heads, more torchvision classifiers and the LoRA orders
     assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
             "segmentation.fcn_resnet50", "regnet_y_1_6gf"} <= archs
-    assert {c.lora_order for c in CASES if c.lora} == {"cast-before", "cast-before-bf16-adapters", "cast-after"}
+    assert {c.lora_order for c in CASES if c.lora} == {"cast-before", "cast-before-bf16-adapters", "cast-after",
+                                                      "cast-before-input-grads"}
+    # the second batch: what a user's own LoRA loop adds, (2+1)-D and mixed 3-D convolutions, MobileNet heads
+    assert {c.loss for c in CASES if c.lora} == {"model", "fp32-logits"}
+    assert {"video.r2plus1d_18", "video.mc3_18", "segmentation.lraspp_mobilenet_v3_large"} <= archs
+
+
+def test_the_fp32_logits_loss_is_the_users_shifted_cross_entropy():
+    """loss="fp32-logits": the model is called without labels and the loss is the shifted cross-entropy on the
+    float32 logits, the same value as the model's own loss (transformers shifts and upcasts too)."""
+    from dataclasses import replace
+
+    from labkit.workloads.corpus import build_model, fp32_logits_loss, logits_call, make_batch, step_hooks
+
+    case = tiny(get_case("tinyllama-b4-lora-fp32loss-bf16"))
+    assert step_hooks(case)["loss_fn"] is fp32_logits_loss
+    torch.manual_seed(0)
+    model = build_model(replace(case, lora=False, precision="fp32"))
+    batch = make_batch(case)
+    out = logits_call(model, batch)
+    assert out.loss is None
+    assert torch.allclose(fp32_logits_loss(out, batch), model(**batch).loss, atol=1e-5)
+    with pytest.raises(LabkitError, match="loss"):
+        step_hooks(replace(case, loss="mse"))
 
 
 def test_tiny_shrinks_layers_and_widths():
