@@ -10,11 +10,14 @@
    ``ConvTranspose2d`` (2x2, stride 2) at batch 8 and 16, float32 and bfloat16, contiguous, with
    ``cudnn.benchmark`` False: forward, backward-data and backward-filter (``torch.ops.aten.convolution`` and
    ``convolution_backward`` with ``transposed`` set where it applies), measured as ``record_vision.py``'s grid.
+3. **More convolution workspaces** (``--part conv2``, not in the default parts): the same for the geometries the
+   rules guess at in issue 27's second corpus batch (``CONV_GEOMETRIES_2``: a UNet's top-level merge and its
+   3-channel stride-1 first convolution, R(2+1)D's factored 3-D convolutions).
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2] [--smoke]
 
 Writes (after every row: a run cut short keeps what finished) ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``),
-``DIR/conv_workspace_3d_transposed.json`` (kind
+``DIR/conv_workspace_3d_transposed.json`` and ``DIR/conv_workspace_more.json`` (kind
 ``conv_workspace``) and ``DIR/log.txt``. ``--smoke``: one shape of each on the CPU (no memory figures), to
 check the script.
 """
@@ -58,6 +61,17 @@ CONV_GEOMETRIES: tuple[tuple[str, int, int, tuple[int, ...], tuple[int, ...], tu
     ("unet-up-128", 128, 64, (128, 128), (2, 2), (2, 2), (0, 0), True),
     ("unet-3x3-64-256", 64, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
 )
+# ``--part conv2`` (issue 27, second batch): the geometries the rules guess at in the new corpus cases: a UNet's
+# top-level merge (128 -> 64 at 256x256) and its 3-channel stride-1 first convolution, R(2+1)D's factored 3-D
+# convolutions (1x7x7/2 stem, 1x3x3 spatial, 3x1x1 temporal)
+CONV_GEOMETRIES_2: tuple = (
+    ("unet-3x3-128to64-256", 128, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
+    ("unet-stem-3x3-3to64-256", 3, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
+    ("r2p1d-stem-1x7x7s2-45", 3, 45, (16, 112, 112), (1, 7, 7), (1, 2, 2), (0, 3, 3), False),
+    ("r2p1d-1x3x3-64to144", 64, 144, (16, 56, 56), (1, 3, 3), (1, 1, 1), (0, 1, 1), False),
+    ("r2p1d-3x1x1-144to64", 144, 64, (16, 56, 56), (3, 1, 1), (1, 1, 1), (1, 0, 0), False),
+)
+CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "unet-3x3-128to64-256", "r2p1d-3x1x1-144to64")
 CONV_BATCHES = (8, 16)
 
 
@@ -156,12 +170,12 @@ def conv_probe(geom: tuple, n: int, dtype_name: str, device: str) -> dict[str, A
     return row
 
 
-def conv_section(device: str, smoke: bool, save: Any = None) -> dict[str, Any]:
+def conv_section(device: str, smoke: bool, save: Any = None, geometries: tuple = CONV_GEOMETRIES) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    for geom in CONV_GEOMETRIES:
+    for geom in geometries:
         if smoke:
             label, cin, cout, size, k, s, p, t = geom
-            if label not in ("r3d-3x3x3-512", "unet-up-1024"):
+            if label not in CONV_SMOKE:
                 continue
             geom = (label, cin // 16, cout // 16, tuple(max(2, d // 4) for d in size), k, s, p, t)
         for dtype_name in (("fp32",) if smoke else DTYPES):
@@ -189,12 +203,12 @@ def _conv_doc(device: str, smoke: bool, rows: list) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv")
+    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2")
     ap.add_argument("--smoke", action="store_true", help="one shape of each on the CPU (checks the script)")
     args = ap.parse_args(argv)
     parts = set(args.part.split(","))
-    if parts - {"rnn", "conv"}:
-        ap.error(f"--part {args.part!r}: the parts are rnn and conv")
+    if parts - {"rnn", "conv", "conv2"}:
+        ap.error(f"--part {args.part!r}: the parts are rnn, conv and conv2")
     args.out.mkdir(parents=True, exist_ok=True)
     import record_plain
 
@@ -212,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         if "conv" in parts:
             conv_section(device, args.smoke, lambda doc: write_measurement(
                 args.out / "conv_workspace_3d_transposed.json", "conv_workspace", doc, provenance=prov))
+        if "conv2" in parts:
+            conv_section(device, args.smoke, lambda doc: write_measurement(
+                args.out / "conv_workspace_more.json", "conv_workspace", doc, provenance=prov), CONV_GEOMETRIES_2)
         log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")

@@ -210,8 +210,11 @@ def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
 
 
 def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
-    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke"]) == 0
+    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke", "--part", "rnn,conv,conv2"]) == 0
     rnn = load_measurement(tmp_path / "rnn_cudnn.json", kind="cudnn_rnn")["data"]["rows"]
     conv = load_measurement(tmp_path / "conv_workspace_3d_transposed.json", kind="conv_workspace")["data"]["rows"]
-    assert len(rnn) == 2 and len(conv) == 2 and not any("error" in r for r in rnn + conv), (rnn, conv)
+    more = load_measurement(tmp_path / "conv_workspace_more.json", kind="conv_workspace")["data"]["rows"]
+    assert len(rnn) == 2 and len(conv) == 2 and len(more) == 2, (rnn, conv, more)
+    assert not any("error" in r for r in rnn + conv + more), (rnn, conv, more)
     assert {r["transposed"] for r in conv} == {True, False}
+    assert {len(r["input_shape"]) for r in more} == {4, 5}
