@@ -145,6 +145,17 @@ def test_rnn_workspace_is_the_block_cudnn_took_in_forward_and_backward():
         assert abs(got - seen) <= tol * seen, (_rnn_args(r), got, seen)
 
 
+@pytest.mark.parametrize("name", ["hand-lstm-b64-s256-fp32", "hand-gru-b64-s256-amp-bf16"])
+def test_rnn_language_models_against_the_fresh_recording(name):
+    """With the recorded reserve and workspace sizes the LSTM / GRU language models' peaks are within 0.2% of the
+    H200's fresh-process recording (they were 0.5-0.8% high), reserved within 1%."""
+    from labkit.memory.trace.corpus_check import load_plain, validate
+
+    (rec,) = [r for r in load_plain(process="fresh") if r.name == name]
+    (v,) = validate([rec])
+    assert abs(v.peak_error_pct) <= 0.2 and abs(v.reserved_error_pct) <= 1.0, (v.peak_error_pct, v.reserved_error_pct)
+
+
 def test_amp_rnn_keeps_a_float16_copy_of_the_weights():
     """Under autocast _cudnn_rnn_cast_reflatten (AutocastRNN.cpp) casts the weights into one new flat float16
     buffer (kHalf, also under bfloat16 autocast), kept for backward; fp32 runs on the module's own weights."""
