@@ -11,8 +11,8 @@
    ``cudnn.benchmark`` False: forward, backward-data and backward-filter (``torch.ops.aten.convolution`` and
    ``convolution_backward`` with ``transposed`` set where it applies), measured as ``record_vision.py``'s grid.
 3. **More convolution workspaces** (``--part conv2``, not in the default parts): the same for the geometries the
-   rules guess at in issue 27's second corpus batch (``CONV_GEOMETRIES_2``: a UNet's top-level merge and its
-   3-channel stride-1 first convolution, R(2+1)D's factored 3-D convolutions).
+   rules guess at in the corpus (``CONV_GEOMETRIES_2``: a UNet's top-level merge and its 3-channel stride-1 first
+   convolution, R(2+1)D's factored 3-D convolutions, RegNet-Y's grouped ones) at batch 8, 16 and 128.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2] [--smoke]
 
@@ -61,17 +61,22 @@ CONV_GEOMETRIES: tuple[tuple[str, int, int, tuple[int, ...], tuple[int, ...], tu
     ("unet-up-128", 128, 64, (128, 128), (2, 2), (2, 2), (0, 0), True),
     ("unet-3x3-64-256", 64, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
 )
-# ``--part conv2`` (issue 27, second batch): the geometries the rules guess at in the new corpus cases: a UNet's
-# top-level merge (128 -> 64 at 256x256) and its 3-channel stride-1 first convolution, R(2+1)D's factored 3-D
-# convolutions (1x7x7/2 stem, 1x3x3 spatial, 3x1x1 temporal)
+# ``--part conv2`` (issue 27, second batch): the geometries the rules guess at in the corpus: a UNet's top-level
+# merge (128 -> 64 at 256x256) and its 3-channel stride-1 first convolution, R(2+1)D's factored 3-D convolutions
+# (1x7x7/2 stem, 1x3x3 spatial, 3x1x1 temporal), and RegNet-Y's grouped 3x3 convolutions (group width 24; the
+# reference tv-regnet_y_1_6gf-b128-fp32's reserved is 9.5% high), at batch 8, 16 and 128; the 9th field: groups
 CONV_GEOMETRIES_2: tuple = (
     ("unet-3x3-128to64-256", 128, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
     ("unet-stem-3x3-3to64-256", 3, 64, (256, 256), (3, 3), (1, 1), (1, 1), False),
     ("r2p1d-stem-1x7x7s2-45", 3, 45, (16, 112, 112), (1, 7, 7), (1, 2, 2), (0, 3, 3), False),
     ("r2p1d-1x3x3-64to144", 64, 144, (16, 56, 56), (1, 3, 3), (1, 1, 1), (0, 1, 1), False),
     ("r2p1d-3x1x1-144to64", 144, 64, (16, 56, 56), (3, 1, 1), (1, 1, 1), (1, 0, 0), False),
+    ("regnet-g2-3x3s2-48-112", 48, 48, (112, 112), (3, 3), (2, 2), (1, 1), False, 2),
+    ("regnet-g2-3x3-48-56", 48, 48, (56, 56), (3, 3), (1, 1), (1, 1), False, 2),
+    ("regnet-g5-3x3s2-120-56", 120, 120, (56, 56), (3, 3), (2, 2), (1, 1), False, 5),
 )
-CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "unet-3x3-128to64-256", "r2p1d-3x1x1-144to64")
+CONV_BATCHES_2 = (8, 16, 128)
+CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "r2p1d-3x1x1-144to64", "regnet-g5-3x3s2-120-56")
 CONV_BATCHES = (8, 16)
 
 
@@ -137,27 +142,28 @@ def _rnn_doc(device: str, smoke: bool, rows: list) -> dict[str, Any]:
 def conv_probe(geom: tuple, n: int, dtype_name: str, device: str) -> dict[str, Any]:
     from record_vision import measure_call
 
-    label, cin, cout, size, k, s, p, transposed = geom
+    label, cin, cout, size, k, s, p, transposed = geom[:8]
+    groups = geom[8] if len(geom) > 8 else 1
     dt = DTYPES[dtype_name]
     cuda = device == "cuda"
     x = torch.randn(n, cin, *size, device=device, dtype=dt)
     # a transposed convolution's weight is (in, out, *k); an ordinary one's (out, in, *k)
-    w = torch.randn(*((cin, cout) if transposed else (cout, cin)), *k, device=device, dtype=dt)
+    w = torch.randn(*((cin, cout // groups) if transposed else (cout, cin // groups)), *k, device=device, dtype=dt)
     nd = len(size)
     dil, outpad = [1] * nd, [0] * nd
     row: dict[str, Any] = {"geometry": label, "batch": n, "dtype": dtype_name, "in_channels": cin,
                            "out_channels": cout, "spatial": list(size), "kernel": list(k), "stride": list(s),
-                           "padding": list(p), "transposed": transposed, "groups": 1,
+                           "padding": list(p), "transposed": transposed, "groups": groups,
                            "input_shape": list(x.shape), "weight_shape": list(w.shape)}
     conv, bwd = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
     try:
-        y = conv(x, w, None, list(s), list(p), dil, transposed, outpad, 1)
+        y = conv(x, w, None, list(s), list(p), dil, transposed, outpad, groups)
         row["output_shape"] = list(y.shape)
         gy = torch.randn_like(y)
-        passes = {"forward": lambda: conv(x, w, None, list(s), list(p), dil, transposed, outpad, 1),
-                  "backward_data": lambda: bwd(gy, x, w, None, list(s), list(p), dil, transposed, outpad, 1,
+        passes = {"forward": lambda: conv(x, w, None, list(s), list(p), dil, transposed, outpad, groups),
+                  "backward_data": lambda: bwd(gy, x, w, None, list(s), list(p), dil, transposed, outpad, groups,
                                                [True, False, False]),
-                  "backward_filter": lambda: bwd(gy, x, w, None, list(s), list(p), dil, transposed, outpad, 1,
+                  "backward_filter": lambda: bwd(gy, x, w, None, list(s), list(p), dil, transposed, outpad, groups,
                                                  [False, True, False])}
         for name, fn in passes.items():
             row[name] = measure_call(fn, cuda)
@@ -170,16 +176,19 @@ def conv_probe(geom: tuple, n: int, dtype_name: str, device: str) -> dict[str, A
     return row
 
 
-def conv_section(device: str, smoke: bool, save: Any = None, geometries: tuple = CONV_GEOMETRIES) -> dict[str, Any]:
+def conv_section(device: str, smoke: bool, save: Any = None, geometries: tuple = CONV_GEOMETRIES,
+                 batches: tuple = CONV_BATCHES) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for geom in geometries:
         if smoke:
-            label, cin, cout, size, k, s, p, t = geom
+            label, cin, cout, size, k, s, p, t = geom[:8]
             if label not in CONV_SMOKE:
                 continue
-            geom = (label, cin // 16, cout // 16, tuple(max(2, d // 4) for d in size), k, s, p, t)
+            g = geom[8] if len(geom) > 8 else 1
+            geom = (label, max(g, cin // 16 // g * g), max(g, cout // 16 // g * g), tuple(max(2, d // 4) for d in size),
+                    k, s, p, t, g)
         for dtype_name in (("fp32",) if smoke else DTYPES):
-            for n in ((2,) if smoke else CONV_BATCHES):
+            for n in ((2,) if smoke else batches):
                 r = conv_probe(geom, n, dtype_name, device)
                 rows.append(r)
                 log(f"conv {geom[0]} n={n} {dtype_name}: transient fwd "
@@ -228,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.out / "conv_workspace_3d_transposed.json", "conv_workspace", doc, provenance=prov))
         if "conv2" in parts:
             conv_section(device, args.smoke, lambda doc: write_measurement(
-                args.out / "conv_workspace_more.json", "conv_workspace", doc, provenance=prov), CONV_GEOMETRIES_2)
+                args.out / "conv_workspace_more.json", "conv_workspace", doc, provenance=prov), CONV_GEOMETRIES_2,
+                CONV_BATCHES_2)
         log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")

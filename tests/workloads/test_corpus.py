@@ -217,4 +217,4 @@ def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
     assert len(rnn) == 2 and len(conv) == 2 and len(more) == 2, (rnn, conv, more)
     assert not any("error" in r for r in rnn + conv + more), (rnn, conv, more)
     assert {r["transposed"] for r in conv} == {True, False}
-    assert {len(r["input_shape"]) for r in more} == {4, 5}
+    assert {len(r["input_shape"]) for r in more} == {4, 5} and {r["groups"] for r in more} == {1, 5}
