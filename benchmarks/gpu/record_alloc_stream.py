@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     global STEPS
     if args.smoke:
         STEPS = 2
-        todo, cold = [tiny(todo[0])], (tiny(cold) if cold else None)
+        todo, cold = [tiny(c) for c in todo[:1]], (tiny(cold) if cold else None)
     log(f"device {device}; torch {torch.__version__}; runs: {[c.name for c in todo]} warm, {cold.name if cold else '-'} cold")
     rows = []
     if cold is not None:
