@@ -45,15 +45,14 @@ them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the bat
   ResNet's 7x7/2 stem at batch 256, more than its forward's 931 MiB, so the GPU maps a second segment for it.
   With both, ``tv-resnet18-b256-fp32``'s reserved moves from -14.5% to -0.3%.
 
-Checked against all 522 measured passes: 456 within 10% (or 0.6 MiB), and 122 of the 144 at batch 96-256;
-the backward-filter passes of both grids within 1%: float32 86 of 111 (43 without the split-K partials),
-bf16 72 of 111 (65 without). A stem with a small filter (3x3/2, 4x4/4) takes none in its forward, nor in float32 for its weight gradient
+A stem with a small filter (3x3/2, 4x4/4) takes none in its forward, nor in float32 for its weight gradient
 (:data:`SMALL_STEM_TAPS`; RegNet's, EfficientNet's and MobileNet's 3x3/2 stems, ConvNeXt's and Swin's 4x4/4
-patchify). Known misses
-(engines the heuristics pick otherwise): the 7x7/2 stem's backward-data (none; autograd never asks for it),
-3x3 convolutions at 7x7 (larger engines' workspaces), and the split-K
-misses listed at :func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they leave
-the predicted peaks where they were (within 0.1%) and move the replayed reserved bytes. In the recorded
+patchify). Checked against all 522 measured passes: 456 within 10% (or 0.6 MiB), and 122 of the 144 at batch
+96-256; the backward-filter passes of both grids within 1%: float32 86 of 111 (43 without the split-K
+partials), bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): the 7x7/2 stem's
+backward-data (none; autograd never asks for it), 3x3 convolutions at 7x7 (larger engines' workspaces), and the
+split-K misses listed at :func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they
+leave the predicted peaks where they were (within 0.1%) and move the replayed reserved bytes. In the recorded
 allocation streams of a ResNet-50 step at batch 128
 (``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 60 of the 77 backward workspace
 blocks in float32 are this rule's within 0.3 MiB (40 without the split-K partials), 54
@@ -76,22 +75,22 @@ gradient swapped; the weight tensor is the same. :func:`conv_workspace_bytes` si
 runs (:data:`TRANSPOSED_PASS`). Measured since (a UNet's 2x2/2 ``ConvTranspose2d`` at four widths and a 3x3 at
 256x256, batch 8 and 16, float32 and bf16, ``conv_workspace_3d_transposed__h200.json``): 53 of 60 passes within
 10% (or 0.6 MiB), 43 to the kilobyte; the input gradients of the float32 2x2/2 at 128 and 256 channels take the
-output's copy too (the strided-forward refinement below leaves it out: 32-64 MiB less).
+output's copy too (the strided-forward refinement above leaves it out: 32-64 MiB less).
 
-**3-D convolutions** run the same path: ``ConvParams::use_cudnn`` (``aten/src/ATen/native/Convolution.cpp``)
-has no condition on the number of dimensions (NNPACK's has: ``input.ndimension() == 4``), so a 5-D input goes
-to ``cudnn_convolution`` and ``Conv_v8.cpp``'s ``run_single_conv`` as a 4-D one does, and cuDNN's engines copy
-the operands to NDHWC as they copy 2-D ones to NHWC. Measured on the H200 (``record_handmade.py --part conv``,
-``conv_workspace_3d_transposed__h200.json``: R3D-18's seven convolution geometries at batch 8 and 16, float32
-and bf16, 84 passes): with the NDHWC copies (input + output + weight) the rule is within 10% (or 0.6 MiB) in
-74 of the 84 passes, 55 of them to the kilobyte; the split-K buffer of the weight gradient is 4 float32
-copies of it where 2 or more fit in :data:`SPLIT_K_CAP` (:data:`SPLIT_K_COPIES_3D`), none otherwise. Known misses: the float32 forward of the 3x3x3 64->64 at
-16x56x56 takes the input's copy only (the rule gives the output's too: up to 196 MiB more at batch 16, in the
-forward, where no step peaks), the 3-channel stem in bf16 takes no forward workspace, its float32 weight
-gradient 10 MiB more than the rule, and the split-K buffers of the 3x3x3 256->256
+**3-D convolutions** run the same path: ``ConvParams::use_cudnn`` (``aten/src/ATen/native/Convolution.cpp``) has
+no condition on the number of dimensions (NNPACK's has: ``input.ndimension() == 4``), so a 5-D input goes to
+``cudnn_convolution`` and ``Conv_v8.cpp``'s ``run_single_conv`` as a 4-D one does, and cuDNN's engines copy the
+operands to NDHWC as they copy 2-D ones to NHWC. Measured on the H200 (``record_handmade.py --part conv``,
+``conv_workspace_3d_transposed__h200.json``: R3D-18's seven convolution geometries at batch 8 and 16, float32 and
+bf16, 84 passes): with the NDHWC copies (input + output + weight) the rule is within 10% (or 0.6 MiB) in 74 of
+the 84 passes, 55 of them to the kilobyte; the split-K buffer of the weight gradient is 4 float32 copies of it
+where 2 or more fit in :data:`SPLIT_K_CAP` (:data:`SPLIT_K_COPIES_3D`), none otherwise. Known misses: the float32
+forward of the 3x3x3 64->64 at 16x56x56 takes the input's copy only (the rule gives the output's too: up to 196
+MiB more at batch 16, in the forward, where no step peaks), the 3-channel stem in bf16 takes no forward
+workspace, its float32 weight gradient 10 MiB more than the rule, and the split-K buffers of the 3x3x3 256->256
 at batch 16 in bf16 and of the 3x3x3 512->512 in float32 (4.5-6.75 MiB, none in the rule). R3D-18
-(``tv-r3d_18-b16-*``): predicted peak -4.2% -> -0.2% (float32, reference), -3.4% -> -0.1% (amp-bf16,
-held-out); reserved -20% -> +2.4% and -17% -> +2.3%.
+(``tv-r3d_18-b16-*``): predicted peak -4.2% -> -0.2% (float32, reference), -3.4% -> -0.1% (amp-bf16, held-out);
+reserved -20% -> +2.4% and -17% -> +2.3%.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
