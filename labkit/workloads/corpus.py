@@ -70,6 +70,9 @@ class Case:
     # the loss: ``model`` (labels given to the model, its own loss) or ``fp32-logits`` (no labels: the user's
     # shifted cross-entropy on ``logits.float()``)
     loss: str = "model"
+    # causal LMs: the last eighth of every sequence is padding (``attention_mask`` 0, labels -100), as a tokenizer
+    # padding a batch to one length gives
+    padded: bool = False
     frames: int = 16                           # video cases: frames per clip (the image side is ``seq``)
 
     @property
@@ -94,6 +97,8 @@ class Case:
                         + (f", dropout {self.lora_dropout}" if self.lora_dropout else ""))
         if self.loss != "model":
             bits.append(f"loss {self.loss}")
+        if self.padded:
+            bits.append("padded batch")
         if self.optimizer_impl != "fused":
             bits.append(f"AdamW {self.optimizer_impl}")
         if self.loop != "plain":
@@ -284,6 +289,10 @@ def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": tgt}
     if case.task == "masked-lm":
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    if case.padded:
+        mask = torch.ones_like(ids)
+        mask[:, s - max(1, s // 8):] = 0
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
     return {"input_ids": ids, "labels": ids.clone()}
 
 
@@ -514,7 +523,8 @@ def _built_by_hand() -> list[Case]:
 def _built_by_hand_2() -> list[Case]:
     """Issue 27, a second batch (added 2026-12-03, predicted in fake mode before they were recorded; names' hash
     decides the split): what a user's own LoRA loop adds (``enable_input_require_grads``, the loss on float32 logits
-    outside the model with the output kept, the output kept, autocast over a cast-after model), 3-D convolutions
+    outside the model with the output kept, the output kept, autocast over a cast-after model, a padded batch with
+    its attention mask: an explicit mask, no flash kernel, keys and values repeated for GQA), 3-D convolutions
     of two more shapes ((2+1)-D, mixed), segmentation heads on MobileNet, more torchvision classifiers (one at
     batch 256 in float32, whose stem's weight gradient outgrows its forward), and RNN / UNet shapes of their own."""
     c: list[Case] = []
@@ -523,7 +533,8 @@ def _built_by_hand_2() -> list[Case]:
                         ("tinyllama-b4-lora-fp32loss-amp-bf16", "amp-bf16",
                          dict(loss="fp32-logits", loop="keep-output")),
                         ("tinyllama-b4-lora-keep-bf16", "bf16", dict(loop="keep-output")),
-                        ("tinyllama-b4-lora-cast-after-amp-bf16", "amp-bf16", dict(lora_order="cast-after"))):
+                        ("tinyllama-b4-lora-cast-after-amp-bf16", "amp-bf16", dict(lora_order="cast-after")),
+                        ("tinyllama-b4-lora-padded-bf16", "bf16", dict(padded=True))):
         c.append(Case(name, "transformers", "llama", "causal-lm", dict(TINYLLAMA), 4, 1024, p, lora=True, **kw))
     c.append(Case("tv-r2plus1d_18-b8-amp-bf16", "torchvision", "video.r2plus1d_18", "video-classification", {}, 8,
                   112, "amp-bf16"))

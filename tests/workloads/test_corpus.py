@@ -46,6 +46,7 @@ def test_corpus_covers_the_families_and_policies():
     # the second batch: what a user's own LoRA loop adds, (2+1)-D and mixed 3-D convolutions, MobileNet heads
     assert {c.loss for c in CASES if c.lora} == {"model", "fp32-logits"}
     assert {"video.r2plus1d_18", "video.mc3_18", "segmentation.lraspp_mobilenet_v3_large"} <= archs
+    assert any(c.padded and c.lora for c in CASES)
 
 
 def test_the_fp32_logits_loss_is_the_users_shifted_cross_entropy():
@@ -218,3 +219,13 @@ def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
     assert not any("error" in r for r in rnn + conv + more), (rnn, conv, more)
     assert {r["transposed"] for r in conv} == {True, False}
     assert {len(r["input_shape"]) for r in more} == {4, 5} and {r["groups"] for r in more} == {1, 5}
+
+
+def test_a_padded_batch_masks_its_last_eighth():
+    from labkit.workloads.corpus import make_batch
+
+    b = make_batch(get_case("tinyllama-b4-lora-padded-bf16"))
+    mask, labels = b["attention_mask"], b["labels"]
+    assert mask.shape == labels.shape == (4, 1024)
+    assert (mask[:, :896] == 1).all() and (mask[:, 896:] == 0).all()
+    assert (labels[:, 896:] == -100).all() and (labels[:, :896] == b["input_ids"][:, :896]).all()
