@@ -124,7 +124,7 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
               cb.persistent + cb.forward)
     # backward starts with the loss's backward (last stage), then the last layer's recompute and work
     bwd_loss = cat(ms.params + k * ac_held, g0, k * A + kv, (k - 1) * held + (lg.backward_peak if lg else 0),
-                   cb.persistent + cb.backward)
+                   cb.persistent + cb.backward_start)
     # the LM head's weight gradient appears before the layers' backward (unsharded until ZeRO-2/3 reduce it)
     head_grad = pc.head_matmul * by.grad if (last and (par.zero >= 2 or not g0)) else 0
     bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0 + head_grad,
@@ -132,7 +132,7 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     # the end of backward still holds the KV cache (under checkpointing, with what it keeps alive)
     bwd_end = cat(ms.params + (k - 1) * ac_held + (ac_segment if sa.cache_retained else 0), ms.grads,
                   (k - 1) * A + (sa.cache_retained or kv) + sa.backward_work, (k - 1) * held,
-                  cb.persistent + cb.backward)
+                  cb.persistent + cb.backward_end)
     n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
     cands = {"forward": fwd, "backward": max(bwd_loss, bwd_layer, bwd_end, key=lambda c: sum(c.values())), "optimizer": opt}
