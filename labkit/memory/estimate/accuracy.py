@@ -114,3 +114,88 @@ def summary(rows: list[EstimateCheck], against: str = "recorded") -> dict[str, d
         out[split] = {"cases": len(errs), "within": sum(e <= TOLERANCE_PCT for e in errs),
                       "median_pct": errs[len(errs) // 2] if errs else None, "worst_pct": errs[-1] if errs else None}
     return out
+
+
+# ---------------------------------------------------------------- sharded layouts: the traced ranks
+
+RANK_RECORDING = paths.DATA_DIR / "measurements" / "script" / "ranks__fake_pg.json"
+SCRIPTS = paths.DATA_DIR / "scripts"
+#: launches traced here only (no H200 recording yet): (name, script under data/scripts/, args, world)
+TRACED_ONLY = (("tp-llama-s1024-w2", "ranks/tp_llama.py", ["--seq", "1024"], 2),
+               ("tp-llama-w2", "ranks/tp_llama.py", [], 2), ("tp-llama-w4", "ranks/tp_llama.py", [], 4),
+               ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8))
+# the Llama-style model of ranks/fsdp2_llama.py and ranks/tp_llama.py, and Llama-2-7B's of fsdp2_llama7b.py
+_LLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12, num_attention_heads=16,
+              num_key_value_heads=4, vocab_size=32000, use_cache=False)
+_LLAMA7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, use_cache=False)
+
+
+def rank_case_inputs(script: str, args: list[str], world: int):
+    """(ModelSpec, ParallelSpec, TrainSpec) of one rank of a bundled torchrun script (data/scripts/ranks/), as
+    the script builds its model, batch and layout; LabkitError for a script the estimator does not model."""
+    from transformers import GPT2Config, LlamaConfig
+
+    from labkit.memory.estimate import ParallelSpec, TrainSpec
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+
+    import argparse
+
+    name = script.rsplit("/", 1)[-1]
+    ap = argparse.ArgumentParser(add_help=False)  # the scripts' own options
+    ap.add_argument("--mp", action="store_true")
+    ap.add_argument("--ckpt", action="store_true")
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=2048)
+    o = ap.parse_args(args)
+    if name == "fsdp2_llama.py":
+        model = spec_from_hf_config(LlamaConfig(**_LLAMA).to_dict(), seq=o.seq, name="llama-1b-like")
+        train = TrainSpec(micro_batch=o.micro_batch, seq=o.seq, precision="bf16-mixed" if o.mp else "fp32",
+                          recompute="full" if o.ckpt else "none")
+        return model, ParallelSpec(dp=world, zero=3), train
+    if name == "fsdp2_llama7b.py":
+        model = spec_from_hf_config(LlamaConfig(**_LLAMA7B).to_dict(), seq=4096, name="llama-2-7b")
+        return model, ParallelSpec(dp=world, zero=3), TrainSpec(micro_batch=1, seq=4096, precision="bf16-mixed",
+                                                                 recompute="full")
+    if name == "tp_llama.py":
+        model = spec_from_hf_config(LlamaConfig(**_LLAMA).to_dict(), seq=o.seq, name="llama-1b-like")
+        return model, ParallelSpec(tp=world, vocab_parallel=False), TrainSpec(
+            micro_batch=o.micro_batch, seq=o.seq, precision="amp-bf16", optimizer_impl="for-loop")
+    if name == "ddp_gpt2.py":
+        model = spec_from_hf_config(GPT2Config(n_layer=24, n_embd=1024, n_head=16).to_dict(), seq=1024,
+                                    name="gpt2-medium")
+        return model, ParallelSpec(dp=world, ddp_bucket_view=True), TrainSpec(micro_batch=4, seq=1024,
+                                                                                precision="amp-bf16")
+    raise LabkitError(f"{script}: not a transformer language model (the estimator models decoder-only LMs)")
+
+
+def rank_cases() -> list[dict]:
+    """The rank launches: the H200's fake-process-group recordings (rank 0), then :data:`TRACED_ONLY`."""
+    from labkit.core.provenance import load_measurement
+
+    rows = [dict(r) for r in load_measurement(RANK_RECORDING)["data"] if r.get("status") == "ok"]
+    return rows + [{"name": n, "script": s, "args": a, "world_size": w} for n, s, a, w in TRACED_ONLY]
+
+
+def check_ranks(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
+    """The estimator's per-GPU peak against rank 0 of each launch of :func:`rank_cases`: recorded on the H200
+    (one GPU, PyTorch's fake process group) and, with ``trace``, traced here (``labkit measure --script
+    --nproc-per-node``, 10 s to a minute a launch on a 2-core CPU)."""
+    from labkit.memory.estimate import estimate
+    from labkit.memory.script.run import trace_launch
+    from labkit.workloads.corpus import split_of
+
+    out = []
+    for r in rank_cases():
+        if names is not None and r["name"] not in names:
+            continue
+        row = EstimateCheck(r["name"], split_of(r["name"]), None, r.get("peak_allocated"))
+        try:
+            row.estimated = estimate(*rank_case_inputs(r["script"], r["args"], r["world_size"])).peak_allocated
+        except LabkitError as exc:
+            row.reason = str(exc).split(": ", 1)[-1]
+        if trace and row.estimated is not None:
+            doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=r["world_size"])
+            row.traced = doc["ranks"][0]["peak_bytes"]
+        out.append(row)
+    return out
