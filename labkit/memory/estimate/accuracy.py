@@ -123,8 +123,8 @@ SCRIPTS = paths.DATA_DIR / "scripts"
 #: launches traced here only (no H200 recording yet): (name, script under data/scripts/, args, world)
 TRACED_ONLY = (("tp-llama-s1024-w2", "ranks/tp_llama.py", ["--seq", "1024"], 2),
                ("tp-llama-w2", "ranks/tp_llama.py", [], 2), ("tp-llama-w4", "ranks/tp_llama.py", [], 4),
-               ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8))
-# the Llama-style model of ranks/fsdp2_llama.py and ranks/tp_llama.py, and Llama-2-7B's of fsdp2_llama7b.py
+               ("ddp-llama-w2", "ranks/ddp_llama.py", [], 2), ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8))
+# the Llama-style model of ranks/fsdp2_llama.py, tp_llama.py and ddp_llama.py, and Llama-2-7B's of fsdp2_llama7b.py
 _LLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12, num_attention_heads=16,
               num_key_value_heads=4, vocab_size=32000, use_cache=False)
 _LLAMA7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
@@ -161,6 +161,10 @@ def rank_case_inputs(script: str, args: list[str], world: int):
         model = spec_from_hf_config(LlamaConfig(**_LLAMA).to_dict(), seq=o.seq, name="llama-1b-like")
         return model, ParallelSpec(tp=world, vocab_parallel=False), TrainSpec(
             micro_batch=o.micro_batch, seq=o.seq, precision="amp-bf16", optimizer_impl="for-loop")
+    if name == "ddp_llama.py":
+        model = spec_from_hf_config(LlamaConfig(**_LLAMA).to_dict(), seq=2048, name="llama-1b-like")
+        return model, ParallelSpec(dp=world, ddp_bucket_view=True), TrainSpec(micro_batch=4, seq=2048,
+                                                                                precision="amp-bf16")
     if name == "ddp_gpt2.py":
         model = spec_from_hf_config(GPT2Config(n_layer=24, n_embd=1024, n_head=16).to_dict(), seq=1024,
                                     name="gpt2-medium")
