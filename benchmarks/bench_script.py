@@ -62,7 +62,7 @@ def predict(script: Path, args: list[str], extra: list[str] = ()) -> tuple[dict 
 
 def validate(rows: list[dict], jobs: int, ranks: bool) -> int:
     def one(r: dict) -> dict:
-        extra = ["--nproc-per-node", str(r["world_size"])] if ranks else []
+        extra = ["--nproc-per-node", str(r["world_size"]), "--ranks", str(r.get("rank", 0))] if ranks else []
         rep, wall, rss, err = predict(SCRIPTS / r["script"], r["args"], extra)
         if rep is not None and ranks:
             rep = rep["ranks"][0]

@@ -120,7 +120,8 @@ def summary(rows: list[EstimateCheck], against: str = "recorded") -> dict[str, d
 
 RANK_RECORDING = paths.DATA_DIR / "measurements" / "script" / "ranks__fake_pg.json"
 SCRIPTS = paths.DATA_DIR / "scripts"
-#: launches traced here only (no H200 recording yet): (name, script under data/scripts/, args, world)
+#: launches traced here (no H200 recording yet; benchmarks/gpu/record_scripts.py has them, and a recording of one
+#: replaces its entry here): (name, script under data/scripts/, args, world)
 TRACED_ONLY = (("tp-llama-s1024-w2", "ranks/tp_llama.py", ["--seq", "1024"], 2),
                ("tp-llama-w2", "ranks/tp_llama.py", [], 2), ("tp-llama-w4", "ranks/tp_llama.py", [], 4),
                ("ddp-llama-w2", "ranks/ddp_llama.py", [], 2), ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8))
@@ -174,11 +175,13 @@ def rank_case_inputs(script: str, args: list[str], world: int):
 
 
 def rank_cases() -> list[dict]:
-    """The rank launches: the H200's fake-process-group recordings (rank 0), then :data:`TRACED_ONLY`."""
+    """The rank launches: the H200's fake-process-group recordings of rank 0, then :data:`TRACED_ONLY`."""
     from labkit.core.provenance import load_measurement
 
-    rows = [dict(r) for r in load_measurement(RANK_RECORDING)["data"] if r.get("status") == "ok"]
-    return rows + [{"name": n, "script": s, "args": a, "world_size": w} for n, s, a, w in TRACED_ONLY]
+    rows = [dict(r) for r in load_measurement(RANK_RECORDING)["data"] if r.get("status") == "ok" and not r.get("rank")]
+    recorded = {r["name"] for r in rows}
+    return rows + [{"name": n, "script": s, "args": a, "world_size": w} for n, s, a, w in TRACED_ONLY
+                   if n not in recorded]
 
 
 def check_ranks(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
