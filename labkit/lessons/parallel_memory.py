@@ -193,9 +193,12 @@ def layouts_traced(smoke: bool = False) -> Section:
                     "gathered units (the root's embeddings and head, one or two blocks, a block's gradients and "
                     "their reduce-scatter input) stay whole: from 2 to 8 GPUs the peak falls much less than 4x. "
                     "TP splits the layers' weights and their inner activations, but not the replicated embeddings, "
-                    "head, logits, norms and residual stream. The estimator follows FSDP2's gather-and-free order "
-                    "from its source (labkit.memory.estimate.buffers); it misses a few percent of what the "
-                    "transformers Llama layer keeps under bf16 autocast, with or without TP (DDP and TP rows).")
+                    "head, logits, norms and residual stream, nor the 16-bit copy of a norm's output that each of q, k, "
+                    "v, gate and up makes under autocast. The estimator follows FSDP2's gather-and-free order from "
+                    "its source (labkit.memory.estimate.buffers) and autocast's one-copy-per-linear rule "
+                    "(labkit.memory.estimate.activations); PP is the estimator alone here (a traced two-stage "
+                    "launch of another model: labkit measure --script data/scripts/ranks/pp_gpipe.py "
+                    "--nproc-per-node 2 --ranks all).")
 
 
 # -- data parallelism and sharding ----------------------------------------------------------------

@@ -181,6 +181,14 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float,
             q_local = x.a * x.d / x.t
             kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
             out.append(("query/key RMSNorm: float32 copy and output", sb * (q_local + kv_local) * (4 + act), False))
+    casts = (m.hf.attn_in_linears - 1) + (m.hf.mlp_in_linears - 1)
+    if by.autocast and casts:
+        # under autocast the norms' outputs are float32 and every linear reading one casts it to 16 bits for
+        # itself and saves that copy: autocast caches only casts of leaf tensors that require grad, the
+        # weights (aten/src/ATen/autocast_mode.cpp, cached_cast: can_try_cache). The generic terms count one
+        # copy per norm; q, k and v apart make two more, gate and up apart one more. Replicated under TP.
+        out.append(("autocast: 16-bit copies of a norm's output, one per linear reading it", casts * sb * x.h * act,
+                    False))
     if not m.gated_mlp:
         if m.hf.act in ("gelu_new", "gelu_fast"):
             # kept besides the input and the output: tanh's output, 0.5 * input and 1 + tanh. Under

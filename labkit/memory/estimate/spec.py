@@ -38,6 +38,8 @@ class HfTraits:
     use_cache: bool = True               # the training forward builds a DynamicCache (transformers' default)
     logit_softcap: float | None = None   # Gemma-2: tanh soft-capping of the logits
     qk_norm: bool = False                # RMSNorm on queries and keys per head (Qwen3, Gemma-3)
+    attn_in_linears: int = 1             # linears reading the attention's normed input (q, k, v apart: 3)
+    mlp_in_linears: int = 1              # linears reading the MLP's normed input (gate and up apart: 2)
 
 
 @dataclass(frozen=True)
