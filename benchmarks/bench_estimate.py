@@ -117,6 +117,8 @@ def validate(args) -> int:
         return "" if e is None else f"{e:+.1f}%"
 
     for split in ("reference", "held-out"):
+        if not any(r.split == split and r.estimated is not None for r in rows):
+            continue
         print(f"\n{split} cases")
         print(f"{'case':46s} {'estimate':>10s} {'trace':>10s} {'recorded':>10s} {'vs trace':>9s} {'vs rec.':>8s}")
         for r in rows:
