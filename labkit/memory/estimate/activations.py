@@ -116,7 +116,10 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         terms += hf_layer_terms(m, x, by)
     if drop:
         terms.append(("attention residual dropout mask", sb * x.h / x.t_sp, False))
-    terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
+    if not (m.hf is not None and pt and m.hf.parallel_residual):
+        # GPT-NeoX's parallel residual (modeling_gpt_neox.py, GPTNeoXLayer.forward, use_parallel_residual): its
+        # second norm reads the layer's input, already counted as the first norm's
+        terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
     terms.append(("MLP input", sb * x.h * act / (1 if gathered else x.t_sp), False))
     if m.gated_mlp:
         n_f = 4 if pt else 3

@@ -174,4 +174,5 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     use_cache=bool(cfg.get("use_cache", True)),
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
-                    attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1)
+                    attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,
+                    parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)))

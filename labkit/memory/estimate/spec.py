@@ -40,6 +40,7 @@ class HfTraits:
     qk_norm: bool = False                # RMSNorm on queries and keys per head (Qwen3, Gemma-3)
     attn_in_linears: int = 1             # linears reading the attention's normed input (q, k, v apart: 3)
     mlp_in_linears: int = 1              # linears reading the MLP's normed input (gate and up apart: 2)
+    parallel_residual: bool = False      # attention and MLP both read the layer's input (GPT-NeoX)
 
 
 @dataclass(frozen=True)

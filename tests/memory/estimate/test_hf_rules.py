@@ -22,6 +22,7 @@ PINNED = {
     "gemma2-b2-amp-bf16": "logit soft-capping",
     "falcon-b4-fp32": "Falcon expands K/V itself: no math path",
     "llama-mha-b4-amp-bf16": "autocast: q, k, v, gate and up each cast the norm's output",
+    "gpt-neox-b4-fp32": "parallel residual: both norms read the layer's input",
 }
 
 
