@@ -11,6 +11,7 @@ base), encoders, encoder-decoders and vision models (the tracer covers them).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -122,10 +123,12 @@ def summary(rows: list[EstimateCheck], against: str = "recorded") -> dict[str, d
 RANK_RECORDING = paths.DATA_DIR / "measurements" / "script" / "ranks__fake_pg.json"
 SCRIPTS = paths.DATA_DIR / "scripts"
 #: launches traced here (no H200 recording yet; benchmarks/gpu/record_scripts.py has them, and a recording of one
-#: replaces its entry here): (name, script under data/scripts/, args, world)
+#: replaces its entry here): (name, script under data/scripts/, args, world[, rank: 0 where none])
 TRACED_ONLY = (("tp-llama-s1024-w2", "ranks/tp_llama.py", ["--seq", "1024"], 2),
                ("tp-llama-w2", "ranks/tp_llama.py", [], 2), ("tp-llama-w4", "ranks/tp_llama.py", [], 4),
-               ("ddp-llama-w2", "ranks/ddp_llama.py", [], 2), ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8))
+               ("ddp-llama-w2", "ranks/ddp_llama.py", [], 2), ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8),
+               *((f"pp-{k}-w2-r{r}", "ranks/pp_gpipe.py", a, 2, r) for k, a in (("gpipe", []), ("1f1b", ["--1f1b"]))
+                 for r in (0, 1)))
 # the Llama-style model of ranks/fsdp2_llama.py, tp_llama.py and ddp_llama.py, and Llama-2-7B's of fsdp2_llama7b.py
 _LLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12, num_attention_heads=16,
               num_key_value_heads=4, vocab_size=32000, use_cache=False)
@@ -138,10 +141,8 @@ def rank_case_inputs(script: str, args: list[str], world: int):
     the script builds its model, batch and layout; LabkitError for a script the estimator does not model."""
     from transformers import GPT2Config, LlamaConfig
 
-    from labkit.memory.estimate import ParallelSpec, TrainSpec
+    from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec
     from labkit.memory.estimate.hf_config import spec_from_hf_config
-
-    import argparse
 
     name = script.rsplit("/", 1)[-1]
     ap = argparse.ArgumentParser(add_help=False)  # the scripts' own options
@@ -149,6 +150,7 @@ def rank_case_inputs(script: str, args: list[str], world: int):
     ap.add_argument("--ckpt", action="store_true")
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--1f1b", dest="one_f_one_b", action="store_true")
     o = ap.parse_args(args)
     if name == "fsdp2_llama.py":
         model = spec_from_hf_config(LlamaConfig(**_LLAMA).to_dict(), seq=o.seq, name="llama-1b-like")
@@ -172,23 +174,28 @@ def rank_case_inputs(script: str, args: list[str], world: int):
                                     name="gpt2-medium")
         return model, ParallelSpec(dp=world, ddp_bucket_view=True), TrainSpec(micro_batch=4, seq=1024,
                                                                                 precision="amp-bf16")
+    if name == "pp_gpipe.py":  # the lab's generic PyTorch block (no transformers), 4 micro-batches of 4
+        model = ModelSpec(layers=8, hidden=1024, heads=8, vocab=32000, seq=1024, tied_embeddings=False,
+                          learned_pos_emb=False, name="gpt-style")
+        return model, ParallelSpec(pp=world, schedule="1f1b" if o.one_f_one_b else "gpipe"), TrainSpec(
+            micro_batch=4, global_batch=16, seq=1024, precision="fp32")
     raise LabkitError(f"{script}: not a transformer language model (the estimator models decoder-only LMs)")
 
 
 def rank_cases() -> list[dict]:
-    """The rank launches: the H200's fake-process-group recordings of rank 0, then :data:`TRACED_ONLY`."""
+    """The rank launches: the H200's fake-process-group recordings, then :data:`TRACED_ONLY`."""
     from labkit.core.provenance import load_measurement
 
-    rows = [dict(r) for r in load_measurement(RANK_RECORDING)["data"] if r.get("status") == "ok" and not r.get("rank")]
+    rows = [dict(r) for r in load_measurement(RANK_RECORDING)["data"] if r.get("status") == "ok"]
     recorded = {r["name"] for r in rows}
-    return rows + [{"name": n, "script": s, "args": a, "world_size": w} for n, s, a, w in TRACED_ONLY
-                   if n not in recorded]
+    return rows + [{"name": t[0], "script": t[1], "args": t[2], "world_size": t[3], "rank": (t[4:] or (0,))[0]}
+                   for t in TRACED_ONLY if t[0] not in recorded]
 
 
 def check_ranks(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
-    """The estimator's per-GPU peak against rank 0 of each launch of :func:`rank_cases`: recorded on the H200
-    (one GPU, PyTorch's fake process group) and, with ``trace``, traced here (``labkit measure --script
-    --nproc-per-node``, 10 s to a minute a launch on a 2-core CPU)."""
+    """The estimator's per-GPU peak against one rank (rank 0, or a pipeline stage's) of each launch of
+    :func:`rank_cases`: recorded on the H200 (one GPU, PyTorch's fake process group) and, with ``trace``,
+    traced here (``labkit measure --script --nproc-per-node``, 10 s to a minute a launch on a 2-core CPU)."""
     from labkit.memory.estimate import estimate
     from labkit.memory.script.run import trace_launch
     from labkit.workloads.corpus import split_of
@@ -198,12 +205,15 @@ def check_ranks(names: list[str] | None = None, *, trace: bool = False) -> list[
         if names is not None and r["name"] not in names:
             continue
         row = EstimateCheck(r["name"], split_of(r["name"]), None, r.get("peak_allocated"))
+        rank, world = r.get("rank", 0), r["world_size"]
         try:
-            row.estimated = estimate(*rank_case_inputs(r["script"], r["args"], r["world_size"])).peak_allocated
+            model, par, train = rank_case_inputs(r["script"], r["args"], world)
+            # the rank's pipeline stage (stages outermost: world / pp consecutive ranks a stage)
+            row.estimated = estimate(model, par, train).by_stage[rank * par.pp // world].peak_allocated
         except LabkitError as exc:
             row.reason = str(exc).split(": ", 1)[-1]
         if trace and row.estimated is not None:
-            doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=r["world_size"])
+            doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=world, ranks=str(rank))
             row.traced = doc["ranks"][0]["peak_bytes"]
         out.append(row)
     return out

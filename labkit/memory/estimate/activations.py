@@ -319,6 +319,7 @@ class LogitsBytes:
     held: int              # kept from forward to backward
     forward_peak: int      # alive while the loss is computed in forward (includes ``held``)
     backward_peak: int     # alive while the loss's backward runs (includes ``held``)
+    output: int = 0        # the logits themselves (the model's output, in the activation dtype)
 
 
 def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> LogitsBytes:
@@ -333,7 +334,7 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         held = n * 4 + kept
         fwd = n * a + n * 4
         bwd = n * 4 + n * a + kept
-        return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd))
+        return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
     upcast = n * 4 if a != 4 else 0
     held = n * 4 + kept
     if m.hf is not None and m.hf.logit_softcap:
@@ -343,7 +344,7 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
     logits_alive = n * a  # the logits themselves while the loss is computed
     fwd = logits_alive + upcast + n * 4
     bwd = held + 2 * n * 4
-    return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd))
+    return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(logits_alive))
 
 
 def in_flight(par: ParallelSpec, stage: int, n_micro: int) -> float:

@@ -128,12 +128,7 @@ def trace_script(path: str, argv: list[str] | None = None, *, max_steps: int | N
     if max_steps is not None:
         cmd += ["--steps", str(max_steps)]
     cmd += ["--", *(argv or [])]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    if echo:
-        sys.stderr.write(proc.stderr)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise LabkitError(last.split("error: ", 1)[-1] if "error: " in last else last)
+    proc = _measure(cmd, timeout, echo)
     from labkit.memory.script.script_report import report_from_json
 
     rep = report_from_json(json.loads(proc.stdout))
@@ -152,8 +147,15 @@ def trace_launch(path: str, argv: list[str] | None = None, *, nproc_per_node: in
     if ranks is not None:
         cmd += ["--ranks", ranks]
     cmd += ["--", *(argv or [])]
+    return json.loads(_measure(cmd, timeout, False).stdout)
+
+
+def _measure(cmd: list[str], timeout: float | None, echo: bool) -> subprocess.CompletedProcess:
+    """Run a ``labkit measure --script`` command line; its last error line as a LabkitError if it fails."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if echo:
+        sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise LabkitError(last.split("error: ", 1)[-1] if "error: " in last else last)
-    return json.loads(proc.stdout)
+    return proc

@@ -6,6 +6,8 @@ process group (the trace of the same launch matches those recordings within 0.05
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from labkit.core.errors import LabkitError
@@ -51,3 +53,17 @@ def test_a_script_the_estimator_does_not_model_is_refused():
     m, par, train = rank_case_inputs("ranks/tp_llama.py", ["--seq", "1024"], 2)
     assert (par.tp, par.vocab_parallel, train.seq, train.optimizer_impl) == (2, False, 1024, "for-loop")
     assert estimate(m, par, train).peak_allocated > 0
+
+
+def test_pipelining_keeps_every_micro_batch_output_on_the_last_stage():
+    """torch.distributed.pipelining's last stage keeps each micro-batch's logits until the step ends (to merge
+    them for step()'s result): under 1F1B, one micro-batch in flight, the backward still holds all four."""
+    m, par, train = rank_case_inputs("ranks/pp_gpipe.py", ["--1f1b"], 2)
+    est = estimate(m, par, train)
+    logits = train.micro_batch * train.seq * m.vocab * 4                     # fp32
+    last = est.by_stage[1]
+    assert last.in_flight == 1 and est.micro_batches == 4
+    assert last.phase_breakdown["backward"]["logits"] >= 4 * logits
+    assert est.by_stage[0].phase_breakdown["backward"]["logits"] == 0
+    megatron = estimate(m, par, dataclasses.replace(train, framework="megatron"))
+    assert megatron.by_stage[1].phase_breakdown["backward"]["logits"] < 4 * logits
