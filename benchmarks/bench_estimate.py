@@ -15,9 +15,10 @@ Medians over --repeat runs; measured on this machine.
 prints instead the estimator against the fake-mode trace and the H200 recording at tp=pp=dp=1 on
 every recorded transformers case of the corpus (labkit.memory.estimate.accuracy), reference and
 held-out cases apart; the trace takes about 10 s a case on a 2-core CPU (--no-trace: recorded only).
-Then the same for sharded layouts (FSDP2, DDP, DTensor TP at world 2 to 8): the estimator against rank 0
-of the bundled torchrun scripts (data/scripts/ranks/), traced here on a fake process group and recorded
-on the H200 with one (labkit.memory.estimate.accuracy.check_ranks; 10 s to a minute a launch here).
+Then the same for sharded layouts (FSDP2, DDP, DTensor TP at world 2 to 8, a 2-stage pipeline): the
+estimator against one rank (rank 0, or each stage's) of the bundled torchrun scripts (data/scripts/ranks/),
+traced here on a fake process group and recorded on the H200 with one
+(labkit.memory.estimate.accuracy.check_ranks; 10 s to a minute a launch here).
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ def validate(args) -> int:
                       f"{s['median_pct']:.1f}%, worst {s['worst_pct']:.1f}%")
     ranks = check_ranks(args.only.split(",") if args.only else None, trace=not args.no_trace)
     if ranks:
-        print(f"\nsharded layouts, rank 0 of each launch: recorded {RANK_RECORDING.relative_to(ROOT)} (rank 0 on one "
-              "H200 with PyTorch's fake process group); trace: labkit measure --script S --nproc-per-node N")
+        print(f"\nsharded layouts, one rank of each launch (rank 0, or a pipeline stage's): recorded "
+              f"{RANK_RECORDING.relative_to(ROOT)} (the rank on one H200 with PyTorch's fake process group); trace: "
+              "labkit measure --script S --nproc-per-node N --ranks R")
     for split in ("reference", "held-out"):
         sel = [r for r in ranks if r.split == split and r.estimated is not None]
         if not sel:

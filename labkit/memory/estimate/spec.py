@@ -116,6 +116,8 @@ class ParallelSpec:
     reshard_after_forward: bool = True   # ZeRO-3: FSDP frees gathered params after forward (False: keeps them)
     ddp_bucket_view: bool = False        # DDP gradient_as_bucket_view (grads are views into the buckets)
     bucket_bytes: int = 25 * 1024**2     # DDP bucket_cap_mb=25 (PyTorch default); ZeRO-1/2 reduce buckets
+    pp_return_outputs: bool = True       # torch.distributed.pipelining step(return_outputs=True), its default: the
+                                         # last stage keeps every micro-batch's output (torchtitan passes False)
 
     @property
     def world(self) -> int:

@@ -114,10 +114,10 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     g0 = ms.grads if (persistent_grads or n_micro > math.ceil(k)) else 0
     held = lg.held if lg else 0
     # torch.distributed.pipelining's last stage keeps every micro-batch's output (the logits) until the step ends,
-    # to merge them into step()'s return value (torch 2.13 pipelining/stage.py:908 output_chunks, detached but
-    # kept after the micro-batch's backward, :1056; cleared at the next step, :611): the micro-batches before
-    # this one at the forward's loss, all of them through backward
-    outs = lg.output if (lg and par.pp > 1 and train.framework == "pytorch") else 0
+    # to merge them into step()'s return value, unless step(return_outputs=False) (torch 2.13
+    # pipelining/stage.py:908 output_chunks, detached but kept after the micro-batch's backward, :1056; cleared
+    # at the next step, :611): the micro-batches before this one at the forward's loss, all of them in backward
+    outs = lg.output if (lg and par.pp > 1 and train.framework == "pytorch" and par.pp_return_outputs) else 0
     ws = oh.workspace
 
     def cat(params, grads, acts, logits, comm, extra_opt=0.0):

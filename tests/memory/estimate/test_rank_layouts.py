@@ -67,3 +67,5 @@ def test_pipelining_keeps_every_micro_batch_output_on_the_last_stage():
     assert est.by_stage[0].phase_breakdown["backward"]["logits"] == 0
     megatron = estimate(m, par, dataclasses.replace(train, framework="megatron"))
     assert megatron.by_stage[1].phase_breakdown["backward"]["logits"] < 4 * logits
+    unkept = estimate(m, dataclasses.replace(par, pp_return_outputs=False), train)   # step(return_outputs=False)
+    assert unkept.by_stage[1].phase_breakdown["backward"]["logits"] < 4 * logits
