@@ -119,11 +119,12 @@ def comm_buffers(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, p
                 after_fwd = root
                 # the block's own parameters while it computes, or its reduce-scatter input after
                 z_layer = root + block + block_grads + max(block, block_rs)
-            else:  # every block stays gathered until its own post-backward
+                z_start = root + block                   # the last block, prefetched by the root's pre-backward
+            else:  # every block stays gathered until its own post-backward (nothing to prefetch)
                 after_fwd = root + pc.layers * block
                 z_layer = after_fwd + block_grads + block_rs
-            fwd += after_fwd + block
-            z_start = after_fwd + block
+                z_start = after_fwd
+            fwd += after_fwd + block                     # the last block's all-gather output, freed after the loss
             # the root unit's post-backward ends the backward: its gradients and their reduce-scatter input
             z_end = root + root_params * (by.grad + reduce_bytes)
     if par.tp > 1:

@@ -45,6 +45,7 @@ def test_fsdp2_gathered_units_follow_its_order():
     assert cb.backward_end == root + (pc.embedding + pc.head) * (2 + 4)
     kept = comm_buffers(m, ParallelSpec(dp=4, zero=3, reshard_after_forward=False), train, by, pc, 0)
     assert kept.gathered_after_forward == root + pc.layers * block
+    assert kept.backward_start == kept.gathered_after_forward                  # all gathered: no prefetch
 
 
 def test_a_script_the_estimator_does_not_model_is_refused():
