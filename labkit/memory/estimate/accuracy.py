@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,10 +195,11 @@ def rank_cases() -> list[dict]:
                    for t in TRACED_ONLY if t[0] not in recorded]
 
 
-def check_ranks(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
+def check_ranks(names: list[str] | None = None, *, trace: bool = False, jobs: int | None = None) -> list[EstimateCheck]:
     """The estimator's per-GPU peak against one rank (rank 0, or a pipeline stage's) of each launch of
     :func:`rank_cases`: recorded on the H200 (one GPU, PyTorch's fake process group) and, with ``trace``,
-    traced here (``labkit measure --script --nproc-per-node``, 10 s to a minute a launch on a 2-core CPU)."""
+    traced here (``labkit measure --script --nproc-per-node``, 10 s to a minute a launch on a 2-core CPU; ``jobs``
+    launches at once, each its own process: by default one per two CPUs, at most 4)."""
     from labkit.memory.estimate import estimate
     from labkit.memory.script.run import trace_launch
     from labkit.workloads.corpus import split_of
@@ -213,8 +216,15 @@ def check_ranks(names: list[str] | None = None, *, trace: bool = False) -> list[
             row.estimated = estimate(model, par, train).by_stage[rank * par.pp // world].peak_allocated
         except LabkitError as exc:
             row.reason = str(exc).split(": ", 1)[-1]
+        out.append((row, r))
+
+    def traced(pair: tuple[EstimateCheck, dict]) -> EstimateCheck:
+        row, r = pair
         if trace and row.estimated is not None:
-            doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=world, ranks=str(rank))
+            doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=r["world_size"],
+                               ranks=str(r.get("rank", 0)))
             row.traced = doc["ranks"][0]["peak_bytes"]
-        out.append(row)
-    return out
+        return row
+
+    with ThreadPoolExecutor(max_workers=jobs or max(1, min(4, (os.cpu_count() or 2) // 2))) as pool:
+        return list(pool.map(traced, out))
