@@ -10,7 +10,8 @@
 ends) predicted from ``labkit measure --script PATH --json``, each in its own new process as a user runs it;
 reference and held-out scripts apart (a third held out by a hash of the name: ``labkit.workloads.corpus``'s
 rule); targets: peak within 3%, reserved within 10%, each in under 2 minutes. ``--ranks``: the rank cases of
-``ranks__fake_pg.json`` (rank 0 of a world-N launch on a fake process group, on the H200 and here).
+``ranks__fake_pg.json`` (a rank, 0 unless the case names another, of a world-N launch on a fake process group, on
+the H200 and here).
 ``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
 the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
 of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).

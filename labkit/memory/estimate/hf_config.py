@@ -137,7 +137,7 @@ def _float(cfg: dict, *keys: str) -> float:
 
 # model types whose attention projects queries, keys and values with three linears (the others fuse them:
 # GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
-# whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj)
+# whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
 _SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt"}
 _SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
 
