@@ -154,7 +154,8 @@ def validate(args) -> int:
                       f"{s['median_pct']:.1f}%, worst {s['worst_pct']:.1f}%")
     out = [r for r in ranks if r.estimated is None]
     if out:
-        print(f"\nlaunches the estimator does not model ({len(out)}): " + "; ".join(f"{r.name} ({r.reason})" for r in out))
+        print(f"\nlaunches the estimator does not model ({len(out)}): "
+              + "; ".join(f"{r.name} ({r.reason})" for r in out))
     untraced = [r for r in rows if r.estimated is not None and r.reason]
     if untraced:
         print(f"\nnot traced ({len(untraced)}): " + "; ".join(f"{r.name} ({r.reason})" for r in untraced))
