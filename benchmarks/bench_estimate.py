@@ -15,6 +15,10 @@ Medians over --repeat runs; measured on this machine.
 prints instead the estimator against the fake-mode trace and the H200 recording at tp=pp=dp=1 on
 every recorded transformers case of the corpus (labkit.memory.estimate.accuracy), reference and
 held-out cases apart; the trace takes about 10 s a case on a 2-core CPU (--no-trace: recorded only).
+Then the same for sharded layouts (FSDP2, DDP, DTensor TP at world 2 to 8, a 2-stage pipeline): the
+estimator against one rank (rank 0, or each stage's) of the bundled torchrun scripts (data/scripts/ranks/),
+traced here on a fake process group and recorded on the H200 with one
+(labkit.memory.estimate.accuracy.check_ranks; 10 s to a minute a launch here).
 """
 
 from __future__ import annotations
@@ -97,12 +101,15 @@ def main(argv=None) -> int:
 
 def validate(args) -> int:
     from labkit.core.units import fmt_bytes
-    from labkit.memory.estimate.accuracy import RECORDING, TOLERANCE_PCT, check, summary
+    from labkit.memory.estimate.accuracy import RANK_RECORDING, RECORDING, TOLERANCE_PCT, check, check_ranks, summary
 
     rows = check(args.only.split(",") if args.only else None, trace=not args.no_trace)
     if args.json:
+        ranks = check_ranks(args.only.split(",") if args.only else None, trace=not args.no_trace)
         print(json.dumps({"rows": [vars(r) for r in rows], "vs_recorded": summary(rows, "recorded"),
-                          "vs_trace": summary(rows, "trace")}, indent=1))
+                          "vs_trace": summary(rows, "trace"), "ranks": [vars(r) for r in ranks],
+                          "ranks_vs_trace": summary(ranks, "trace"),
+                          "ranks_vs_recorded": summary(ranks, "recorded")}, indent=1))
         return 0
     print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.memory.trace.corpus_check.predict_as_recorded "
           "(fake-cuda, H200 target, the program the recording's transformers ran)")
@@ -111,6 +118,8 @@ def validate(args) -> int:
         return "" if e is None else f"{e:+.1f}%"
 
     for split in ("reference", "held-out"):
+        if not any(r.split == split and r.estimated is not None for r in rows):
+            continue
         print(f"\n{split} cases")
         print(f"{'case':46s} {'estimate':>10s} {'trace':>10s} {'recorded':>10s} {'vs trace':>9s} {'vs rec.':>8s}")
         for r in rows:
@@ -123,6 +132,30 @@ def validate(args) -> int:
             if s["cases"]:
                 print(f"  vs {against}: {s['within']} of {s['cases']} within {TOLERANCE_PCT:g}%, median "
                       f"{s['median_pct']:.1f}%, worst {s['worst_pct']:.1f}%")
+    ranks = check_ranks(args.only.split(",") if args.only else None, trace=not args.no_trace)
+    if ranks:
+        print(f"\nsharded layouts, one rank of each launch (rank 0, or a pipeline stage's): recorded "
+              f"{RANK_RECORDING.relative_to(ROOT)} (the rank on one H200 with PyTorch's fake process group); trace: "
+              "labkit measure --script S --nproc-per-node N --ranks R")
+    for split in ("reference", "held-out"):
+        sel = [r for r in ranks if r.split == split and r.estimated is not None]
+        if not sel:
+            continue
+        print(f"\n{split} launches")
+        print(f"{'launch':46s} {'estimate':>10s} {'trace':>10s} {'recorded':>10s} {'vs trace':>9s} {'vs rec.':>8s}")
+        for r in sel:
+            print(f"{r.name:46s} {fmt_bytes(r.estimated):>10s} {fmt_bytes(r.traced) if r.traced else '':>10s} "
+                  f"{fmt_bytes(r.recorded) if r.recorded else '':>10s} {pct(r.err('trace')):>9s} "
+                  f"{pct(r.err('recorded')):>8s}")
+        for against in ("trace", "recorded"):
+            s = summary(sel, against)[split]
+            if s["cases"]:
+                print(f"  vs {against}: {s['within']} of {s['cases']} within {TOLERANCE_PCT:g}%, median "
+                      f"{s['median_pct']:.1f}%, worst {s['worst_pct']:.1f}%")
+    out = [r for r in ranks if r.estimated is None]
+    if out:
+        print(f"\nlaunches the estimator does not model ({len(out)}): "
+              + "; ".join(f"{r.name} ({r.reason})" for r in out))
     untraced = [r for r in rows if r.estimated is not None and r.reason]
     if untraced:
         print(f"\nnot traced ({len(untraced)}): " + "; ".join(f"{r.name} ({r.reason})" for r in untraced))

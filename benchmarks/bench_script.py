@@ -3,14 +3,18 @@
     PYTHONPATH=. python benchmarks/bench_script.py --validate [--only NAME] [--jobs 2]
     PYTHONPATH=. python benchmarks/bench_script.py --ranks [--only NAME]
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/llama7b_bf16.py
+    PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/ranks/fsdp2_llama7b.py --nproc-per-node 8
 
 ``--validate``: every script of ``data/measurements/script/scripts.json`` (recorded by
 ``benchmarks/gpu/record_scripts.py``: each script unmodified, in its own process, whole-run peaks read after it
 ends) predicted from ``labkit measure --script PATH --json``, each in its own new process as a user runs it;
 reference and held-out scripts apart (a third held out by a hash of the name: ``labkit.workloads.corpus``'s
 rule); targets: peak within 3%, reserved within 10%, each in under 2 minutes. ``--ranks``: the rank cases of
-``ranks__fake_pg.json`` (rank 0 of a world-N launch on a fake process group, on the H200 and here).
-``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``).
+``ranks__fake_pg.json`` (a rank, 0 unless the case names another, of a world-N launch on a fake process group, on
+the H200 and here).
+``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
+the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
+of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).
 Every run prints the reproducibility header first.
 """
 
@@ -59,7 +63,7 @@ def predict(script: Path, args: list[str], extra: list[str] = ()) -> tuple[dict 
 
 def validate(rows: list[dict], jobs: int, ranks: bool) -> int:
     def one(r: dict) -> dict:
-        extra = ["--nproc-per-node", str(r["world_size"])] if ranks else []
+        extra = ["--nproc-per-node", str(r["world_size"]), "--ranks", str(r.get("rank", 0))] if ranks else []
         rep, wall, rss, err = predict(SCRIPTS / r["script"], r["args"], extra)
         if rep is not None and ranks:
             rep = rep["ranks"][0]
@@ -104,16 +108,23 @@ def main() -> int:
     g.add_argument("--script")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--nproc-per-node", type=int, help="--script: as rank 0 of a launch of this many ranks")
     a = ap.parse_args()
     print(json.dumps(header(), indent=1))
     if a.script:
-        rep, wall, rss, err = predict(Path(a.script).resolve(), [])
+        extra = ["--nproc-per-node", str(a.nproc_per_node)] if a.nproc_per_node else []
+        rep, wall, rss, err = predict(Path(a.script).resolve(), [], extra)
         if rep is None:
             print(f"failed: {err}")
             return 1
-        print(f"{a.script}: predicted peak {rep['peak_bytes']:,d} B, reserved {rep['reserved_bytes']:,d} B; "
-              f"{wall:.1f} s wall, at most {rss / 1e9:.2f} GB resident (the labkit process)")
-        return 0
+        what = a.script
+        if extra:
+            rep, what = rep["ranks"][0], f"{a.script}, rank 0 of {a.nproc_per_node}"
+        ok = wall <= SECONDS_TARGET
+        print(f"{what}: predicted peak {rep['peak_bytes']:,d} B, reserved {rep['reserved_bytes']:,d} B; "
+              f"{wall:.1f} s wall (target < {SECONDS_TARGET:.0f} s: {'OK' if ok else 'MISSED'}), at most "
+              f"{rss / 1e9:.2f} GB resident (the labkit process); {os.cpu_count()} CPUs here")
+        return 0 if ok else 1
     name = "ranks__fake_pg.json" if a.ranks else "scripts.json"
     doc = json.loads((ROOT / "data" / "measurements" / "script" / name).read_text())
     prov = doc["provenance"]

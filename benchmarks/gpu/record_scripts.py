@@ -36,13 +36,19 @@ SCRIPTS = ROOT / "data" / "scripts"
 
 # (name, script relative to data/scripts, arguments)
 SCRIPT_CASES = [(p.stem, p.name, []) for p in sorted(SCRIPTS.glob("*.py"))]
-# (name, script, arguments, world size)
+# (name, script, arguments, world size[, rank])
 RANK_CASES = [
     *[(f"fsdp2-llama-w{w}", "ranks/fsdp2_llama.py", [], w) for w in (2, 4, 8)],
     *[(f"fsdp2-llama-mp-w{w}", "ranks/fsdp2_llama.py", ["--mp"], w) for w in (2, 4, 8)],
     *[(f"fsdp2-llama-mp-ckpt-w{w}", "ranks/fsdp2_llama.py", ["--mp", "--ckpt"], w) for w in (2, 8)],
     *[(f"ddp-gpt2-w{w}", "ranks/ddp_gpt2.py", [], w) for w in (2, 8)],
     *[(f"tp-mlp-w{w}", "ranks/tp_mlp.py", [], w) for w in (2, 4, 8)],
+    ("tp-llama-s1024-w2", "ranks/tp_llama.py", ["--seq", "1024"], 2), ("tp-llama-w2", "ranks/tp_llama.py", [], 2),
+    ("tp-llama-w4", "ranks/tp_llama.py", [], 4), ("ddp-llama-w2", "ranks/ddp_llama.py", [], 2),
+    ("fsdp2-llama7b-w8", "ranks/fsdp2_llama7b.py", [], 8),
+    # both stages of a 2-rank pipeline (the rank is the fifth field; rank 0 where there is none)
+    *[(f"pp-gpipe-w2-r{r}", "ranks/pp_gpipe.py", [], 2, r) for r in (0, 1)],
+    *[(f"pp-1f1b-w2-r{r}", "ranks/pp_gpipe.py", ["--1f1b"], 2, r) for r in (0, 1)],
 ]
 
 WRAPPER = r'''
@@ -71,6 +77,17 @@ if world:
             return fut
         self.register_comm_hook(None, hook)
     DDP.__init__ = ddp_init
+    try:  # pipelining's warm-up vote needs the peers' answers: every stage votes as this rank's (labkit's rule)
+        from torch.distributed.pipelining.schedules import _PipelineSchedule
+        from torch.distributed.pipelining._utils import InferenceMode
+        def warmup(self, stages, has_backward, p2p_done):
+            assert not any(InferenceMode.needs_dynamic(st._user_meta, has_backward) for st in stages)
+            for st in stages:
+                st._inference_mode = InferenceMode.STATIC
+        if "_warmup_p2p" in _PipelineSchedule.__dict__:
+            _PipelineSchedule._warmup_p2p = warmup
+    except ImportError:
+        pass
 steps = []
 if torch.cuda.is_available():
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -101,10 +118,11 @@ print("RECORD_RESULT " + json.dumps(row), flush=True)
 '''
 
 
-def run_case(name: str, script: str, args: list[str], world: int, timeout: float) -> dict:
+def run_case(name: str, script: str, args: list[str], world: int, rank: int = 0, *, timeout: float) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if world:
-        env.update(RECORD_FAKE_WORLD=str(world), RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world),
+        # LOCAL_RANK 0 whatever the rank: one GPU records every rank
+        env.update(RECORD_FAKE_WORLD=str(world), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
     cmd = [sys.executable, "-c", WRAPPER, str(SCRIPTS / script), *args]
     t0 = time.perf_counter()
@@ -113,7 +131,7 @@ def run_case(name: str, script: str, args: list[str], world: int, timeout: float
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
         out, err, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", -9
-    row: dict = {"name": name, "script": script, "args": args, "world_size": world or 1,
+    row: dict = {"name": name, "script": script, "args": args, "world_size": world or 1, "rank": rank,
                  "fake_process_group": bool(world), "returncode": rc}
     for line in out.splitlines():
         if line.startswith("RECORD_RESULT "):

@@ -53,13 +53,9 @@ def _predict(rec: dict, world: int = 0) -> Any:
 
 
 def _predict_rank(rec: dict, world: int) -> dict:
-    import subprocess
-    import sys
+    from labkit.memory.script.run import trace_launch
 
-    cmd = [sys.executable, "-m", "labkit", "measure", "--script", str(SCRIPTS / rec["script"]), "--nproc-per-node",
-           str(world), "--json", "--", *rec["args"]]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)["ranks"][0]
+    return trace_launch(str(SCRIPTS / rec["script"]), rec["args"], nproc_per_node=world)["ranks"][0]
 
 
 def _err(pred: int, truth: int) -> float:

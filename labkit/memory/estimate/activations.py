@@ -116,7 +116,10 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         terms += hf_layer_terms(m, x, by)
     if drop:
         terms.append(("attention residual dropout mask", sb * x.h / x.t_sp, False))
-    terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
+    if not (m.hf is not None and pt and m.hf.parallel_residual):
+        # GPT-NeoX's parallel residual (modeling_gpt_neox.py, GPTNeoXLayer.forward, use_parallel_residual): its
+        # second norm reads the layer's input, already counted as the first norm's
+        terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
     terms.append(("MLP input", sb * x.h * act / (1 if gathered else x.t_sp), False))
     if m.gated_mlp:
         n_f = 4 if pt else 3
@@ -181,6 +184,14 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float,
             q_local = x.a * x.d / x.t
             kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
             out.append(("query/key RMSNorm: float32 copy and output", sb * (q_local + kv_local) * (4 + act), False))
+    casts = (m.hf.attn_in_linears - 1) + (m.hf.mlp_in_linears - 1)
+    if by.autocast and casts:
+        # under autocast the norms' outputs are float32 and every linear reading one casts it to 16 bits for
+        # itself and saves that copy: autocast caches only casts of leaf tensors that require grad, the
+        # weights (aten/src/ATen/autocast_mode.cpp, cached_cast: can_try_cache). The generic terms count one
+        # copy per norm; q, k and v apart make two more, gate and up apart one more. Replicated under TP.
+        out.append(("autocast: 16-bit copies of a norm's output, one per linear reading it", casts * sb * x.h * act,
+                    False))
     if not m.gated_mlp:
         if m.hf.act in ("gelu_new", "gelu_fast"):
             # kept besides the input and the output: tanh's output, 0.5 * input and 1 + tanh. Under
@@ -308,6 +319,7 @@ class LogitsBytes:
     held: int              # kept from forward to backward
     forward_peak: int      # alive while the loss is computed in forward (includes ``held``)
     backward_peak: int     # alive while the loss's backward runs (includes ``held``)
+    output: int = 0        # the logits themselves (the model's output, in the activation dtype)
 
 
 def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> LogitsBytes:
@@ -322,7 +334,7 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         held = n * 4 + kept
         fwd = n * a + n * 4
         bwd = n * 4 + n * a + kept
-        return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd))
+        return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
     upcast = n * 4 if a != 4 else 0
     held = n * 4 + kept
     if m.hf is not None and m.hf.logit_softcap:
@@ -332,7 +344,7 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
     logits_alive = n * a  # the logits themselves while the loss is computed
     fwd = logits_alive + upcast + n * 4
     bwd = held + 2 * n * 4
-    return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd))
+    return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(logits_alive))
 
 
 def in_flight(par: ParallelSpec, stage: int, n_micro: int) -> float:

@@ -7,10 +7,12 @@ Inside PyTorch's allocator (counted by ``max_memory_allocated``):
   autocast; data/measurements/comm/comm_buckets.json): the DDP-wrapped ``no_sync`` step peaks where
   the model says (0.04%), synchronised steps ~500 MB (one gradient-sized buffer) higher: not modelled;
 * ZeRO-1/2 reduce-scatter and all-gather buckets (``bucket_bytes`` each, transient);
-* ZeRO-3 / FSDP2 gathered parameters: the root unit (embeddings, final norm, head) stays gathered
-  from forward to backward, one block is gathered and the next one prefetched (two blocks) plus the
-  all-gather's flat output being copied out (a third); a block's unsharded gradients and the
-  reduce-scatter input they are copied into (in the reduce dtype);
+* ZeRO-3 / FSDP2 gathered parameters, in FSDP2's order (the rules and their source lines are in
+  :func:`comm_buffers`): the root unit (embeddings, final norm, head) stays gathered from forward to
+  backward; at the loss one block more (the last all-gather output, or the prefetched last block); while
+  a block runs its backward, its parameters, the next block's prefetched all-gather output and its
+  unsharded gradients, whose reduce-scatter input (in the reduce dtype) replaces its parameters; at
+  the end of backward the root unit's gradients and their reduce-scatter input;
 * tensor parallelism: the output of the all-reduce (or all-gather with SP) of one activation;
 * context parallelism: the gathered keys and values of the full sequence;
 * pipeline parallelism: one receive buffer for activations and one for gradients;
@@ -76,7 +78,9 @@ class CommBuffers:
 
     persistent: int        # DDP buckets
     forward: int           # transient at the forward peak
-    backward: int          # transient at the backward peak
+    backward: int          # transient while a layer runs its backward
+    backward_start: int    # transient at the loss's backward (the start of backward)
+    backward_end: int      # transient at the end of backward (the embeddings' gradients)
     optimizer: int         # transient at the optimizer step
     gathered_after_forward: int  # ZeRO-3: params still gathered between forward and backward
 
@@ -84,7 +88,7 @@ class CommBuffers:
 def comm_buffers(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, pc: ParamCounts,
                  stage: int) -> CommBuffers:
     x = dims(m, par, train)
-    persistent = fwd = bwd = opt = after_fwd = 0
+    persistent = fwd = bwd = opt = after_fwd = z_layer = z_start = z_end = 0  # z_: ZeRO-3's gathered units
     dp_group = par.dp * par.cp
     local = pc.total
     if dp_group > 1 or par.zero:
@@ -97,22 +101,32 @@ def comm_buffers(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, p
             bwd += par.bucket_bytes
             opt += par.bucket_bytes
         elif par.zero == 3:
+            # FSDP2's order of all-gathers and frees (torch 2.13, torch/distributed/fsdp/_fully_shard/):
+            # a forward keeps each block's flat all-gather output until the next block's copy-out, and the
+            # last one until the root's forward ends (_fsdp_param_group.py:483 and :432, _fsdp_state.py:342),
+            # so at the loss the root unit (never resharded after forward, _fsdp_state.py:207) and one
+            # block are gathered; the root's pre-backward prefetches the last block (_backward_prefetch,
+            # _fsdp_param_group.py:795-830), each block's pre-backward the one before it; a block's
+            # post-backward reshards its parameters first (:638) and only then fills the reduce-scatter
+            # input, in the reduce dtype, from its unsharded gradients (_fsdp_collectives.py:597-606).
             cw = by.compute_weight
-            root = (pc.embedding + pc.head) * cw
+            root_params = pc.embedding + pc.head
+            root = root_params * cw
             block = pc.layer * cw
-            # the all-gather's flat output is copied out into the parameters: one more block transiently
-            if par.reshard_after_forward:
-                fwd += root + 3 * block
-                after_fwd = root
-                bwd_params = root + 3 * block
-            else:
-                fwd += root + pc.layers * block + block
-                after_fwd = root + pc.layers * block
-                bwd_params = after_fwd + block
             reduce_bytes = 4 if (by.master or by.grad == 4) else by.grad
-            # a block's unsharded gradients and the reduce-scatter input they are copied into
-            unsharded_grads = pc.layer * by.grad + pc.layer * reduce_bytes
-            bwd += bwd_params + unsharded_grads
+            block_grads, block_rs = pc.layer * by.grad, pc.layer * reduce_bytes
+            if par.reshard_after_forward:
+                after_fwd = root
+                # the block's own parameters while it computes, or its reduce-scatter input after
+                z_layer = root + block + block_grads + max(block, block_rs)
+                z_start = root + block                   # the last block, prefetched by the root's pre-backward
+            else:  # every block stays gathered until its own post-backward (nothing to prefetch)
+                after_fwd = root + pc.layers * block
+                z_layer = after_fwd + block_grads + block_rs
+                z_start = after_fwd
+            fwd += after_fwd + block                     # the last block's all-gather output, freed after the loss
+            # the root unit's post-backward ends the backward: its gradients and their reduce-scatter input
+            z_end = root + root_params * (by.grad + reduce_bytes)
     if par.tp > 1:
         t_out = x.s * x.b * x.h * by.act
         fwd += t_out
@@ -125,5 +139,6 @@ def comm_buffers(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, p
         p2p = x.s * x.b * x.h * by.act // x.t_sp
         fwd += p2p
         bwd += 2 * p2p
-    return CommBuffers(persistent=int(persistent), forward=int(fwd), backward=int(bwd), optimizer=int(opt),
+    return CommBuffers(persistent=int(persistent), forward=int(fwd), backward=int(bwd + z_layer),
+                       backward_start=int(bwd + z_start), backward_end=int(bwd + z_end), optimizer=int(opt),
                        gathered_after_forward=int(after_fwd))

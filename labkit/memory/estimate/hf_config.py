@@ -135,6 +135,12 @@ def _float(cfg: dict, *keys: str) -> float:
     return 0.0
 
 
+# model types whose attention projects queries, keys and values with three linears (the others fuse them:
+# GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
+# whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
+_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt"}
+_SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
+
 # model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
 # its ALiBi bias with baddbmm and upcasts the scores (modeling_bloom.py, BloomAttention.forward)
 _EAGER_ONLY = {"bloom"}
@@ -167,4 +173,6 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     embd_dropout=_float(cfg, "embd_pdrop", "embed_dropout"),
                     use_cache=bool(cfg.get("use_cache", True)),
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
-                    qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"))
+                    qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
+                    attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,
+                    parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)))

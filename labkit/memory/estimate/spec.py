@@ -38,6 +38,9 @@ class HfTraits:
     use_cache: bool = True               # the training forward builds a DynamicCache (transformers' default)
     logit_softcap: float | None = None   # Gemma-2: tanh soft-capping of the logits
     qk_norm: bool = False                # RMSNorm on queries and keys per head (Qwen3, Gemma-3)
+    attn_in_linears: int = 1             # linears reading the attention's normed input (q, k, v apart: 3)
+    mlp_in_linears: int = 1              # linears reading the MLP's normed input (gate and up apart: 2)
+    parallel_residual: bool = False      # attention and MLP both read the layer's input (GPT-NeoX)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class ParallelSpec:
     reshard_after_forward: bool = True   # ZeRO-3: FSDP frees gathered params after forward (False: keeps them)
     ddp_bucket_view: bool = False        # DDP gradient_as_bucket_view (grads are views into the buckets)
     bucket_bytes: int = 25 * 1024**2     # DDP bucket_cap_mb=25 (PyTorch default); ZeRO-1/2 reduce buckets
+    pp_return_outputs: bool = True       # torch.distributed.pipelining step(return_outputs=True), its default: the
+                                         # last stage keeps every micro-batch's output (torchtitan passes False)
 
     @property
     def world(self) -> int:

@@ -113,6 +113,11 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     persistent_grads = train.framework == "megatron"
     g0 = ms.grads if (persistent_grads or n_micro > math.ceil(k)) else 0
     held = lg.held if lg else 0
+    # torch.distributed.pipelining's last stage keeps every micro-batch's output (the logits) until the step ends,
+    # to merge them into step()'s return value, unless step(return_outputs=False) (torch 2.13
+    # pipelining/stage.py:908 output_chunks, detached but kept after the micro-batch's backward, :1056; cleared
+    # at the next step, :611): the micro-batches before this one at the forward's loss, all of them in backward
+    outs = lg.output if (lg and par.pp > 1 and train.framework == "pytorch" and par.pp_return_outputs) else 0
     ws = oh.workspace
 
     def cat(params, grads, acts, logits, comm, extra_opt=0.0):
@@ -120,19 +125,22 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
                 "activations": acts, "logits": logits, "comm_buffers": comm, "context": ws}
 
     kv = sa.kv_cache  # a transformers model's KV cache: alive in forward and through backward
-    fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A + kv, (k - 1) * held + (lg.forward_peak if lg else 0),
+    fwd = cat(ms.params + (k - 1) * ac_held + ac_all, g0, k * A + kv,
+              (k - 1) * held + (n_micro - 1) * outs + (lg.forward_peak if lg else 0),
               cb.persistent + cb.forward)
     # backward starts with the loss's backward (last stage), then the last layer's recompute and work
-    bwd_loss = cat(ms.params + k * ac_held, g0, k * A + kv, (k - 1) * held + (lg.backward_peak if lg else 0),
-                   cb.persistent + cb.backward)
+    bwd_loss = cat(ms.params + k * ac_held, g0, k * A + kv,
+                   (k - 1) * held + n_micro * outs + (lg.backward_peak if lg else 0),
+                   cb.persistent + cb.backward_start)
     # the LM head's weight gradient appears before the layers' backward (unsharded until ZeRO-2/3 reduce it)
     head_grad = pc.head_matmul * by.grad if (last and (par.zero >= 2 or not g0)) else 0
     bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0 + head_grad,
-                    k * A + kv + sa.recompute_work + sa.backward_work, (k - 1) * held, cb.persistent + cb.backward)
+                    k * A + kv + sa.recompute_work + sa.backward_work, (k - 1) * held + n_micro * outs,
+                    cb.persistent + cb.backward)
     # the end of backward still holds the KV cache (under checkpointing, with what it keeps alive)
     bwd_end = cat(ms.params + (k - 1) * ac_held + (ac_segment if sa.cache_retained else 0), ms.grads,
-                  (k - 1) * A + (sa.cache_retained or kv) + sa.backward_work, (k - 1) * held,
-                  cb.persistent + cb.backward)
+                  (k - 1) * A + (sa.cache_retained or kv) + sa.backward_work, (k - 1) * held + n_micro * outs,
+                  cb.persistent + cb.backward_end)
     n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
     cands = {"forward": fwd, "backward": max(bwd_loss, bwd_layer, bwd_end, key=lambda c: sum(c.values())), "optimizer": opt}

@@ -10,7 +10,13 @@ the rank's own allocations are what they are on that rank of the real job.
   rank and world (``init_device_mesh("cuda", ...)`` builds on it);
 * DDP's reducer waits on each bucket's allreduce future, which the fake group leaves without a value: a
   communication hook that returns the bucket itself stands in for the allreduce (it reduces in place; no
-  allocation), registered on every ``DistributedDataParallel`` the script builds, unless it registers its own.
+  allocation), registered on every ``DistributedDataParallel`` the script builds, unless it registers its own;
+* ``torch.distributed.pipelining``'s schedules vote, at their first step, over every stage whether all gave their
+  input and output shapes (``PipelineStage(input_args=..., output_args=...)``): a vote that needs the peers'
+  answers, which the fake group leaves at zero (pipelining/schedules.py, ``_warmup_p2p``). Every rank runs the
+  same script, so each stage is taken to vote as this rank's do: shapes given, the stages exchange none
+  (``STATIC``); shapes not given would have them exchange Python objects (``send_object_list``), which a rank
+  without peers cannot receive: one clear error says to give them.
 
 What a real multi-GPU run holds besides, outside PyTorch's allocator, is stated beside the rank's figures
 as a model (:func:`outside_allocator`): the CUDA context, and NCCL's buffers per communicator (a process
@@ -100,6 +106,16 @@ def _bucket_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001
     return fut
 
 
+def _pipeline_warmup() -> tuple[Any, Any]:
+    """The pipelining schedules' base class and its warm-up vote, where this torch has them."""
+    try:
+        from torch.distributed.pipelining.schedules import _PipelineSchedule
+    except ImportError:
+        return None, None
+    warmup = _PipelineSchedule.__dict__.get("_warmup_p2p")
+    return (_PipelineSchedule, warmup) if warmup is not None else (None, None)
+
+
 @contextlib.contextmanager
 def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
     """The launcher's environment and a fake process group for ``rank`` (see the module docstring); the number
@@ -136,6 +152,23 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
              "value); a script's own communication hook cannot be registered on top of it")
 
     destroy = dist.destroy_process_group
+    schedule_cls, warmup = _pipeline_warmup()
+
+    def warmup_p2p(self: Any, stages: list, has_backward: bool, p2p_done: bool) -> None:
+        from torch.distributed.pipelining._utils import InferenceMode
+        from torch.distributed.pipelining.stage import PipelineStage
+
+        if not all(isinstance(st, PipelineStage) for st in stages):
+            return warmup(self, stages, has_backward, p2p_done)
+        if any(InferenceMode.needs_dynamic(st._user_meta, has_backward) for st in stages):
+            raise LabkitError("torch.distributed.pipelining: a stage without its shapes would exchange them with "
+                              "its peers, which a traced rank does not have; give PipelineStage input_args= and "
+                              "output_args= (a tensor of each micro-batch's input and output shape)")
+        for st in stages:
+            st._inference_mode = InferenceMode.STATIC
+        gpu.note("pipelining: every stage gives its input and output shapes, as this rank's stage does (the "
+                 "schedule's warm-up vote needs the peers' answers; no peers exist)")
+        return None
 
     def count() -> None:
         if dist.is_initialized():
@@ -149,6 +182,8 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
     dist.init_process_group = init_process_group
     dist.destroy_process_group = destroy_process_group
     DDP.__init__ = ddp                                             # type: ignore[method-assign]
+    if schedule_cls is not None:
+        schedule_cls._warmup_p2p = warmup_p2p
     if launch is not None:
         gpu.communicators = 0
     try:
@@ -157,6 +192,8 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
         dist.init_process_group = init
         dist.destroy_process_group = destroy
         DDP.__init__ = ddp_init                                    # type: ignore[method-assign]
+        if schedule_cls is not None:
+            schedule_cls._warmup_p2p = warmup
         count()
         if dist.is_initialized():
             destroy()

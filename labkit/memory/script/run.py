@@ -128,14 +128,34 @@ def trace_script(path: str, argv: list[str] | None = None, *, max_steps: int | N
     if max_steps is not None:
         cmd += ["--steps", str(max_steps)]
     cmd += ["--", *(argv or [])]
+    proc = _measure(cmd, timeout, echo)
+    from labkit.memory.script.script_report import report_from_json
+
+    rep = report_from_json(json.loads(proc.stdout))
+    rep.output = proc.stderr[-OUTPUT_KEPT:]
+    return rep
+
+
+def trace_launch(path: str, argv: list[str] | None = None, *, nproc_per_node: int, nnodes: int = 1,
+                 ranks: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """``labkit measure --script path --nproc-per-node N [--nnodes M] [--ranks R,...] --json -- argv`` in a new
+    process: the launch's JSON document (``launch``, ``ranks``: one ScriptReport dict per traced rank with its
+    ``rank``, ``peak_bytes``, ``reserved_bytes``)."""
+    path = check_script(path)
+    cmd = [sys.executable, "-m", "labkit", "measure", "--script", path, "--nproc-per-node", str(nproc_per_node),
+           "--nnodes", str(nnodes), "--json"]
+    if ranks is not None:
+        cmd += ["--ranks", ranks]
+    cmd += ["--", *(argv or [])]
+    return json.loads(_measure(cmd, timeout, False).stdout)
+
+
+def _measure(cmd: list[str], timeout: float | None, echo: bool) -> subprocess.CompletedProcess:
+    """Run a ``labkit measure --script`` command line; its last error line as a LabkitError if it fails."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
     if echo:
         sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise LabkitError(last.split("error: ", 1)[-1] if "error: " in last else last)
-    from labkit.memory.script.script_report import report_from_json
-
-    rep = report_from_json(json.loads(proc.stdout))
-    rep.output = proc.stderr[-OUTPUT_KEPT:]
-    return rep
+    return proc

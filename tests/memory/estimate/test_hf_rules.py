@@ -21,6 +21,8 @@ PINNED = {
     "qwen2-b4-bf16": "RMSNorm's float32 intermediates",
     "gemma2-b2-amp-bf16": "logit soft-capping",
     "falcon-b4-fp32": "Falcon expands K/V itself: no math path",
+    "llama-mha-b4-amp-bf16": "autocast: q, k, v, gate and up each cast the norm's output",
+    "gpt-neox-b4-fp32": "parallel residual: both norms read the layer's input",
 }
 
 
@@ -93,3 +95,19 @@ def test_estimate_cli_reads_a_hf_config(tmp_path, capsys):
     assert doc["peak_allocated"] == want.peak_allocated and doc["model"]["hf"]["model_type"] == "llama"
     assert main(["estimate", "--hf-config", str(f), "--model", "llama3-8b"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_autocast_copies_one_input_per_linear():
+    """Under autocast Llama's q, k, v (and gate, up) each keep their own 16-bit copy of the norm's output; GPT-2's
+    fused c_attn and single c_fc keep one; without autocast the norm's output is shared."""
+    from labkit.memory.estimate.activations import layer_terms
+    from labkit.memory.estimate.states import precision_bytes
+
+    def extra(name):
+        m, par, train = case_inputs(get_case(name))
+        terms = {n: v for n, v, _ in layer_terms(m, par, train, precision_bytes(train))}
+        return terms.get("autocast: 16-bit copies of a norm's output, one per linear reading it", 0), m, train
+
+    v, m, train = extra("llama-mha-b4-amp-bf16")
+    assert v == 3 * train.micro_batch * train.seq * m.hidden * 2
+    assert extra("gpt2-b8-amp-bf16")[0] == 0 and extra("llama-gqa-b4-fp32")[0] == 0

@@ -135,3 +135,34 @@ def test_recorded_scripts(run_cli, kind, name, extra):
     rep = rep["ranks"][0] if "ranks" in rep else rep
     assert abs(rep["peak_bytes"] / rec["peak_allocated"] - 1) < 0.03
     assert abs(rep["reserved_bytes"] / rec["peak_reserved"] - 1) < 0.10
+
+
+PP_NO_SHAPES = textwrap.dedent('''
+    import torch, torch.distributed as dist, torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    stage = PipelineStage(nn.Linear(64, 64).cuda(), rank, 2, torch.device("cuda", 0))
+    sched = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda y, t: y.sum())
+    x = torch.randn(4, 64, device="cuda")
+    sched.step(x) if rank == 0 else sched.step(target=x)
+''')
+
+
+def test_pipeline_stages_of_a_launch(run_cli, tmp_path):
+    """torch.distributed.pipelining with two stages: each rank holds its own stage; the last stage holds the
+    head and every micro-batch's logits, and 1F1B keeps fewer micro-batches in flight on stage 0 than GPipe
+    (each rank in this process: the CLI's --ranks all runs the same, one process a rank)."""
+    from labkit.memory.script.ranks import Launch
+    from labkit.memory.script.run import run_script
+
+    script = str(REPO / "data" / "scripts" / "ranks" / "pp_gpipe.py")
+    launch = Launch(nproc_per_node=2)
+    r0, r1, f0 = (run_script(script, ["--small", *more], launch=launch, rank=rank, banner=False)
+                  for rank, more in ((0, []), (1, []), (0, ["--1f1b"])))
+    assert r1.peak_bytes > r0.peak_bytes > f0.peak_bytes > 0
+    assert any("pipelining" in n for n in r0.notes)
+    p = tmp_path / "pp_no_shapes.py"
+    p.write_text(PP_NO_SHAPES)
+    r = run_cli("measure", "--script", str(p), "--nproc-per-node", "2")
+    assert r.returncode == 2 and "give PipelineStage input_args= and output_args=" in r.stderr
