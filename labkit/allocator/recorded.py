@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labkit.allocator.replay import load_trace, replay
 from labkit.core.errors import LabkitError
 from labkit.core.paths import MEASUREMENTS_DIR, TRACES_DIR
 from labkit.core.provenance import describe, load_measurement
+
 
 MEAS_DIR = MEASUREMENTS_DIR / "allocator"
 COMPARED = ("reserved_bytes.all.peak", "segment.all.peak", "num_device_alloc")
@@ -110,8 +112,6 @@ def have_recordings(meas_dir: str | Path | None = None) -> bool:
 
 def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None = None) -> list[FidelityRow]:
     """For each workload: replay its default trace under each recorded configuration; compare to the real stats."""
-    from labkit.allocator.replay import load_trace, replay
-
     runs = recorded_runs(meas_dir)
     by_wl: dict[str, list[RecordedRun]] = {}
     for r in runs:

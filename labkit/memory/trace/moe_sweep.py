@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.core.vocab import MoeRouting
+from labkit.memory.trace.moe import expert_rows
+from labkit.workloads.corpus import Case, predict
+
 
 IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
 ROUTINGS = ("balanced", "0.5,0.2,0.15,0.15", "0.15,0.15,0.2,0.5")   # a hot expert first, then last
@@ -40,8 +43,6 @@ class RoutingPoint:
 def moe_case(implementation: str, *, micro_batch: int = 4, seq: int = 256, hidden: int = 64,
              intermediate: int = 1024, experts: int = 4, top_k: int = 2, layers: int = 1) -> Any:
     """A small Mixtral whose experts dominate the step (wide experts, small vocabulary)."""
-    from labkit.workloads.corpus import Case
-
     overrides = dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                      num_attention_heads=4, num_key_value_heads=2, num_local_experts=experts,
                      num_experts_per_tok=top_k, vocab_size=128, max_position_embeddings=max(seq, 128),
@@ -53,9 +54,6 @@ def moe_case(implementation: str, *, micro_batch: int = 4, seq: int = 256, hidde
 def routing_sweep(*, implementations: tuple[str, ...] = IMPLEMENTATIONS, routings: tuple[str, ...] = ROUTINGS,
                   **size: Any) -> list[RoutingPoint]:
     """Fake-mode peaks of :func:`moe_case` for every implementation and routing (one step each)."""
-    from labkit.memory.trace.moe import expert_rows
-    from labkit.workloads.corpus import predict
-
     points = []
     for impl in implementations:
         case = moe_case(impl, **size)
