@@ -57,6 +57,9 @@ SAME_MEANING = {
     "advise": "the advise chapter (labkit.viz.advise: its figures; labkit.lessons.advise: notebook 06's sections)",
     # lessons/<notebook>.py: the sections of that notebook, named after its chapter or topic
     "server": "notebook 00's subject, this server (labkit.env.server; labkit.lessons.server: its sections)",
+    "spec": "typed dataclasses describing a training configuration, one default per field (labkit.core.spec: a "
+            "step and a run, whence every verb's shared flags; labkit.memory.estimate.spec: the analytical model's "
+            "model, layout and recipe)",
 }
 
 # (importer, imported) pairs that break rule 2 today.

@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
 from labkit.core.units import GiB
+
+# torch, transformers and the tracer are imported where a case runs: `labkit measure` imports this module for its
+# KV-cache note, and `labkit --help` should not pay seconds of torch import for it.
+
 
 PEAK_TOLERANCE_PCT = 3.0          # issue 11: every recorded case within 3% (held-out included)
 RESERVED_TOLERANCE_PCT = 5.0
@@ -187,7 +192,6 @@ def plain_path(process: str = "in-process") -> Path:
 def load_plain(path: str | Path | None = None, *, process: str = "in-process") -> list[PlainRecord]:
     """The recorded corpus cases that ran (rows with an error or skipped are left out), from ``path`` or
     the recording of ``process`` (``fresh``: one new process per case; ``in-process``: one after another)."""
-    from labkit.core.provenance import load_measurement
     from labkit.workloads.corpus import Case
 
     path = Path(path) if path is not None else plain_path(process)
