@@ -75,10 +75,6 @@ class StepSpec:
         object.__setattr__(self, "optimizer", opt.name)
         object.__setattr__(self, "optimizer_impl", opt.impl)
 
-    @property
-    def optimizer_spec(self) -> OptimizerSpec:
-        return OptimizerSpec(self.optimizer, self.optimizer_impl)  # type: ignore[arg-type]
-
 
 @dataclass(frozen=True)
 class RunSpec:
