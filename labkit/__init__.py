@@ -18,6 +18,9 @@ __version__ = "0.1.0"
 
 # name -> the module that defines or exports it. One __getattr__ serves them all (PEP 562).
 _LAZY_NAMES = {
+    # what a training step and a run are: one default per field, every verb's shared flags generated from them
+    "StepSpec": "labkit.core.spec",
+    "RunSpec": "labkit.core.spec",
     # a training step, measured (GPU, CPU) or predicted on fake tensors (labkit.memory.trace)
     "measure_step": "labkit.memory",
     "trace_script": "labkit.memory",

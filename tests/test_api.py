@@ -9,6 +9,8 @@ import pytest
 import labkit
 
 HOMES = {  # the name's defining module: the top-level name must be that very object
+    "StepSpec": "labkit.core.spec",
+    "RunSpec": "labkit.core.spec",
     "measure_step": "labkit.memory.trace.step",
     "MeasureReport": "labkit.memory.trace.step",
     "trace_script": "labkit.memory.script.run",

@@ -1,6 +1,6 @@
 """The shape of ``labkit``'s imports, read statically (``ast``, nothing is imported).
 
-Three rules:
+Four rules:
 
 1. **No import cycle** among labkit modules: none through module-level imports (those that run when
    a module is imported: the top level, including ``if``/``try`` blocks), and none either once the
@@ -18,6 +18,12 @@ Three rules:
    here, deferred ones included (a deferred import of an internal module couples as much).
 3. **One meaning per module name.** A file or package name used in two places of labkit must mean
    the same in each: ``SAME_MEANING`` lists those names and what they mean.
+4. **Imports point down the layers**, core < chapters < advise < viz < lessons (``LAYERS``), with no
+   exception: a chapter imports nothing from ``advise``, ``viz`` or ``lessons`` (a notebook section is
+   built in ``lessons/`` from what the chapter returns), ``advise`` nothing from ``viz`` or ``lessons``,
+   ``viz`` nothing from ``lessons``. Chapters are one layer: they may import each other (rule 2 says
+   how). ``labkit.cli`` (the entry point) sits above all and only ``labkit.__main__`` imports it; the
+   root package ``labkit`` (lazy names) may be imported from anywhere. Deferred imports count.
 
 Today's exceptions are listed in ``KNOWN_CROSSINGS`` and ``KNOWN_NAME_CLASHES``, each exactly (a test
 fails when one is fixed, so the list only shrinks); they are in chapters whose owners were editing them
@@ -34,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "labkit"
 CHAPTERS = ("topology", "memory", "allocator", "comm", "workloads", "env", "report")
 IMPORTERS_UNDER_RULE_2 = CHAPTERS + ("viz",)
+# rule 4: the layer of each top-level part of labkit (imports point to the same layer or below)
+LAYERS = {"core": 0, **{c: 1 for c in CHAPTERS}, "advise": 2, "viz": 3, "lessons": 4}
 
 SAME_MEANING = {
     "__init__": "a package's public names",
@@ -49,6 +57,9 @@ SAME_MEANING = {
     "advise": "the advise chapter (labkit.viz.advise: its figures; labkit.lessons.advise: notebook 06's sections)",
     # lessons/<notebook>.py: the sections of that notebook, named after its chapter or topic
     "server": "notebook 00's subject, this server (labkit.env.server; labkit.lessons.server: its sections)",
+    "spec": "typed dataclasses describing a training configuration, one default per field (labkit.core.spec: a "
+            "step and a run, whence every verb's shared flags; labkit.memory.estimate.spec: the analytical model's "
+            "model, layout and recipe)",
 }
 
 # (importer, imported) pairs that break rule 2 today.
@@ -204,6 +215,23 @@ def _crossings() -> set[tuple[str, str]]:
     return bad
 
 
+def _layer(mod: str) -> int | None:
+    return LAYERS.get(_chapter(mod) or "")
+
+
+def _upward_imports(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) pairs that point up the layers, and any import of ``labkit.cli`` but ``__main__``'s."""
+    bad = set()
+    for mod, targets in g.items():
+        for t in targets:
+            if t == "labkit.cli" and mod != "labkit.__main__":
+                bad.add((mod, t))
+            here, there = _layer(mod), _layer(t)
+            if here is not None and there is not None and there > here:
+                bad.add((mod, t))
+    return bad
+
+
 def test_the_graph_sees_the_imports_it_should():
     g = _graph(module_level_only=True)
     assert "labkit.topology.group_links" in g["labkit.topology.placement"]
@@ -246,3 +274,20 @@ def test_one_meaning_per_module_name():
     assert {n: m for n, m in clashes.items() if KNOWN_NAME_CLASHES.get(n) != m} == {}, \
         "two modules share a name with two meanings: rename one, or add the name to SAME_MEANING with its meaning"
     assert {n for n in KNOWN_NAME_CLASHES if n not in clashes} == set(), "fixed: remove it from KNOWN_NAME_CLASHES"
+
+
+def test_every_module_has_a_layer():
+    assert {m for m in MODULES if _layer(m) is None} == {"labkit", "labkit.__main__", "labkit.cli"}, \
+        "a new top-level part of labkit: give it its place in LAYERS"
+
+
+def test_the_layer_rule_sees_an_upward_import():
+    g = {"labkit.memory.trace.x": {"labkit.viz.section", "labkit.core.units"}, "labkit.viz.y": {"labkit.lessons.z"},
+         "labkit.advise.a": {"labkit.memory.b"}, "labkit.lessons.c": {"labkit.cli"}, "labkit.topology.d": {"labkit"}}
+    assert _upward_imports(g) == {("labkit.memory.trace.x", "labkit.viz.section"), ("labkit.viz.y", "labkit.lessons.z"),
+                                  ("labkit.lessons.c", "labkit.cli")}
+
+
+def test_imports_point_down_the_layers():
+    """core < chapters < advise < viz < lessons, deferred imports included, no exception."""
+    assert sorted(_upward_imports(_graph(module_level_only=False))) == []

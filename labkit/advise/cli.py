@@ -1,6 +1,7 @@
 """``labkit advise``: plan a training job on this server (or a saved/sample topology).
 
-    labkit advise --model llama2-7b --seq 4096 --global-batch 64 --sample dgx_a100_nv12_8nic_roce
+    labkit advise --model llama2-7b --seq 4096 --global-batch 64 --precision amp-bf16 \\
+        --sample dgx_a100_nv12_8nic_roce
     labkit advise --hf-config config.json --seq 2048 --micro-batch 4 --precision amp-bf16 \\
         --gpus 1 --gpu-memory 141GB --json
 """
@@ -9,10 +10,16 @@ from __future__ import annotations
 
 import argparse
 
+from labkit.advise import Job, MachineSource, ModelSource, advise
+from labkit.advise.advice import ensure_valid
+from labkit.core.cliargs import finite_float, int_between
+from labkit.core.errors import LabkitError
+from labkit.core.serialize import dumps
+from labkit.core.spec import add_flags, filled
+from labkit.core.units import parse_bytes
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import finite_float, int_between
-
     p = sub.add_parser("advise", help="plan a whole training job: layout, memory, placement, settings, launch line",
                        description="The parallel layout that fits with a margin and is fastest by the model, the "
                                    "per-GPU peak and step time, the rank-to-GPU placement, the allocator setting, "
@@ -24,14 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--layers", type=int_between(1, 512), help="override the config's depth")
     m.add_argument("--hidden", type=int_between(1, 1 << 17), help="override the config's width")
     j = p.add_argument_group("job")
-    j.add_argument("--seq", type=int_between(1, 1 << 20), required=True, help="sequence length")
+    add_flags(j, "seq", required=("seq",))
     j.add_argument("--global-batch", type=int_between(1, 1 << 24),
                    help="sequences per optimizer step (default: micro-batch x GPUs); give it, --micro-batch or both")
-    j.add_argument("--micro-batch", type=int_between(1, 1 << 16),
-                   help="sequences per GPU per micro-step (default: searched, when --global-batch is given)")
-    j.add_argument("--precision", default="amp-bf16", help="fp32, amp-bf16, amp-fp16, bf16, bf16-mixed, fp16-mixed")
-    j.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, adam8bit")
-    j.add_argument("--recompute", help="none, selective, full, every-K (default: searched)")
+    add_flags(j, "micro_batch", "precision", "optimizer", "recompute", searched=("recompute",),
+              notes={"micro_batch": "not given: searched, when --global-batch is given"})
     j.add_argument("--trace", choices=("auto", "on", "off"), default="auto",
                    help="run one fake-mode step of the real model (default: on for --hf-config and --factory)")
     w = p.add_argument_group("machine (one of, or --gpus with --gpu-memory)")
@@ -48,12 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.advise import Job, MachineSource, ModelSource, advise
-    from labkit.advise.advice import ensure_valid
-    from labkit.core.errors import LabkitError
-    from labkit.core.serialize import dumps
-    from labkit.core.units import parse_bytes
-
     model = ModelSource(preset=args.model, hf_config=args.hf_config, factory=args.factory, layers=args.layers,
                         hidden=args.hidden)
     mem = parse_bytes(args.gpu_memory, what="--gpu-memory", require_unit=True) if args.gpu_memory else None
@@ -65,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             raise LabkitError("advise: give --global-batch, or --micro-batch (the global batch is then "
                               "micro-batch x GPUs)")
         gb = args.micro_batch * (args.gpus or 1)
+    filled(args, "precision", "optimizer")
     job = Job(seq=args.seq, global_batch=gb, micro_batch=args.micro_batch, precision=args.precision,
               optimizer=args.optimizer, recompute=args.recompute)
     ensure_valid(model=model, job=job, machine=machine)

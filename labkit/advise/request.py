@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from labkit.core.errors import LabkitError
+from labkit.core.spec import default
 from labkit.core.vocab import PRECISIONS, Recompute, canonical
 
 # The largest cluster the search is built for (the planner's and the placement's budgets).
@@ -50,8 +51,8 @@ class Job:
     seq: int
     global_batch: int
     micro_batch: int | None = None       # None: searched
-    precision: str = "amp-bf16"
-    optimizer: str = "adamw"
+    precision: str = default("precision")    # the one default of each: labkit.core.spec
+    optimizer: str = default("optimizer")
     recompute: str | None = None         # None: searched (none, selective, full)
 
     def __post_init__(self) -> None:

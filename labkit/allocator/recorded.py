@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labkit.allocator.replay import load_trace, replay
 from labkit.core.errors import LabkitError
 from labkit.core.paths import MEASUREMENTS_DIR, TRACES_DIR
 from labkit.core.provenance import describe, load_measurement
+
 
 MEAS_DIR = MEASUREMENTS_DIR / "allocator"
 COMPARED = ("reserved_bytes.all.peak", "segment.all.peak", "num_device_alloc")
@@ -110,8 +112,6 @@ def have_recordings(meas_dir: str | Path | None = None) -> bool:
 
 def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None = None) -> list[FidelityRow]:
     """For each workload: replay its default trace under each recorded configuration; compare to the real stats."""
-    from labkit.allocator.replay import load_trace, replay
-
     runs = recorded_runs(meas_dir)
     by_wl: dict[str, list[RecordedRun]] = {}
     for r in runs:
@@ -141,3 +141,44 @@ def fidelity(meas_dir: str | Path | None = None, traces_dir: str | Path | None =
                                      **{f"{k}_real": int(r.stats.get(k, 0)) for k in EXTRA},
                                      **{f"{k}_sim": int(res.stats.get(k, 0)) for k in EXTRA}}, cap_bytes=r.cap_bytes))
     return rows
+
+
+def watch_capture(case: str,
+                  meas_dir: str | Path | None = None) -> tuple[dict[str, Any], Path | None] | None:
+    """The capture ``labkit.allocator.watch`` wrote for ``case`` on the GPU (``watch__<case>.json``, the document
+    with its provenance) and its snapshot (or None), or None where it is not recorded."""
+    meas_dir = _dir(meas_dir, MEAS_DIR)
+    p = meas_dir / f"watch__{case}.json"
+    if not p.exists():
+        return None
+    doc = load_measurement(p, "allocator.watch_capture")
+    if not doc["data"].get("capture"):
+        return None
+    snap = meas_dir / f"watch__{case}.pickle.gz"
+    return doc, (snap if snap.exists() else None)
+
+
+def overhead_summary(meas_dir: str | Path | None = None) -> dict | None:
+    """Watch's recorded step-time change per setting, with the noise it has to be read against (percent)."""
+    meas = _dir(meas_dir, MEAS_DIR)
+    p = meas / "watch__overhead.json"
+    if not p.exists():
+        return None
+    doc = load_measurement(p, "allocator.watch_overhead")
+    summ = doc["data"]["summary"]
+    base = summ.get("none") or {}
+    out = {"source": describe(doc["provenance"]), "workload": doc["data"]["workload"], "modes": {}}
+    if "q1_s" in base:  # interleaved blocks: the baseline's own quartiles are the noise
+        noise = 100 * (base["q3_s"] - base["q1_s"]) / base["median_step_s"]
+    else:  # one process per run: the baseline runs' medians disagree by this much
+        runs = base.get("per_run_median_s") or [base.get("median_step_s", 1)]
+        noise = 100 * (max(runs) - min(runs)) / base["median_step_s"]
+    out["noise_pct"] = noise
+    for mode, v in summ.items():
+        if mode == "none":
+            continue
+        change = v.get("median_paired_change_pct", v.get("overhead_pct"))
+        if change is not None:
+            out["modes"][mode] = {"change_pct": change, "median_step_ms": 1000 * v["median_step_s"]}
+    out["baseline_step_ms"] = 1000 * base.get("median_step_s", 0)
+    return out

@@ -8,10 +8,22 @@ is then ignored). Only rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import warnings
 
+from labkit.comm.bench import bench_collectives, buffer_budget, machine_buffer_bytes, parse_ops, size_ladder
+from labkit.comm.ddp import parse_bucket_sizes, sweep_buckets
+from labkit.comm.fit import fit_all
+from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
+from labkit.comm.predict import attach_predictions
+from labkit.core.cliargs import Deprecated, int_at_least, int_between, positive_int
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
+from labkit.core.spec import add_flags, filled
 from labkit.core.table import render
+from labkit.core.units import fmt_bytes
+from labkit.core.vocab import canonical
+
+# labkit.workloads (torch) is imported where the bucket sweep runs: `labkit --help` builds this parser.
 
 
 # torch.autocast dtype of each precision the bucket sweep runs (labkit.core.vocab spellings)
@@ -23,10 +35,6 @@ MAX_BUCKET_MB = 1024 * 1024   # 1 TiB: far above any gradient set DDP would buck
 
 def _old_amp(value: str) -> str:
     """``--amp bfloat16`` (the old flag's autocast dtype) as a precision: amp-bf16."""
-    import warnings
-
-    from labkit.core.vocab import canonical
-
     if value not in ("bfloat16", "float16"):
         raise LabkitError(f"{value!r} is not an autocast dtype: bfloat16 or float16")
     with warnings.catch_warnings():
@@ -35,8 +43,6 @@ def _old_amp(value: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import Deprecated, choices_metavar, int_at_least, int_between, positive_int, vocab_value
-
     p = sub.add_parser("comm", help="collective benchmark and DDP bucket sweep (gloo CPU processes or NCCL GPUs)",
                        description="Measure collectives and DDP bucket sizes on torch.distributed.")
     csub = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
@@ -68,16 +74,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--model", default="tiny", metavar="WORKLOAD",
                    help="a named reference workload (labkit.workloads; default tiny)")
     k.add_argument("--workload", dest="model", action=Deprecated, new="--model")
-    k.add_argument("--micro-batch", type=positive_int, default=None, help="per-rank micro-batch (default: the workload's)")
+    add_flags(k, "micro_batch", notes={"micro_batch": "per rank; not given: the workload's"})
     k.add_argument("--batch-size", dest="micro_batch", type=positive_int, action=Deprecated, new="--micro-batch")
     k.add_argument("--steps", type=int_between(1, 1000), default=5, help="timed steps per point (default 5, at most "
                    "1000)")
     k.add_argument("--warmup", type=int_between(2, 1000), default=2, help="untimed steps per point (default 2, at "
                    "least 2)")
     k.add_argument("--gradient-as-bucket-view", choices=("off", "on", "both"), default="both")
-    k.add_argument("--precision", type=vocab_value("precision", tuple(BUCKET_PRECISIONS)), default="fp32",
-                   metavar=choices_metavar(tuple(BUCKET_PRECISIONS)),
-                   help="fp32 (default), or autocast on CUDA: amp-bf16, amp-fp16")
+    add_flags(k, "precision", choices={"precision": tuple(BUCKET_PRECISIONS)},
+              notes={"precision": "autocast applies on CUDA (nccl) only"})
     k.add_argument("--amp", dest="precision", convert=_old_amp, action=Deprecated, new="--precision amp-bf16 (or amp-fp16)")
     k.add_argument("--json", action="store_true", help="print one JSON document")
     k.set_defaults(func=run_buckets)
@@ -85,24 +90,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench_rank(ctx, ops, sizes, warmup, repeats):
-    from labkit.comm.bench import bench_collectives
-
     return bench_collectives(ctx, ops, sizes, warmup=warmup, repeats=repeats)
 
 
 def _buckets_rank(ctx, kwargs):
-    from labkit.comm.ddp import sweep_buckets
-
     return sweep_buckets(ctx, **kwargs)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from labkit.comm.bench import parse_ops, size_ladder
-    from labkit.comm.fit import fit_all
-    from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
-    from labkit.comm.predict import attach_predictions
-    from labkit.core.units import fmt_bytes
-
     ops = parse_ops(args.op)
     max_b = args.max_bytes or ("1GiB" if args.backend == "nccl" else "4MiB")
     sizes = size_ladder(args.min_bytes, max_b, args.factor)
@@ -148,9 +143,6 @@ def _check_world(world: int) -> None:
 def _check_cpu_budget(ops, sizes, world: int) -> None:
     """Refuse a CPU benchmark none of whose sizes fits the machine's buffer budget (all the local
     ranks' buffers together); sizes above it are skipped with a note by the ranks themselves."""
-    from labkit.comm.bench import buffer_budget, machine_buffer_bytes
-    from labkit.core.units import fmt_bytes
-
     budget, what = buffer_budget(False)
     need = min(machine_buffer_bytes(op, sizes[0], world, world, False) for op in ops)
     if need > budget:
@@ -171,9 +163,6 @@ def _safe_fits(fit_all, rows, link):
 
 
 def run_buckets(args: argparse.Namespace) -> int:
-    from labkit.comm.ddp import parse_bucket_sizes
-    from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
-    from labkit.core.units import fmt_bytes
     from labkit.workloads import get_workload
 
     sizes = parse_bucket_sizes(args.sizes)
@@ -188,6 +177,7 @@ def run_buckets(args: argparse.Namespace) -> int:
     if not under_torchrun():
         _check_world(args.world)
         check_backend(args.backend, args.world)
+    filled(args, "precision")
     kwargs = dict(workload=args.model, batch_size=args.micro_batch, sizes_mb=sizes, gradient_as_bucket_view=gav,
                   warmup=args.warmup, steps=args.steps, amp=BUCKET_PRECISIONS[args.precision])
     res = run_ranks(_buckets_rank, kwargs, backend=args.backend, world=args.world)

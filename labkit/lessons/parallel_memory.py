@@ -364,7 +364,7 @@ def explorer(s: Setup, model_name: str) -> Section:
     from labkit.viz import memory as vm
 
     e = estimate(s.model, ParallelSpec(tp=2, pp=2, dp=2, zero=1, sp=True),
-                 TrainSpec(micro_batch=1, global_batch=16, recompute="selective"))
+                 TrainSpec(micro_batch=1, global_batch=16, precision="bf16-mixed", recompute="selective"))
     sec = Section("Explore", source="model")
     sec.claim("Most loaded GPU, static default (tp=2 +SP, pp=2, dp=2, ZeRO-1)", fmt_bytes(e.total))
     sec.note("Pick a preset (its dimensions fill the boxes) or edit a dimension: the bars redraw. "
@@ -380,7 +380,7 @@ def planner(s: Setup, planner_model: str, nodes: int, topology_sample: str, glob
     cl = cluster_from_topology(topology_sample, nodes=nodes, gpu_memory_bytes=s.capacity)
     pm = get_preset(planner_model)
     gb = max(global_batch, cl.gpus)
-    p = plan(pm, cl, gb)
+    p = plan(pm, cl, gb, precision="bf16-mixed")
     src = f"model; sample: {topology_sample}"
     sec = Section(f"The planner's answer: {pm.name} on {cl.gpus} GPUs ({nodes} x {topology_sample})", source=src)
     sec.claim(f"Layouts considered (global batch {gb}, {s.gpu_memory_gib:g} GiB per GPU)", p.considered)

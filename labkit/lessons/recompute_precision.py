@@ -11,31 +11,38 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from labkit.core.errors import LabkitError
+from labkit.core.machine import probe
 from labkit.core.units import fmt_bytes
+from labkit.memory import (ModelSpec, ParallelSpec, TrainSpec, load_recorded_peaks, measure_step, phase_snapshots,
+                           predict_case, profiler_memory_timeline, read_profiler_timeline, recorded_label)
+from labkit.memory.estimate import estimate
+from labkit.memory.trace import corpus_check as cc
+from labkit.memory.trace import moe_sweep
+from labkit.memory.trace.recorded import load_recorded, measure_dir
+from labkit.memory.trace.sweeps import fit_segments, recorded_sweep, run_sweep, segment_lengths
 from labkit.viz import measure as vm
+from labkit.viz.display import busy, progress
 from labkit.viz.section import Section, ShowsSection
+from labkit.workloads import GPT, GPTConfig, get_workload, gpt_batch, gpt_call, gpt_loss
+from labkit.workloads.corpus import compat_cases, layer_count
 
 GIB = 2**30
 SMOKE_CASES = ("gpt-small-ref-fp32-none", "gpt-small-ref-amp-bf16-full", "hf-gpt2-b8-amp-bf16-none")
 
 
 def _gpt_kw() -> dict:
-    from labkit.workloads import gpt_call, gpt_loss
-
     return {"loss_fn": gpt_loss, "call": gpt_call}
 
 
 def _progress(items, desc: str):
-    from labkit.viz.display import progress
-
     return progress(items, desc)
 
 
 def _sweep(factory, batch, policies, *, device: str, desc: str, time_steps: int = 0):
     """run_sweep one policy at a time, with a progress bar (each policy is seconds to tens of seconds)."""
-    from labkit.memory.trace.sweeps import run_sweep
-
     return [run_sweep(factory, batch, [p], device=device, kw=_gpt_kw(), time_steps=time_steps)[0]
             for p in _progress(policies, desc)]
 
@@ -65,11 +72,6 @@ class Machine(ShowsSection):
 
 
 def this_machine(device: str = "auto") -> Machine:
-    import torch
-
-    from labkit.core.machine import probe
-    from labkit.memory import load_recorded_peaks, recorded_label
-
     if device not in ("auto", "cuda", "cpu"):
         raise LabkitError(f"device {device!r}: use auto, cuda or cpu")
     m = probe()
@@ -83,8 +85,6 @@ def this_machine(device: str = "auto") -> Machine:
 
 def step_phases_recorded(workload: str = "gpt2-124m") -> Section:
     """The recorded steady-state step of the workload under amp-bf16, phase by phase."""
-    from labkit.memory.trace.recorded import load_recorded, recorded_label
-
     name = f"{workload}-amp-bf16-none"
     try:
         doc = load_recorded(f"case_{name}.json", "measure_step")
@@ -106,10 +106,6 @@ def step_phases_recorded(workload: str = "gpt2-124m") -> Section:
 
 def step_phases_here(machine: Machine, *, smoke: bool = False, workload: str = "gpt2-124m") -> Section:
     """The same kind of step measured here: tiny on a CPU in smoke mode, the workload itself on a GPU."""
-    from labkit.memory import measure_step
-    from labkit.viz.display import busy
-    from labkit.workloads import GPT, get_workload, gpt_batch
-
     wl = get_workload("tiny" if smoke else ("gpt-small-ref" if machine.live == "cpu" else workload))
     with busy(f"{wl.name} fp32 on {machine.live}: two steps"):
         rep = measure_step(lambda: GPT(wl.config), gpt_batch(wl.config, wl.batch_size), precision="fp32",
@@ -140,7 +136,7 @@ def _full_claims(sec: Section, pts, kind: str | None) -> None:
         return
     sec.claim(f"Full recompute lowers the peak ({fmt_bytes(base.peak_bytes)} -> {fmt_bytes(full.peak_bytes)}) by",
               round(100 * (1 - full.peak_bytes / base.peak_bytes), 2), "%",
-              name=f"full_checkpointing_peak_saving_pct" if kind == "recorded" else None)
+              name="full_checkpointing_peak_saving_pct" if kind == "recorded" else None)
     if full.step_time_s and base.step_time_s:
         sec.claim("... and costs in step time", round(100 * (full.step_time_s - base.step_time_s) / base.step_time_s, 2),
                   "%", name="full_checkpointing_step_overhead_pct" if kind == "recorded" else None)
@@ -148,9 +144,6 @@ def _full_claims(sec: Section, pts, kind: str | None) -> None:
 
 def recompute_sweep_recorded() -> Section:
     """The recorded H200 sweep of the reference workload: peak and step time per recompute policy."""
-    from labkit.memory.trace.recorded import load_recorded, recorded_label
-    from labkit.memory.trace.sweeps import recorded_sweep
-
     try:
         doc = load_recorded("sweep_checkpointing.json", "measure_sweep")
     except LabkitError as exc:
@@ -168,8 +161,6 @@ def recompute_sweep_recorded() -> Section:
 
 def recompute_sweep_here(machine: Machine, *, smoke: bool = False, workload: str = "gpt2-124m") -> Section:
     """The granularity sweep on this machine: the workload on a GPU, a small GPT in float32 on a CPU."""
-    from labkit.workloads import GPT, GPTConfig, get_workload, gpt_batch
-
     if machine.live == "cuda" and not smoke:
         w = get_workload(workload)
         cfg, batch, prec = w.config, w.batch_size, "amp-bf16"
@@ -192,9 +183,6 @@ def recompute_sweep_here(machine: Machine, *, smoke: bool = False, workload: str
 def segment_sweep(deep_layers: int = 24, *, smoke: bool = False) -> Section:
     """Memory beyond the model states against the segment length K, predicted for an H200 in fake mode,
     and the segment model ``(L/K) input + K layer`` fitted to those points."""
-    from labkit.memory.trace.sweeps import fit_segments, segment_lengths
-    from labkit.workloads import GPT, GPTConfig, gpt_batch
-
     L = 4 if smoke else deep_layers
     deep = GPTConfig(n_layer=L, n_head=4 if smoke else 16, n_embd=128 if smoke else 1024, seq_len=128 if smoke else 2048,
                      vocab_size=512 if smoke else 8192)
@@ -233,9 +221,6 @@ def _precision_table(sec: Section, pts) -> None:
 
 def precision_recorded() -> Section:
     """The recorded precisions of the reference workload: what bf16 halves and what it does not."""
-    from labkit.memory.trace.recorded import load_recorded, recorded_label
-    from labkit.memory.trace.sweeps import recorded_sweep
-
     try:
         doc = load_recorded("sweep_precision.json", "measure_sweep")
     except LabkitError as exc:
@@ -259,8 +244,6 @@ def precision_recorded() -> Section:
 
 def precision_here(machine: Machine, *, smoke: bool = False, workload: str = "gpt2-124m") -> Section:
     """The same precisions on this machine (a GPU: the workload; a CPU: a tiny model)."""
-    from labkit.workloads import GPT, get_workload, gpt_batch
-
     w = get_workload(workload if machine.live == "cuda" and not smoke else "tiny")
     precs = ["fp32", "amp-bf16", "bf16"] + (["amp-fp16"] if machine.live == "cuda" else [])
     pts = _sweep(lambda: GPT(w.config), gpt_batch(w.config, w.batch_size), [(p, "none") for p in precs],
@@ -279,8 +262,6 @@ def precision_here(machine: Machine, *, smoke: bool = False, workload: str = "gp
 # -- fake mode against the H200 --------------------------------------------------------------------------------
 
 def _predictions(cases, desc: str):
-    from labkit.memory import predict_case
-
     return [predict_case(c) for c in _progress(cases, desc)]
 
 
@@ -293,8 +274,6 @@ def fake_vs_recorded(*, validate_all: bool = True, smoke: bool = False, path: st
                      subset: tuple[str, ...] = SMOKE_CASES) -> Section:
     """Every recorded H200 step (or, in smoke mode or without ``validate_all``, the ``subset``) predicted
     in fake mode on this CPU."""
-    from labkit.memory import load_recorded_peaks, recorded_label
-
     cases = load_recorded_peaks(path)
     src = recorded_label(cases[0].provenance)
     chosen = cases if (validate_all and not smoke) else [c for c in cases if c.name in subset]
@@ -317,9 +296,6 @@ def fake_vs_recorded(*, validate_all: bool = True, smoke: bool = False, path: st
 
 def heldout(*, smoke: bool = False, path: str | Path | None = None) -> Section:
     """Held-out steps, recorded after the fake mode was calibrated (a third of the set, never tuned on)."""
-    from labkit.memory import load_recorded_peaks, recorded_label
-    from labkit.memory.trace.recorded import measure_dir
-
     title = "Held-out steps (recorded after calibration)"
     p = Path(path) if path is not None else measure_dir() / "heldout_peaks.json"
     if not p.exists():
@@ -342,10 +318,6 @@ def heldout(*, smoke: bool = False, path: str | Path | None = None) -> Section:
 
 def estimator_vs_recorded(workload: str = "gpt2-124m") -> Section:
     """The analytical estimator (formulas, no tensors) beside the recorded steps of the workload."""
-    from labkit.memory import ModelSpec, ParallelSpec, TrainSpec, load_recorded_peaks, recorded_label
-    from labkit.memory.estimate import estimate
-    from labkit.workloads import get_workload
-
     cases = {c.name: c for c in load_recorded_peaks()}
     w = get_workload(workload)
     spec = ModelSpec(layers=w.config.n_layer, hidden=w.config.n_embd, heads=w.config.n_head,
@@ -374,8 +346,6 @@ def estimator_vs_recorded(workload: str = "gpt2-124m") -> Section:
 # -- your own loop ------------------------------------------------------------------------------------------
 
 def _small_loop(device: str):
-    import torch
-
     net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to(device)
     x = torch.randn(64, 256, device=device)
     return net, x, torch.optim.AdamW(net.parameters())
@@ -383,8 +353,6 @@ def _small_loop(device: str):
 
 def own_loop(machine: Machine, steps: int = 2) -> Section:
     """``phase_snapshots()`` around the phases of a small loop (the code the notebook shows)."""
-    from labkit.memory import phase_snapshots
-
     net, x, opt = _small_loop(machine.live)
     snaps = phase_snapshots(machine.live)
     snaps.track_existing(list(net.parameters()) + [x])
@@ -407,8 +375,6 @@ def own_loop(machine: Machine, steps: int = 2) -> Section:
 
 def tracer_overhead() -> Section:
     """What the storage tracker costs per step against an untraced step (recorded)."""
-    from labkit.memory.trace.recorded import load_recorded, recorded_label
-
     try:
         ov = load_recorded("tracer_overhead.json", "measure_overhead")
     except LabkitError as exc:
@@ -426,8 +392,6 @@ def tracer_overhead() -> Section:
 
 def profiler_timeline(machine: Machine, steps: int = 2) -> Section:
     """The small loop under torch.profiler with memory profiling: its memory timeline by category."""
-    from labkit.memory import profiler_memory_timeline, read_profiler_timeline
-
     net, x, opt = _small_loop(machine.live)
 
     def one_step() -> None:
@@ -453,12 +417,9 @@ SMOKE_VALIDATION = 4
 
 def supported_models(*, smoke: bool = False) -> Section:
     """The compatibility corpus in fake mode here: what is predicted, what is refused and why."""
-    from labkit.memory.trace import corpus_check
-    from labkit.workloads.corpus import compat_cases
-
     cases = compat_cases()
     picked = cases[:SMOKE_SUPPORT] if smoke else cases
-    sec = corpus_check.support_section(corpus_check.support(_progress(picked, "corpus cases")))
+    sec = support_section(cc.support(_progress(picked, "corpus cases")))
     if smoke:
         sec.note(f"Smoke profile: the first {len(picked)} of {len(cases)} corpus cases; the full profile runs "
                  "all of them (README: 'Your model in fake mode' has the whole table).")
@@ -467,18 +428,13 @@ def supported_models(*, smoke: bool = False) -> Section:
 
 def moe_routing(*, smoke: bool = False) -> Section:
     """A mixture-of-experts step under balanced and skewed routings, per experts implementation (fake mode)."""
-    from labkit.memory.trace.moe_section import routing_section
-
     return routing_section(smoke=smoke)
 
 
 def kv_cache_under_checkpointing() -> Section:
     """Recorded on the H200: the same torch.utils.checkpoint step with transformers' KV cache on (the default)
     and off (``use_cache=False``)."""
-    from labkit.memory.trace import corpus_check
-    from labkit.memory.trace.recorded import recorded_label
-
-    pairs = corpus_check.cache_pairs()
+    pairs = cc.cache_pairs()
     sec = Section("The KV cache under activation checkpointing",
                   source=recorded_label(pairs[0][1].provenance) if pairs else None)
     if not pairs:
@@ -501,17 +457,13 @@ def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True, pro
     """Fake mode against the H200's plain, untraced training loops of the ``process`` recording (``fresh``: each
     case in its own new process, as a user runs it; ``in-process``: one after another), reference and held-out
     apart (``validate_all=False``: the transformers cases of at most 6 layers, those CI checks)."""
-    from labkit.memory.trace import corpus_check
-    from labkit.workloads.corpus import layer_count
-
-    records = corpus_check.load_plain(process=process)
+    records = cc.load_plain(process=process)
     if not validate_all and not smoke:
         records = [r for r in records if r.case.family == "transformers" and layer_count(r.case) <= 6]
     if smoke:  # the cheapest recorded cases, of both splits
         cheap = sorted((r for r in records if r.case.family == "transformers"), key=lambda r: layer_count(r.case))
         records = [r for s in ("reference", "held-out") for r in [c for c in cheap if c.split == s][:SMOKE_VALIDATION // 2]]
-    sec = corpus_check.validation_section(corpus_check.validate(_progress(records, "recorded steps")),
-                                          process=process)
+    sec = validation_section(cc.validate(_progress(records, "recorded steps")), process=process)
     if smoke:
         sec.note(f"Smoke profile: {len(records)} of the recorded cases; the full profile predicts every one "
                  "(benchmarks/bench_tracer.py --validate prints the same table, for both recordings).")
@@ -520,7 +472,121 @@ def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True, pro
 
 def one_loop_two_processes() -> Section:
     """Recorded on the H200, no model: the corpus in fresh processes beside the same loops run one after
-    another in one process (:func:`labkit.memory.trace.corpus_check.process_section`)."""
-    from labkit.memory.trace import corpus_check
+    another in one process (:func:`process_section`)."""
+    return process_section()
 
-    return corpus_check.process_section()
+
+# -- sections of the corpus checks and the MoE routing sweep (labkit.memory.trace) --------------------------------
+
+def support_section(results: list[cc.Support] | None = None) -> Section:
+    """The table of what fake mode supports (case, status, reason), for notebook 04."""
+    results = results if results is not None else cc.support()
+    by_name = {c.name: c for c in compat_cases()}
+    sec = Section("What fake mode can predict: the model corpus", source="model: fake mode computed here (CI sizes)")
+    n_ok = sum(r.status == "predicted" for r in results)
+    sec.claim("Corpus cases fake mode predicts (the others are refused with the op and module named)",
+              n_ok, f"of {len(results)}", name="fake_corpus_predicted", direction="higher")
+    rows = []
+    for r in results:
+        c = by_name.get(r.case)
+        rows.append([r.case.removesuffix("@tiny"), c.describe() if c else "", r.status, cc.short_reason(r.reason)])
+    sec.table(["case", "what", "status", "reason"], rows,
+              caption="Each case of labkit.workloads.corpus at CI size (2 layers, hidden 64) in fake mode.",
+              failed=[r.status != "predicted" for r in results])
+    if any(r.status == "unavailable" for r in results):
+        sec.note("unavailable: a package the case needs (torchvision, peft) is not installed here.")
+    return sec
+
+
+def validation_section(vals: list[cc.Validation] | None = None, *, process: str = "fresh") -> Section:
+    """Fake-mode peaks vs the recorded untraced H200 peaks of the ``process`` recording, reference and
+    held-out cases separately."""
+    records = cc.load_plain(process=process)
+    vals = vals if vals is not None else cc.validate(records)
+    label = recorded_label(records[0].provenance) if records else "not recorded"
+    sec = Section(f"Fake mode against plain training loops on the H200 ({cc.PROCESS_WORDS[process]})", source=label)
+    s = cc.summary(vals)
+    tag = "" if process == "fresh" else "_in_process"
+    for split in ("reference", "held-out"):
+        d = s[split]
+        sec.claim(f"{split} cases within {cc.PEAK_TOLERANCE_PCT:g}% (peak) and {cc.RESERVED_TOLERANCE_PCT:g}% "
+                  "(reserved)",
+                  d["within_targets"], f"of {d['cases']}", source=f"model: fake mode computed here vs {label}",
+                  name=f"fake_plain{tag}_{split.replace('-', '_')}_within", direction="higher")
+        if d["median_abs_peak_error_pct"] is not None:
+            sec.claim(f"{split}: median |peak error|", round(d["median_abs_peak_error_pct"], 2), "%",
+                      source=f"model: fake mode computed here vs {label}")
+        misses = d["cases"] - d["within_targets"]
+        if d["within_placement_range"]:
+            sec.claim(f"{split} misses whose recorded reserved bytes lie within {cc.PLACEMENT_ORDERS} segment-address "
+                      "orders' range (a warm process: its history placed the segments)", d["within_placement_range"],
+                      f"of {misses}", source=f"model: fake mode computed here vs {label}")
+    sec.table(cc.VALIDATION_HEADERS, cc.validation_rows(vals),
+              failed=[not v.within_targets for v in cc.validation_order(vals)],
+              caption="Recorded: torch.cuda.max_memory_allocated / max_memory_reserved of steps 2-4 of a plain "
+                      f"loop without labkit (benchmarks/gpu/record_plain.py), {cc.PROCESS_WORDS[process]}. Held-out "
+                      "cases (a hash of the name) take no part in tuning fake mode.")
+    return sec
+
+
+def process_section(pairs: list[cc.ProcessPair] | None = None, *, rows: int = 8) -> Section:
+    """Recorded, no model: the same loops in a fresh process and after other loops in one process. The
+    allocated peak is the program's; the reserved peak also depends on which segments the process already
+    holds and where the driver placed them (the caching allocator's best fit breaks ties by address)."""
+    pairs = pairs if pairs is not None else cc.process_pairs()
+    if not pairs:
+        raise LabkitError("process_section: no corpus case is recorded both in a fresh process and in-process")
+    label = pairs[0].source
+    sec = Section("One loop, two processes: the allocated peak is the program's, reserved is the process's",
+                  source=label)
+    peak = max((p.peak_change_pct for p in pairs), key=abs)
+    sec.claim("largest allocated-peak difference, in-process vs fresh", round(peak, 2), "%",
+              source=f"{label}, {len(pairs)} cases")
+    moved = [p for p in pairs if abs(p.reserved_change_pct) > cc.RESERVED_TOLERANCE_PCT]
+    sec.claim(f"cases whose reserved peak differs by more than {cc.RESERVED_TOLERANCE_PCT:g}%", len(moved),
+              f"of {len(pairs)}", source=label)
+    top = sorted(pairs, key=lambda p: -abs(p.reserved_change_pct))[:rows]
+    sec.table(["case", "split", "fresh peak GiB", "in-process peak GiB", "fresh reserved GiB",
+               "in-process reserved GiB", "reserved change"],
+              [[p.name, p.split, f"{p.fresh_peak / GIB:.2f}", f"{p.in_process_peak / GIB:.2f}",
+                f"{p.fresh_reserved / GIB:.2f}", f"{p.in_process_reserved / GIB:.2f}",
+                f"{p.reserved_change_pct:+.1f}%"] for p in top],
+              caption=f"The {len(top)} cases whose reserved peak moved most (benchmarks/gpu/record_plain.py with "
+                      "--fresh and without).")
+    return sec
+
+
+def routing_section(points: list[moe_sweep.RoutingPoint] | None = None, *, smoke: bool = False) -> Section:
+    """Notebook 04: the peak of each experts implementation under balanced and skewed routings."""
+    size: dict = dict(moe_sweep.SMOKE) if smoke else {}
+    pts = points if points is not None else moe_sweep.routing_sweep(**size)
+    base = {p.implementation: p.peak_bytes for p in pts if p.routing == "balanced"}
+    src = "model: fake mode computed here (the routing is an assumption, not a measurement)"
+    sec = Section("MoE routing: when the token distribution changes the peak", source=src)
+    if "grouped_mm" in base:
+        sec.claim("grouped_mm (transformers' default): peak spread over the routings",
+                  moe_sweep.spread(pts, "grouped_mm"), "bytes", name="moe_grouped_mm_peak_spread_bytes")
+    if "eager" in base:
+        sec.claim("eager per-expert loop: peak spread over the routings", moe_sweep.spread(pts, "eager"), "bytes",
+                  name="moe_eager_peak_spread_bytes")
+    rows = []
+    for p in pts:
+        ref = base.get(p.implementation)
+        change = "" if ref is None or p.routing == "balanced" else f"{(p.peak_bytes - ref) / ref * 100:+.2f}%"
+        rows.append([p.implementation, p.routing, ", ".join(str(r) for r in p.rows), fmt_bytes(p.peak_bytes),
+                     p.peak_phase, change])
+    case = moe_sweep.moe_case("eager", **size)
+    o = case.overrides
+    sec.table(["experts implementation", "routing (shares by expert)", "rows per expert", "peak", "phase",
+               "vs balanced"], rows,
+              caption=f"Mixtral, {o['num_hidden_layers']} layer, {o['num_local_experts']} experts, top-"
+                      f"{o['num_experts_per_tok']}, hidden {o['hidden_size']}, experts' width "
+                      f"{o['intermediate_size']}, {case.micro_batch} x {case.seq} tokens, fp32; {src}")
+    sec.note("grouped_mm and batched_mm run all tokens x top-k rows at once: the routing decides which rows go "
+             "where, not how large the tensors are. The eager loop runs each expert on its own rows; autograd "
+             "runs the experts' backward in reverse loop order, so the expert last in the loop adds its "
+             "transients on top of everything the layer saved: its share moves the peak most, the same share "
+             "on the first expert much less.")
+    sec.note("Give your own distribution with labkit measure --moe-routing SHARES (measure_step(moe_routing=...)); "
+             "the report names the routing it assumed and the modules that used it.")
+    return sec

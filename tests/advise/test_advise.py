@@ -16,7 +16,8 @@ SAMPLE = "h100_nv18_8gpu_dual_numa"
 
 def _plan(model="llama2-7b", gb=64, seq=4096, **machine):
     machine = machine or {"sample": SAMPLE, "gpu_memory_bytes": 80 * 2**30}
-    return advise(ModelSource(preset=model), Job(seq=seq, global_batch=gb), MachineSource(**machine), trace=False)
+    return advise(ModelSource(preset=model), Job(seq=seq, global_batch=gb, precision="amp-bf16"), MachineSource(**machine),
+                  trace=False)
 
 
 def test_preset_on_a_sample_gives_a_full_plan_from_the_shared_code_paths():

@@ -5,7 +5,7 @@ case's, checked by the simulator on the captured snapshot, and agree with what t
 import pytest
 
 from labkit.allocator import capture, parse_oom_message, recorded
-from labkit.allocator.sections import overhead_summary
+from labkit.allocator.recorded import overhead_summary
 from labkit.core.provenance import load_measurement
 
 MEAS = recorded.MEAS_DIR

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit.allocator.sections import watch_section
+from labkit.lessons.allocator import watch_section
 from labkit.core.errors import LabkitError
 
 

@@ -8,7 +8,7 @@ from labkit.cli import main
 
 @pytest.mark.parametrize("argv,needle", [
     (["buckets", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got '0'"),
-    (["buckets", "--micro-batch", "-2"], "argument --micro-batch: must be an integer >= 1"),
+    (["buckets", "--micro-batch", "-2"], "argument --micro-batch: must be an integer from 1 to 65536"),
     (["buckets", "--amp", "float99"], "argument --amp: 'float99' is not an autocast dtype"),
     (["buckets", "--precision", "bf16-mixed"], "argument --precision: 'bf16-mixed' does not apply here"),
     (["buckets", "--precision", "fp99"], "argument --precision: precision 'fp99' is not one of"),

@@ -115,7 +115,7 @@ def test_planner(s):
     from labkit.memory.estimate.presets import get_preset
 
     p = plan(get_preset("llama2-70b"), cluster_from_topology("h100_nv18_8gpu_dual_numa", nodes=8,
-                                                           gpu_memory_bytes=s.capacity), 64)
+                                                           gpu_memory_bytes=s.capacity), 64, precision="bf16-mixed")
     assert sec.value("planner_best_layout") == p.best.label
     assert sec.value("planner_best_step_s") == pytest.approx(p.best.step_time_s, abs=1e-3)
     assert sec.rows and sec.notes[-1].startswith("Assumptions")

@@ -7,10 +7,11 @@ import dataclasses
 
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
+from labkit.core.spec import add_flags, filled
 from labkit.core.table import render
 from labkit.core.units import GB, GiB, fmt_bytes
 
-DIMS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn")
+DIMS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn")     # --seq: labkit.core.spec
 
 
 # Flags of one estimate that --plan does not take (it searches the layout itself), and the reverse.
@@ -18,15 +19,13 @@ ESTIMATE_ONLY = ("tp", "pp", "dp", "cp", "zero", "sp", "vpp", "schedule", "no_vo
                  "no_reshard", "micro_batch", "recompute", "recompute_every", "optimizer_impl", "dropout", "fp32_grads",
                  "no_flash", "keep_logits", "model_states_only", "params")
 PLAN_ONLY = ("gpus", "gpus_per_node", "gpu_memory", "topology", "margin", "tflops")
-DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "dropout": 0.0, "precision": "bf16-mixed",
-            "optimizer": "adamw", "optimizer_impl": "foreach", "gpus": 8, "gpu_memory": "80GiB", "margin": 0.10,
-            "tflops": None}
+DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "dropout": 0.0, "gpus": 8,
+            "gpu_memory": "80GiB", "margin": 0.10, "tflops": None}
+SPEC_FIELDS = ("precision", "optimizer", "optimizer_impl")     # their one default: labkit.core.spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import (Deprecated, choices_metavar, finite_float, nonnegative_int, positive_int,
-                                     recompute_value, vocab_value)
-    from labkit.core.vocab import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
+    from labkit.core.cliargs import Deprecated, finite_float, nonnegative_int, positive_int
 
     p = sub.add_parser(
         "estimate", help="per-GPU memory of a training configuration (analytical model: DP/ZeRO, TP+SP, PP, CP)",
@@ -41,26 +40,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a Hugging Face config.json (or a model type): its dimensions and what its transformers "
                         "implementation keeps (RMSNorm copies, the KV cache...); dimension flags override it")
     for d in DIMS:
-        m.add_argument(f"--{d.replace('_', '-')}", type=positive_int, dest=d)
+        if d != "seq":
+            m.add_argument(f"--{d.replace('_', '-')}", type=positive_int, dest=d)
     m.add_argument("--gated", action="store_true", default=None, help="gated (SwiGLU) MLP")
     m.add_argument("--untied", action="store_true", help="untied input and output embeddings")
     m.add_argument("--params", type=finite_float(ge=1, le=1e15), help="parameter count (with --model-states-only; "
                    "at most 1e15)")
     m.add_argument("--model-states-only", action="store_true", help="weights + grads + optimizer states only")
     t = p.add_argument_group("training")
-    t.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (default 1)")
+    add_flags(t, "micro_batch", "seq", notes={"micro_batch": "not given: 1", "seq": "not given: the model's"})
     t.add_argument("--global-batch", type=positive_int)
     t.add_argument("--dropout", type=finite_float(ge=0, lt=1), help="dropout probability (default 0)")
-    t.add_argument("--precision", type=vocab_value("precision"), metavar=choices_metavar(PRECISIONS),
-                   help="default bf16-mixed")
+    add_flags(t, "precision")
     t.add_argument("--fp32-grads", action="store_true", help="fp32 gradient accumulation (Megatron: 18 B/param)")
-    t.add_argument("--optimizer", type=vocab_value("optimizer"), metavar=choices_metavar(OPTIMIZERS),
-                   help="default adamw")
-    t.add_argument("--optimizer-impl", type=vocab_value("optimizer_impl"), metavar=choices_metavar(OPTIMIZER_IMPLS),
-                   help="default foreach (PyTorch's default on CUDA)")
-    t.add_argument("--recompute", type=recompute_value, metavar="{none,selective,full,every-K}",
-                   help="activation recomputation: none (default), selective (attention core), full (every layer), "
-                        "every-K (checkpoint segments of K layers)")
+    add_flags(t, "optimizer", "optimizer_impl", "recompute")
     t.add_argument("--recompute-every", type=positive_int, action=Deprecated, new="--recompute every-K")
     t.add_argument("--no-flash", action="store_true", help="math attention (keeps the s x s scores)")
     t.add_argument("--keep-logits", action="store_true", help="the training loop holds the logits through backward")
@@ -115,6 +108,7 @@ def _check_mode(args) -> None:
     for k, v in DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    filled(args, *SPEC_FIELDS)
 
 
 def _model(args):

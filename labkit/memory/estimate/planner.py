@@ -30,6 +30,7 @@ from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
 from labkit.core.interconnect import (NCCL_RING_STEP_S, NIC_400G_Bps, NIC_SOURCE, NIC_STEP_S, NVLINK4_NODE_Bps,
                                      NVLINK4_NODE_SOURCE)
+from labkit.core.spec import default
 from labkit.core.units import GiB, fmt_bytes
 from labkit.core.vocab import Recompute
 from labkit.memory.estimate import ModelSpec, Overheads, ParallelSpec, TrainSpec, estimate, total_params
@@ -271,7 +272,7 @@ class Plan:
 
 
 def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | None = None,
-         precision: str = "bf16-mixed", optimizer: str = "adamw", margin: float = 0.10,
+         precision: str = default("precision"), optimizer: str = default("optimizer"), margin: float = 0.10,
          micro_batches: tuple[int, ...] = (1, 2, 4, 8), recompute: tuple[str, ...] = ("none", "selective", "full"),
          zero_stages: tuple[int, ...] = (0, 1, 2, 3), framework: str = "megatron", overheads: Overheads | None = None,
          keep: int = 20, rate=None) -> Plan:

@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass, replace
 
 from labkit.core.errors import LabkitError
+from labkit.core.spec import default
 from labkit.core.vocab import OptimizerSpec, Recompute, canonical
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -146,10 +147,10 @@ class TrainSpec:
     micro_batch: int = 1
     global_batch: int | None = None      # None: micro_batch x dp (one micro-batch per step)
     seq: int | None = None               # None: the model's seq
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    optimizer_impl: str = "foreach"      # PyTorch AdamW: foreach (default on CUDA), fused, for-loop
-    recompute: Recompute = Recompute()   # none | selective (attention core) | full | every-K
+    precision: str = default("precision")            # the one default of each: labkit.core.spec
+    optimizer: str = default("optimizer")
+    optimizer_impl: str = default("optimizer_impl")  # PyTorch AdamW: foreach (default on CUDA), fused, for-loop
+    recompute: Recompute = default("recompute")      # none | selective (attention core) | full | every-K
     recompute_every: int | None = None   # deprecated alias: recompute="full", recompute_every=K is every-K
     flash: bool = True                   # flash / memory-efficient attention (no s^2 scores kept)
     dropout: float = 0.0

@@ -13,21 +13,33 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
 from labkit.core.cliargs import int_between, moe_routing_value
+from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
+from labkit.core.spec import MAX_MICRO_BATCH, add_flags, default, filled
 from labkit.core.table import render
+from labkit.core.units import fmt_bytes
+from labkit.core.vocab import OptimizerSpec, Recompute, TRACEABLE_PRECISIONS
+from labkit.memory.trace.corpus_check import cache_pairs
+
+# What runs a step (torch, transformers, the tracer, the workloads, labkit.allocator) is imported in the functions
+# that use it: `labkit --help` builds this parser, and those imports take seconds (python -X importtime: torch
+# alone about 2 s on a 2-core machine, labkit.allocator's simulator about 1 s); the rest is imported here.
+
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
 
 # Bounds on the counts a user gives, so that the work is bounded: the largest published models have 126 layers,
 # 16,384 hidden, 128 heads, 256k vocabularies; a step of 2^20 tokens per sample is past any trained context.
 MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_VOCAB = 512, 1 << 17, 1024, 1 << 22
-MAX_SEQ, MAX_MICRO_BATCH, MAX_IMAGE, MAX_STEPS, MAX_PLACEMENTS = 1 << 20, 1 << 16, 8192, 50, 64
+MAX_IMAGE, MAX_STEPS, MAX_PLACEMENTS = 8192, 50, 64   # the batch's bounds: labkit.core.spec
 #: The batch is built on the host (in fake mode too): token ids and labels (int64) or float32 images.
 MAX_BATCH_BYTES = 1 << 30
+TRACED_OPTIMIZERS = ("adamw", "adam", "sgd")     # adam8bit is the model's only (bitsandbytes)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,21 +78,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--heads", type=int_between(1, MAX_HEADS))
     m.add_argument("--vocab", type=int_between(1, MAX_VOCAB))
     b = p.add_argument_group("batch")
-    b.add_argument("--micro-batch", type=int_between(1, MAX_MICRO_BATCH), help="samples per step")
-    b.add_argument("--seq", type=int_between(1, MAX_SEQ), help="tokens per sample")
+    add_flags(b, "micro_batch", "seq",
+              notes={"micro_batch": "not given: the named workload's, else 4",
+                     "seq": "not given: the named workload's, else 256 (the lab's GPT) or 512"})
     b.add_argument("--image-size", type=int_between(1, MAX_IMAGE), help="image side in pixels (vision models)")
     b.add_argument("--batch", type=int_between(1, MAX_MICRO_BATCH), help=argparse.SUPPRESS)          # deprecated: --micro-batch
     s = p.add_argument_group("step")
-    s.add_argument("--precision", default="fp32", help="fp32, amp-bf16, amp-fp16 or bf16 (default fp32)")
-    s.add_argument("--recompute", default=None, help="none, full, every-K or selective (default none)")
+    add_flags(s, "precision", "recompute", choices={"precision": TRACEABLE_PRECISIONS})
     s.add_argument("--checkpointing", default=None, help=argparse.SUPPRESS)   # deprecated: --recompute
     s.add_argument("--recompute-via", choices=("torch", "hf", "hf-reentrant"), default="torch",
                    help="Hugging Face models: labkit's torch.utils.checkpoint per layer (torch, the default) or "
                         "the model's gradient_checkpointing_enable (hf: non-reentrant; hf-reentrant)")
-    s.add_argument("--optimizer", default="adamw", help="adamw (default), adam or sgd; the old adamw-foreach is "
-                   "adamw with --optimizer-impl foreach")
-    s.add_argument("--optimizer-impl", choices=("foreach", "fused", "for-loop"), default=None,
-                   help="PyTorch's implementation: foreach (PyTorch's default on CUDA, the default), fused, for-loop")
+    add_flags(s, "optimizer", "optimizer_impl", choices={"optimizer": TRACED_OPTIMIZERS},
+              notes={"optimizer": "the old adamw-foreach is adamw with --optimizer-impl foreach"})
     s.add_argument("--loop", choices=("plain", "keep-output"), default="plain",
                    help="plain: loss = model(**batch).loss (the output freed before backward, the default); "
                         "keep-output: the output object alive through backward")
@@ -94,10 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--reserved-placements", type=int_between(0, MAX_PLACEMENTS), default=0, metavar="N",
                    help="fake-cuda: also replay reserved under N other orders of the segments' addresses and print "
                         "the range (where the driver puts segments depends on the process's history)")
-    s.add_argument("--process", choices=("fresh", "warm"), default="fresh",
-                   help="fake-cuda: the process the step runs in: fresh (a new training script: the cuBLAS workspaces "
-                        "are allocated at its first matmuls, the default) or warm (one that ran matmuls before, e.g. a "
-                        "notebook; implied by --allocator-state)")
+    add_flags(s, "process", notes={"process": "warm is implied by --allocator-state"})
     r = p.add_argument_group("a rank of a torchrun launch (with --script)")
     r.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="run the script as a rank of `torchrun --nproc-per-node N`: the launcher's environment, "
@@ -106,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--ranks", default=None, metavar="all|R,R,...",
                    help="the global ranks to trace, each in its own process (default 0; ranks differ with pipeline "
                         "stages or uneven shards)")
-    p.add_argument("--device", default="fake-cuda", help="fake-cuda (default), cuda or cpu")
+    add_flags(p, "device")
     p.add_argument("--steps", type=int, default=None,
                    help="steps to run; the last one is reported (default 2). With --script: stop the script after N "
                         "optimizer steps (default: run it to its end)")
@@ -140,7 +147,8 @@ def _deprecated(args: argparse.Namespace) -> None:
               "of its workloads)", file=sys.stderr)
         args.model = None
     args.workload = args.model   # below, the named workload (one name per concept: --model, as in estimate)
-    args.recompute = args.recompute or "none"
+    args.recompute = str(Recompute.parse(args.recompute if args.recompute is not None else default("recompute"),
+                                         what="--recompute"))
 
 
 def _quiet_transformers() -> None:
@@ -156,8 +164,6 @@ def _quiet_transformers() -> None:
 
 
 def _positive(args: argparse.Namespace, *names: str) -> None:
-    from labkit.core.errors import LabkitError
-
     for n in names:
         v = getattr(args, n.replace("-", "_"))
         if v is not None and v < 1:
@@ -168,8 +174,6 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Refuse, before any work, a model named by an empty string, a count past its bound, a flag that does not
     apply to the model or device given (the README's contract: exit 2; a flag at its default is let be), and a
     batch too large to build on the host."""
-    from labkit.core.errors import LabkitError
-
     for flag, v in (("--hf-config", args.hf_config), ("--factory", args.factory), ("--model", args.workload)):
         if v is not None and not str(v).strip():
             raise LabkitError(f"{flag}: empty; name a model (or leave the flag out for the lab's GPT)")
@@ -198,8 +202,6 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def _check_routing(args: argparse.Namespace, rep: Any, what: str) -> None:
     """``--moe-routing`` on a model that ran no mixture-of-experts layer: refused (it would be said nowhere)."""
-    from labkit.core.errors import LabkitError
-
     routing = (rep.emulation or {}).get("moe_routing") or {}
     if args.moe_routing is not None and not (routing.get("used_by") or routing.get("not_needed_by")):
         raise LabkitError(f"--moe-routing does not apply to {what}: it ran no mixture-of-experts layer (a dense model)")
@@ -207,9 +209,6 @@ def _check_routing(args: argparse.Namespace, rep: Any, what: str) -> None:
 
 def _check_batch(args: argparse.Namespace) -> None:
     """The batch is a host tensor (in fake mode too): its bytes are bounded by :data:`MAX_BATCH_BYTES`."""
-    from labkit.core.errors import LabkitError
-    from labkit.core.units import fmt_bytes
-
     mb = args.micro_batch or 4
     if args.image_size is not None or args.task == "image-classification":
         side = args.image_size or 224
@@ -241,8 +240,7 @@ def _gpt_sizes(args: argparse.Namespace) -> tuple[dict[str, int], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.core.errors import LabkitError
-
+    filled(args, "precision", "optimizer", "device", "process")    # the spec's defaults (a script's check reads them)
     if args.script is not None:
         from labkit.memory.script.cli import run_script_cli
 
@@ -302,8 +300,6 @@ def _kv_cache_grows(args: argparse.Namespace) -> bool:
 
 def _runs_without_cache(args: argparse.Namespace) -> bool:
     """Whether the refused step runs in fake mode with ``use_cache=False`` (tried, where the cache may be the cause)."""
-    from labkit.core.errors import LabkitError
-
     if not _kv_cache_grows(args):
         return False
     try:
@@ -336,8 +332,6 @@ def suggested_command(args: argparse.Namespace, without_cache: bool = False) -> 
 
 def _refusal_with_command(args: argparse.Namespace, exc: Exception, without_cache: bool) -> str:
     """Fake mode's refusal with one command that runs (a test executes it)."""
-    import shlex
-
     from labkit.memory.trace.step import FakeModeUnsupported
 
     cmd = shlex.join(suggested_command(args, without_cache))
@@ -356,8 +350,6 @@ def _refusal_with_command(args: argparse.Namespace, exc: Exception, without_cach
 
 
 def _optimizer(args: argparse.Namespace):
-    from labkit.core.vocab import OptimizerSpec
-
     return OptimizerSpec.parse(args.optimizer, args.optimizer_impl)
 
 
@@ -366,7 +358,6 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
     if not args.allocator_state:
         return None
     from labkit.allocator import read_snapshot
-    from labkit.core.errors import LabkitError
 
     segments = read_snapshot(args.allocator_state).segments
     mine = [s for s in segments if s.get("device", 0) == 0]
@@ -395,7 +386,6 @@ def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
-    from labkit.core.errors import LabkitError
     from labkit.memory.trace.step import measure_step
     from labkit.workloads import GPT, GPTConfig, gpt_batch, gpt_call, gpt_loss
 
@@ -435,8 +425,6 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _kv_cache_note() -> str:
     """Why a checkpointed causal LM keeps its KV cache, with the recorded H200 pairs' savings."""
-    from labkit.memory.trace.corpus_check import cache_pairs
-
     saved = sorted(100 * (on.peak_allocated - off.peak_allocated) / on.peak_allocated for on, off in cache_pairs())
     recorded = (f" (recorded on the H200: {saved[0]:.0f}-{saved[-1]:.0f}% lower peaks in {len(saved)} models, "
                 "notebook 04)") if saved else ""
@@ -464,8 +452,6 @@ def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:
-    from labkit.core.units import fmt_bytes
-
     where = {"fake-cuda": "predicted for an H200 (fake tensors, no GPU used)", "cuda": "measured on this GPU",
              "cpu": "measured on this CPU"}.get(args.device, args.device)
     print(f"{what}: peak {fmt_bytes(rep.peak_bytes)} ({rep.peak_bytes} bytes) in phase {rep.peak_phase}, {where}; "

@@ -3,18 +3,18 @@ recorded plain loops on the H200.
 
 * :func:`support` runs every corpus case at CI size (``labkit.workloads.corpus.tiny``) in fake
   mode and says, per case, ``predicted`` or ``refused`` (with fake mode's one-line reason) or
-  ``unavailable`` (a package the case needs is not installed). :func:`support_section` is the
-  table for notebook 04 and the README.
+  ``unavailable`` (a package the case needs is not installed); :func:`support_markdown` is the README's
+  table (notebook 04's sections are built in :mod:`labkit.lessons.recompute_precision`).
 * :func:`load_plain` reads the recorded ground truth, written by ``benchmarks/gpu/record_plain.py``
   (untraced loops, ``torch.cuda.max_memory_allocated`` of steps 2-4), in two recordings of the same
   corpus: ``fresh`` (``plain__fresh.json``: every case in its own new process, as a user runs one
   training script) and ``in-process`` (``plain__corpus.json``: the cases one after another in one
   process, each starting from the segments the earlier ones left, ``base_segments``; it also lists the
   kernels that ran). :func:`validate` predicts each recorded case in fake mode and compares peak and
-  reserved bytes; :func:`validation_section` shows reference and held-out cases separately against the
-  targets (peak within :data:`PEAK_TOLERANCE_PCT`, reserved within :data:`RESERVED_TOLERANCE_PCT`).
-  :func:`process_section` sets the two recordings side by side: the peaks agree, reserved memory
-  depends on the process's history.
+  reserved bytes against the targets (peak within :data:`PEAK_TOLERANCE_PCT`, reserved within
+  :data:`RESERVED_TOLERANCE_PCT`), reference and held-out cases apart (:func:`summary`, :func:`validation_rows`);
+  :func:`process_pairs` sets the two recordings side by side: the peaks agree, reserved memory depends on
+  the process's history.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
 from labkit.core.units import GiB
+
+# torch, transformers and the tracer are imported where a case runs: `labkit measure` imports this module for its
+# KV-cache note, and `labkit --help` should not pay seconds of torch import for it.
+
 
 PEAK_TOLERANCE_PCT = 3.0          # issue 11: every recorded case within 3% (held-out included)
 RESERVED_TOLERANCE_PCT = 5.0
@@ -120,29 +125,6 @@ def support(cases: list[Any] | None = None) -> list[Support]:
     return [check_case(c) for c in (cases if cases is not None else compat_cases())]
 
 
-def support_section(results: list[Support] | None = None) -> Any:
-    """The table of what fake mode supports (case, status, reason), for notebook 04."""
-    from labkit.viz.section import Section
-    from labkit.workloads.corpus import compat_cases
-
-    results = results if results is not None else support()
-    by_name = {c.name: c for c in compat_cases()}
-    sec = Section("What fake mode can predict: the model corpus", source="model: fake mode computed here (CI sizes)")
-    n_ok = sum(r.status == "predicted" for r in results)
-    sec.claim("Corpus cases fake mode predicts (the others are refused with the op and module named)",
-              n_ok, f"of {len(results)}", name="fake_corpus_predicted", direction="higher")
-    rows = []
-    for r in results:
-        c = by_name.get(r.case)
-        rows.append([r.case.removesuffix("@tiny"), c.describe() if c else "", r.status, _short(r.reason)])
-    sec.table(["case", "what", "status", "reason"], rows,
-              caption="Each case of labkit.workloads.corpus at CI size (2 layers, hidden 64) in fake mode.",
-              failed=[r.status != "predicted" for r in results])
-    if any(r.status == "unavailable" for r in results):
-        sec.note("unavailable: a package the case needs (torchvision, peft) is not installed here.")
-    return sec
-
-
 def support_markdown(results: list[Support] | None = None) -> str:
     """The support table for the README: one row per model or policy, one column per precision
     ("yes", or the op/module fake mode refuses), then the refusals' reasons.
@@ -160,7 +142,7 @@ def support_markdown(results: list[Support] | None = None) -> str:
         group = base[: len(base) - len(prec) - 1] if prec else base
         cell = "yes" if r.status == "predicted" else r.status
         if r.status != "predicted":
-            why = _short(r.reason).removeprefix("fake mode cannot run ")
+            why = short_reason(r.reason).removeprefix("fake mode cannot run ")
             reasons.setdefault(why, []).append(base)
             cell = f"{r.status} ({list(reasons).index(why) + 1})"
         rows.setdefault(group, {})[prec or "as named"] = cell
@@ -173,7 +155,7 @@ def support_markdown(results: list[Support] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _short(reason: str) -> str:
+def short_reason(reason: str) -> str:
     """The refusal without its fixed advice (the table says it once)."""
     return reason.split("; run the step on a device instead", 1)[0]
 
@@ -252,7 +234,6 @@ def plain_path(process: str = "in-process") -> Path:
 def load_plain(path: str | Path | None = None, *, process: str = "in-process") -> list[PlainRecord]:
     """The recorded corpus cases that ran (rows with an error or skipped are left out), from ``path`` or
     the recording of ``process`` (``fresh``: one new process per case; ``in-process``: one after another)."""
-    from labkit.core.provenance import load_measurement
     from labkit.workloads.corpus import Case
 
     path = Path(path) if path is not None else plain_path(process)
@@ -301,7 +282,7 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
                 notes.clear()
                 v.reserved_range = run(reserved_placements=PLACEMENT_ORDERS).reserved_range
         except FakeModeUnsupported as exc:
-            v.status, v.reason = "refused", _short(str(exc))
+            v.status, v.reason = "refused", short_reason(str(exc))
         v.seconds = time.perf_counter() - t
         v.note = "; ".join(n for n in notes if n)
         out.append(v)
@@ -526,7 +507,7 @@ def summary(vals: list[Validation]) -> dict[str, Any]:
     return out
 
 
-def _validation_order(vals: list[Validation]) -> list[Validation]:
+def validation_order(vals: list[Validation]) -> list[Validation]:
     return sorted(vals, key=lambda v: (v.split != "reference", v.name))
 
 
@@ -535,7 +516,7 @@ def validation_rows(vals: list[Validation]) -> list[list[Any]]:
         return "-" if x is None else f"{x:+.1f}%"
 
     rows = []
-    for v in _validation_order(vals):
+    for v in validation_order(vals):
         rows.append([v.split, v.name, f"{v.recorded_peak / GiB:.2f}",
                      "-" if v.predicted_peak is None else f"{v.predicted_peak / GiB:.2f}", pct(v.peak_error_pct),
                      "-" if not v.recorded_reserved else f"{v.recorded_reserved / GiB:.2f}",
@@ -562,38 +543,6 @@ VALIDATION_HEADERS = ["split", "case", "recorded peak GiB", "fake peak GiB", "er
 
 PROCESS_WORDS = {"fresh": "each case in its own new process",
                  "in-process": "the cases one after another in one process"}
-
-
-def validation_section(vals: list[Validation] | None = None, *, process: str = "fresh") -> Any:
-    """Fake-mode peaks vs the recorded untraced H200 peaks of the ``process`` recording, reference and
-    held-out cases separately."""
-    from labkit.memory.trace.recorded import recorded_label
-    from labkit.viz.section import Section
-
-    records = load_plain(process=process)
-    vals = vals if vals is not None else validate(records)
-    label = recorded_label(records[0].provenance) if records else "not recorded"
-    sec = Section(f"Fake mode against plain training loops on the H200 ({PROCESS_WORDS[process]})", source=label)
-    s = summary(vals)
-    tag = "" if process == "fresh" else "_in_process"
-    for split in ("reference", "held-out"):
-        d = s[split]
-        sec.claim(f"{split} cases within {PEAK_TOLERANCE_PCT:g}% (peak) and {RESERVED_TOLERANCE_PCT:g}% (reserved)",
-                  d["within_targets"], f"of {d['cases']}", source=f"model: fake mode computed here vs {label}",
-                  name=f"fake_plain{tag}_{split.replace('-', '_')}_within", direction="higher")
-        if d["median_abs_peak_error_pct"] is not None:
-            sec.claim(f"{split}: median |peak error|", round(d["median_abs_peak_error_pct"], 2), "%",
-                      source=f"model: fake mode computed here vs {label}")
-        misses = d["cases"] - d["within_targets"]
-        if d["within_placement_range"]:
-            sec.claim(f"{split} misses whose recorded reserved bytes lie within {PLACEMENT_ORDERS} segment-address "
-                      "orders' range (a warm process: its history placed the segments)", d["within_placement_range"],
-                      f"of {misses}", source=f"model: fake mode computed here vs {label}")
-    sec.table(VALIDATION_HEADERS, validation_rows(vals), failed=[not v.within_targets for v in _validation_order(vals)],
-              caption="Recorded: torch.cuda.max_memory_allocated / max_memory_reserved of steps 2-4 of a plain "
-                      f"loop without labkit (benchmarks/gpu/record_plain.py), {PROCESS_WORDS[process]}. Held-out "
-                      "cases (a hash of the name) take no part in tuning fake mode.")
-    return sec
 
 
 @dataclass
@@ -631,36 +580,7 @@ def process_pairs() -> list[ProcessPair]:
     return out
 
 
-def process_section(pairs: list[ProcessPair] | None = None, *, rows: int = 8) -> Any:
-    """Recorded, no model: the same loops in a fresh process and after other loops in one process. The
-    allocated peak is the program's; the reserved peak also depends on which segments the process already
-    holds and where the driver placed them (the caching allocator's best fit breaks ties by address)."""
-    from labkit.viz.section import Section
-
-    pairs = pairs if pairs is not None else process_pairs()
-    if not pairs:
-        raise LabkitError("process_section: no corpus case is recorded both in a fresh process and in-process")
-    label = pairs[0].source
-    sec = Section("One loop, two processes: the allocated peak is the program's, reserved is the process's",
-                  source=label)
-    peak = max((p.peak_change_pct for p in pairs), key=abs)
-    sec.claim("largest allocated-peak difference, in-process vs fresh", round(peak, 2), "%",
-              source=f"{label}, {len(pairs)} cases")
-    moved = [p for p in pairs if abs(p.reserved_change_pct) > RESERVED_TOLERANCE_PCT]
-    sec.claim(f"cases whose reserved peak differs by more than {RESERVED_TOLERANCE_PCT:g}%", len(moved),
-              f"of {len(pairs)}", source=label)
-    top = sorted(pairs, key=lambda p: -abs(p.reserved_change_pct))[:rows]
-    sec.table(["case", "split", "fresh peak GiB", "in-process peak GiB", "fresh reserved GiB", "in-process reserved GiB",
-               "reserved change"],
-              [[p.name, p.split, f"{p.fresh_peak / GiB:.2f}", f"{p.in_process_peak / GiB:.2f}",
-                f"{p.fresh_reserved / GiB:.2f}", f"{p.in_process_reserved / GiB:.2f}",
-                f"{p.reserved_change_pct:+.1f}%"] for p in top],
-              caption=f"The {len(top)} cases whose reserved peak moved most (benchmarks/gpu/record_plain.py with "
-                      "--fresh and without).")
-    return sec
-
-
 __all__ = ["PEAK_TOLERANCE_PCT", "PROCESS_WORDS", "RECORDINGS", "RESERVED_TOLERANCE_PCT", "PlainRecord", "ProcessPair",
-           "Support", "Validation", "cache_free_command", "cache_pairs", "check_case", "load_plain", "process_pairs", "process_section",
-           "recorded_attention", "recorded_cache_dtype", "recorded_process", "recorded_rotary", "summary", "support", "support_markdown",
-           "support_section", "validate", "validation_section"]
+           "Support", "Validation", "cache_free_command", "cache_pairs", "check_case", "load_plain", "process_pairs",
+           "recorded_attention", "recorded_cache_dtype", "recorded_process", "recorded_rotary", "short_reason", "summary",
+           "support", "support_markdown", "validate", "validation_order", "validation_rows"]

@@ -12,7 +12,7 @@ M = ModelSpec(layers=24, hidden=2048, heads=16, vocab=50304, seq=2048, name="m")
 
 
 def acts(par=ParallelSpec(), **kw):
-    e = estimate(M, par, TrainSpec(**{"micro_batch": 2, **kw}))
+    e = estimate(M, par, TrainSpec(**{"micro_batch": 2, "precision": "bf16-mixed", **kw}))
     return e.by_stage[0].phase_breakdown["backward"]
 
 
@@ -39,9 +39,11 @@ def test_dropout_adds_masks():
 
 
 def test_optimizers():
-    assert precision_bytes(TrainSpec(optimizer="adamw")).optimizer == 12
-    assert precision_bytes(TrainSpec(optimizer="sgd")).optimizer == 8
-    assert precision_bytes(TrainSpec(optimizer="adam8bit")).optimizer == pytest.approx(4 + 2 + 8 / 256)
+    mixed = {"precision": "bf16-mixed"}   # an fp32 master copy (4 B/param) beside the states
+    assert precision_bytes(TrainSpec(optimizer="adamw", **mixed)).optimizer == 12
+    assert precision_bytes(TrainSpec(optimizer="sgd", **mixed)).optimizer == 8
+    assert precision_bytes(TrainSpec(optimizer="adam8bit", **mixed)).optimizer == pytest.approx(4 + 2 + 8 / 256)
+    assert precision_bytes(TrainSpec(optimizer="adamw")).optimizer == 8     # fp32: the weights are the master copy
     e_adam = estimate(M, ParallelSpec(), TrainSpec(optimizer="adamw"))
     e_8bit = estimate(M, ParallelSpec(), TrainSpec(optimizer="adam8bit"))
     assert e_8bit.model_states["optimizer_state"] < e_adam.model_states["optimizer_state"] * 0.6
@@ -49,8 +51,8 @@ def test_optimizers():
 
 
 def test_fp32_grad_accumulation_adds_two_bytes_per_param():
-    a = estimate(M, ParallelSpec(), TrainSpec()).model_states
-    b = estimate(M, ParallelSpec(), TrainSpec(fp32_grad_accum=True)).model_states
+    a = estimate(M, ParallelSpec(), TrainSpec(precision="bf16-mixed")).model_states
+    b = estimate(M, ParallelSpec(), TrainSpec(precision="bf16-mixed", fp32_grad_accum=True)).model_states
     assert b["gradients"] == 2 * a["gradients"]
 
 

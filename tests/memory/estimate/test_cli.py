@@ -32,7 +32,8 @@ def test_json_document(capsys):
     assert doc["micro_batches"] == 32 // (4 * 2)
     # the CLI prints what the API computes
     e = estimate(ModelSpec(layers=12, hidden=768, heads=12, seq=1024, vocab=50257),
-                 ParallelSpec(tp=2, pp=2, dp=2, sp=True), TrainSpec(micro_batch=4, global_batch=32, recompute="selective"))
+                 ParallelSpec(tp=2, pp=2, dp=2, sp=True),
+                 TrainSpec(micro_batch=4, global_batch=32, recompute="selective", precision="bf16-mixed"))
     assert doc["per_gpu_bytes"] == e.per_gpu_bytes
 
 
@@ -130,7 +131,7 @@ PLAN = ["--plan", "--model", "gpt2", "--global-batch", "8"]
     (["--model", "gpt2", "--recompute", "selective", "--recompute-every", "4"], "needs --recompute full"),
     (["--model", "gpt2", "--recompute", "every-2", "--recompute-every", "4"], "contradicts --recompute-every 4"),
     (["--model", "gpt2", "--recompute", "every-0"], "argument --recompute: recompute 'every-0' is not one of"),
-    (["--model", "gpt2", "--micro-batch", "0"], "argument --micro-batch: must be an integer >= 1"),
+    (["--model", "gpt2", "--micro-batch", "0"], "argument --micro-batch: must be an integer from 1 to 65536"),
     (["--model", "gpt2", "--dropout", "1.5"], "argument --dropout: must be >= 0 and < 1"),
     (["--params", "1e400", "--model-states-only"], "argument --params: must be a finite number"),
     (["--model", "gpt2", "--layers", "-3"], "argument --layers: must be an integer >= 1"),

@@ -4,7 +4,8 @@ line naming the op and/or module fake mode cannot run and what to use instead. N
 import pytest
 
 from labkit.core.paths import REPO_ROOT
-from labkit.memory.trace.corpus_check import support, support_markdown, support_section
+from labkit.lessons.recompute_precision import support_section
+from labkit.memory.trace.corpus_check import support, support_markdown
 from labkit.workloads.corpus import compat_cases
 
 

@@ -16,7 +16,8 @@ from labkit.core.errors import LabkitError
 from labkit.core.vocab import MoeRouting, OptimizerSpec
 from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.moe import expert_rows, rows_text
-from labkit.memory.trace.moe_section import ROUTINGS, SMOKE, routing_section, routing_sweep, spread
+from labkit.lessons.recompute_precision import routing_section
+from labkit.memory.trace.moe_sweep import ROUTINGS, SMOKE, routing_sweep, spread
 from labkit.memory.trace.step import measure_step
 from labkit.workloads.hf import hf_lm_batch
 

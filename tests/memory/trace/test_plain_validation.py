@@ -97,7 +97,8 @@ def test_the_profiled_step_and_other_processes_do_not_move_a_processs_figures():
 
 
 def test_the_two_recordings_agree_on_peaks_and_the_process_moves_reserved():
-    from labkit.memory.trace.corpus_check import process_pairs, process_section
+    from labkit.lessons.recompute_precision import process_section
+    from labkit.memory.trace.corpus_check import process_pairs
 
     pairs = process_pairs()
     assert len(pairs) == len(RECORDS)
