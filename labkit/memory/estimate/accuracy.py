@@ -139,6 +139,16 @@ _LLAMA7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                 num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, use_cache=False)
 
 
+def _script_int(args: list[str], name: str, default: int) -> int:
+    """The value of a bundled script's integer option ``name`` in ``args`` (``--name N`` or ``--name=N``)."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return int(args[i + 1])
+        if a.startswith(name + "="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
 def rank_case_inputs(script: str, args: list[str], world: int):
     """(ModelSpec, ParallelSpec, TrainSpec) of one rank of a bundled torchrun script (data/scripts/ranks/), as
     the script builds its model, batch and layout; LabkitError for a script the estimator does not model."""
@@ -151,10 +161,10 @@ def rank_case_inputs(script: str, args: list[str], world: int):
     ap = argparse.ArgumentParser(add_help=False)  # the scripts' own options
     ap.add_argument("--mp", action="store_true")
     ap.add_argument("--ckpt", action="store_true")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--1f1b", dest="one_f_one_b", action="store_true")
-    o = ap.parse_args(args)
+    o, sizes = ap.parse_known_args(args)
+    o.micro_batch = _script_int(sizes, "--micro-batch", 4)   # the script's own sizes, not labkit's flags
+    o.seq = _script_int(sizes, "--seq", 2048)
     if name == "fsdp2_llama.py":
         model = spec_from_hf_config(LlamaConfig(**_LLAMA).to_dict(), seq=o.seq, name="llama-1b-like")
         train = TrainSpec(micro_batch=o.micro_batch, seq=o.seq, precision="bf16-mixed" if o.mp else "fp32",
