@@ -11,6 +11,9 @@ import labkit
 HOMES = {  # the name's defining module: the top-level name must be that very object
     "measure_step": "labkit.memory.trace.step",
     "MeasureReport": "labkit.memory.trace.step",
+    "StepPolicy": "labkit.workloads.harness",
+    "FakeCuda": "labkit.memory.trace.backends",
+    "Probes": "labkit.memory.trace.step",
     "trace_script": "labkit.memory.script.run",
     "fake_gpu": "labkit.memory.script.runtime",
     "CudaTarget": "labkit.memory.trace.fake_cuda",

@@ -107,12 +107,13 @@ def step_phases_recorded(workload: str = "gpt2-124m") -> Section:
 def step_phases_here(machine: Machine, *, smoke: bool = False, workload: str = "gpt2-124m") -> Section:
     """The same kind of step measured here: tiny on a CPU in smoke mode, the workload itself on a GPU."""
     from labkit.memory import measure_step
+    from labkit.workloads import StepPolicy
     from labkit.viz.display import busy
     from labkit.workloads import GPT, get_workload, gpt_batch
 
     wl = get_workload("tiny" if smoke else ("gpt-small-ref" if machine.live == "cpu" else workload))
     with busy(f"{wl.name} fp32 on {machine.live}: two steps"):
-        rep = measure_step(lambda: GPT(wl.config), gpt_batch(wl.config, wl.batch_size), precision="fp32",
+        rep = measure_step(lambda: GPT(wl.config), gpt_batch(wl.config, wl.batch_size), StepPolicy(precision="fp32"),
                            device=machine.live, **_gpt_kw())
     sec = Section(f"{wl.name} fp32 on {machine.live}, steps 1 and 2", source="measured here")
     sec.claim(f"Peak, in phase '{rep.peak_phase}'", rep.peak_bytes, "bytes")
