@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from labkit.memory.trace.step import measure_step
 
+    from labkit.workloads import StepPolicy
+
     target = TARGET_S
     if args.model == "llama-7b":
         return bench_llama_7b(args)
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     times = []
     for i in range(args.repeats):
         t = time.perf_counter()
-        rep = measure_step(factory, batch, precision=args.precision, recompute=args.recompute,
+        rep = measure_step(factory, batch, StepPolicy(precision=args.precision, recompute=args.recompute),
                            device="fake-cuda", steps=2, **kw)
         times.append(time.perf_counter() - t)
         print(f"run {i + 1}: {times[-1]:.2f} s, predicted peak {rep.peak_bytes / 2**30:.2f} GiB (2^30 B) "

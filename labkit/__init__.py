@@ -26,6 +26,9 @@ _LAZY_NAMES = {
     "trace_script": "labkit.memory",
     "fake_gpu": "labkit.memory",
     "MeasureReport": "labkit.memory",
+    "StepPolicy": "labkit.memory",
+    "FakeCuda": "labkit.memory",
+    "Probes": "labkit.memory",
     "CudaTarget": "labkit.memory",
     # the analytical per-GPU model and the layout planner (labkit.memory.estimate)
     "estimate": "labkit.memory.estimate",

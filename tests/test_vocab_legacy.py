@@ -102,8 +102,8 @@ def test_steppolicy_and_measure_step_checkpointing():
         assert apply_checkpointing(model, "none") is apply_recompute(model, "none")
     batch = torch.randn(4, 8)
     with pytest.warns(DeprecationWarning, match="checkpointing"):
-        rep = measure_step(lambda: torch.nn.Linear(8, 8), batch, loss_fn=lambda out, b: out.square().mean(),
-                           call=lambda m, b: m(b), checkpointing="none", device="cpu", steps=1)
+        rep = measure_step(lambda: torch.nn.Linear(8, 8), batch, StepPolicy(checkpointing="none"),
+                           loss_fn=lambda out, b: out.square().mean(), call=lambda m, b: m(b), device="cpu", steps=1)
     assert rep.policy == {"precision": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "recompute": "none",
                           "loop": "plain"}
 

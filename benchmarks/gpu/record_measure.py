@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from labkit.core.provenance import header, write_measurement
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import Probes, measure_step
 from labkit.workloads import GPT, get_workload
 from labkit.workloads.gpt import GPTConfig
 from labkit.core.vocab import OptimizerSpec
@@ -90,8 +90,9 @@ def run_case(case: dict, device: str, out: Path, op_log: bool = False) -> dict |
     factory, batch, kw = case_inputs(case)
     t = time.perf_counter()
     try:
-        rep = measure_step(factory, batch, precision=case["precision"], recompute=case["recompute"],
-                           optimizer=case_optimizer(case), device=device, steps=2, op_log=op_log, **kw)
+        rep = measure_step(factory, batch,
+                           StepPolicy(precision=case["precision"], optimizer=case_optimizer(case), recompute=case["recompute"]),
+                           device=device, steps=2, probes=Probes(op_log=op_log), **kw)
     except torch.cuda.OutOfMemoryError as exc:  # type: ignore[attr-defined]
         log(f"  {case['name']}: out of memory ({str(exc).splitlines()[0]}), skipped")
         cleanup(cuda)
@@ -157,8 +158,9 @@ def tracer_overhead(case: dict, device: str, n: int = 6) -> dict:
     plain = time_steps(case, device, n)
     factory, batch, kw = case_inputs(case)
     cleanup(device == "cuda")
-    rep = measure_step(factory, batch, precision=case["precision"], recompute=case["recompute"],
-                       optimizer=case_optimizer(case), device=device, steps=n + 2, timing=True, **kw)
+    rep = measure_step(factory, batch,
+                       StepPolicy(precision=case["precision"], optimizer=case_optimizer(case), recompute=case["recompute"]),
+                       device=device, steps=n + 2, probes=Probes(timing=True), **kw)
     traced = rep.step_time_s
     cleanup(device == "cuda")
     return {"case": case, "plain_median_s": plain["median_s"], "traced_median_s": traced,

@@ -292,8 +292,8 @@ def clue_experiment(device: str, smoke: bool) -> dict[str, Any]:
         label = f"measure_step(device={device!r}, steps={steps}) (the tracer attached)"
         cleanup(cuda)
         try:
-            rep = measure_step(hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, b, s), precision="amp-bf16",
-                               optimizer="adamw", device=device, steps=steps)
+            rep = measure_step(hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, b, s),
+                               StepPolicy(precision="amp-bf16", optimizer="adamw"), device=device, steps=steps)
             r = {"peak_allocated": rep.cuda["steady_peak_allocated"] if rep.cuda else None,
                  "peak_reserved": rep.reserved_bytes, "tracker_peak": rep.storage_peak_bytes,
                  "phase_peaks_allocated": rep.cuda["steady_phase_peaks"] if rep.cuda else None,

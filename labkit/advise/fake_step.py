@@ -36,7 +36,8 @@ MAX_BATCH_BYTES = 1 << 30
 
 def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
     """The fake-mode report of one unsharded step, with ``.roofline``: that step priced op by op."""
-    from labkit.memory.trace.step import measure_step
+    from labkit.memory.trace.step import FakeCuda, Probes, measure_step
+    from labkit.workloads import StepPolicy
     from labkit.workloads.user_model import load_factory
     from labkit.workloads.hf import hf_lm_batch
 
@@ -58,7 +59,9 @@ def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tup
                           f"{fmt_bytes(MAX_BATCH_BYTES)}; give a smaller --micro-batch (or --trace off)")
     batch = hf_lm_batch(vocab, micro_batch, job.seq)
     with Roofline() as roofline:
-        rep = measure_step(build, batch, precision=precision, optimizer=job.optimizer, recompute=recompute,
-                           device="fake-cuda", steps=2, alloc_confs=alloc_confs, observers=(roofline,))
+        rep = measure_step(build, batch,
+                           StepPolicy(precision=precision, optimizer=job.optimizer, recompute=recompute),
+                           device="fake-cuda", steps=2, fake=FakeCuda(alloc_confs=alloc_confs),
+                           probes=Probes(observers=(roofline,)))
     rep.roofline = roofline.describe()
     return rep

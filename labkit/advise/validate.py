@@ -76,11 +76,12 @@ def predict_step_time(case, table=None, recorded: dict | None = None) -> dict:
     (its attention implementation, rotary embedding, KV-cache dtype: ``corpus_check.predict_as_recorded``)."""
     from labkit.advise.roofline import Roofline
     from labkit.memory.trace.corpus_check import predict_as_recorded
+    from labkit.memory.trace.step import Probes
 
     row = recorded or {}
     with Roofline(table=table) as rf:
         predict_as_recorded(case, (row.get("provenance") or {}).get("transformers"), row.get("attn_implementation"),
-                            observers=(rf,))
+                            probes=Probes(observers=(rf,)))
     return rf.describe()
 
 

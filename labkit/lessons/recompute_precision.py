@@ -26,7 +26,7 @@ from labkit.memory.trace.sweeps import fit_segments, recorded_sweep, run_sweep, 
 from labkit.viz import measure as vm
 from labkit.viz.display import busy, progress
 from labkit.viz.section import Section, ShowsSection
-from labkit.workloads import GPT, GPTConfig, get_workload, gpt_batch, gpt_call, gpt_loss
+from labkit.workloads import GPT, GPTConfig, StepPolicy, get_workload, gpt_batch, gpt_call, gpt_loss
 from labkit.workloads.corpus import compat_cases, layer_count
 
 GIB = 2**30
@@ -108,7 +108,7 @@ def step_phases_here(machine: Machine, *, smoke: bool = False, workload: str = "
     """The same kind of step measured here: tiny on a CPU in smoke mode, the workload itself on a GPU."""
     wl = get_workload("tiny" if smoke else ("gpt-small-ref" if machine.live == "cpu" else workload))
     with busy(f"{wl.name} fp32 on {machine.live}: two steps"):
-        rep = measure_step(lambda: GPT(wl.config), gpt_batch(wl.config, wl.batch_size), precision="fp32",
+        rep = measure_step(lambda: GPT(wl.config), gpt_batch(wl.config, wl.batch_size), StepPolicy(precision="fp32"),
                            device=machine.live, **_gpt_kw())
     sec = Section(f"{wl.name} fp32 on {machine.live}, steps 1 and 2", source="measured here")
     sec.claim(f"Peak, in phase '{rep.peak_phase}'", rep.peak_bytes, "bytes")
@@ -587,6 +587,6 @@ def routing_section(points: list[moe_sweep.RoutingPoint] | None = None, *, smoke
              "runs the experts' backward in reverse loop order, so the expert last in the loop adds its "
              "transients on top of everything the layer saved: its share moves the peak most, the same share "
              "on the first expert much less.")
-    sec.note("Give your own distribution with labkit measure --moe-routing SHARES (measure_step(moe_routing=...)); "
+    sec.note("Give your own distribution with labkit measure --moe-routing SHARES (measure_step(fake=FakeCuda(moe_routing=...))); "
              "the report names the routing it assumed and the modules that used it.")
     return sec

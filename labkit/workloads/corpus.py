@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import OptimizerSpec
+from labkit.workloads.harness import StepPolicy
 
 Family = Literal["transformers", "torchvision", "handmade"]
 Task = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "segmentation", "video-classification",
@@ -404,13 +406,11 @@ def plain_step(case: Case, model: nn.Module, opt: torch.optim.Optimizer, batch: 
 
 
 def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2,
-            prepare: Callable[[nn.Module], Any] | None = None, **kw: Any) -> Any:
+            prepare: Callable[[nn.Module], Any] | None = None, fake: Any = None, probes: Any = None) -> Any:
     """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak.
     ``prepare(model)``, if given, runs on the built model before the step (e.g. the attention
-    implementation a recording names)."""
+    implementation a recording names); ``fake`` and ``probes`` as ``measure_step`` takes them."""
     from labkit.memory.trace.step import measure_step
-
-    from labkit.core.vocab import OptimizerSpec
 
     def build() -> nn.Module:
         model = build_model(case)
@@ -419,9 +419,10 @@ def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2,
         return model
 
     recompute = case.recompute if case.checkpoint_impl == "torch" else "none"   # HF's own is in the model
-    return measure_step(build, make_batch(case), precision=case.step_precision,
-                        optimizer=OptimizerSpec(case.optimizer, case.optimizer_impl), device=device, steps=steps,
-                        loop=case.loop, recompute=recompute, **step_hooks(case), **kw)
+    policy = StepPolicy(precision=case.step_precision, optimizer=OptimizerSpec(case.optimizer, case.optimizer_impl),
+                        recompute=recompute, loop=case.loop)
+    return measure_step(build, make_batch(case), policy, device=device, steps=steps, fake=fake, probes=probes,
+                        **step_hooks(case))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,15 +46,22 @@ LOOPS = ("plain", "keep-output")
 
 @dataclass(frozen=True)
 class StepPolicy:
-    """How one training step runs. ``optimizer`` takes an :class:`OptimizerSpec` or a name (the
-    implementation then is PyTorch's default, ``foreach``); ``recompute`` a :class:`Recompute` or its
-    spelling. ``checkpointing`` is the old name of ``recompute`` (deprecated)."""
+    """How one training step runs."""
 
     precision: str = "fp32"
+    """Numeric precision (:data:`labkit.core.vocab.TRACEABLE_PRECISIONS`: fp32, amp-bf16, amp-fp16, bf16)."""
     optimizer: OptimizerSpec = OptimizerSpec()
+    """An :class:`OptimizerSpec` or a name (the implementation then is PyTorch's default, ``foreach``)."""
     recompute: Recompute = Recompute()
+    """Activation checkpointing: a :class:`Recompute` or its spelling (``none|selective|full|every-K``)."""
     lr: float = 1e-4
-    checkpointing: str | None = None     # deprecated alias of recompute
+    """The optimizer's learning rate."""
+    checkpointing: str | None = None
+    """The old name of ``recompute`` (deprecated)."""
+    loop: str = "plain"
+    """How the user's loop holds the model's output: ``plain`` (``loss = model(**batch).loss``: the output
+    object, logits included, is freed before backward) or ``keep-output`` (it stays alive through backward and
+    the optimizer step), the two loops users write (:data:`LOOPS`)."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -78,6 +85,8 @@ class StepPolicy:
             rc = old
             set_(self, "checkpointing", None)
         set_(self, "recompute", rc)
+        if self.loop not in LOOPS:
+            raise LabkitError(f"loop {self.loop!r} is not one of {', '.join(LOOPS)}")
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -351,10 +360,8 @@ class TrainStep:
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  autocast: Callable[[], ContextManager] | None = None,
                  fused: bool | None = None, grad_scaler: Any = None,
-                 call: Callable[[nn.Module, Any], Any] | None = None, loop: str = "plain") -> None:
-        if loop not in LOOPS:
-            raise LabkitError(f"loop {loop!r} is not one of {', '.join(LOOPS)}")
-        self.loop = loop
+                 call: Callable[[nn.Module, Any], Any] | None = None) -> None:
+        self.loop = policy.loop
         self.policy = policy
         self.call = call or call_model
         self.batch = batch

@@ -76,14 +76,15 @@ def test_one_default_for_the_cli_and_the_api():
     from labkit.memory import measure_step
     from labkit.memory.estimate import TrainSpec
     from labkit.memory.estimate.planner import plan
+    from labkit.workloads import StepPolicy
 
     assert default("precision") == "fp32" and default("optimizer") == "adamw" and default("process") == "fresh"
-    step = inspect.signature(measure_step).parameters
-    assert step["precision"].default == default("precision") == TrainSpec().precision == Job(1, 1).precision
+    step = StepPolicy()                                  # measure_step's step when none is given
+    assert step.precision == default("precision") == TrainSpec().precision == Job(1, 1).precision
     assert inspect.signature(plan).parameters["precision"].default == default("precision")
-    assert step["optimizer"].default == default("optimizer") == TrainSpec().optimizer == Job(1, 1).optimizer
-    assert Recompute.parse(step["recompute"].default) == default("recompute") == TrainSpec().recompute
-    assert step["device"].default == default("device")
+    assert step.optimizer.name == default("optimizer") == TrainSpec().optimizer == Job(1, 1).optimizer
+    assert step.recompute == default("recompute") == TrainSpec().recompute
+    assert inspect.signature(measure_step).parameters["device"].default == default("device")
     assert TrainSpec().optimizer_impl == default("optimizer_impl")
 
 

@@ -51,10 +51,10 @@ def _user_frame(tb: Any, sites: Any) -> str:
 
 def _refusal(exc: BaseException, gpu: Any, path: str) -> LabkitError:
     """One line for a script the fake GPU could not run: the op, the user's line, the module, what to do."""
-    from labkit.memory.trace.step import _locate
+    from labkit.memory.trace.refusals import locate
 
     where = _user_frame(exc.__traceback__, gpu.tracker.sites) or os.path.relpath(path)
-    op, _ = _locate(exc, {})
+    op, _ = locate(exc, {})
     module = gpu.emulator.modules.where()
     first = (str(exc).strip().splitlines() or [""])[0][:240]
     cause = f"{type(exc).__name__}: {first}"

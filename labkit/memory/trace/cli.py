@@ -379,10 +379,19 @@ def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, An
 
 
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from labkit.memory.trace.step import FakeCuda
+    from labkit.workloads import StepPolicy
+
+    return {"policy": StepPolicy(precision=args.precision, optimizer=_optimizer(args), recompute=args.recompute,
+                                 loop=args.loop),
+            "device": args.device, "steps": args.steps, "fake": _fake_options(args, FakeCuda)}
+
+
+def _fake_options(args: argparse.Namespace, fake_cuda: Any) -> Any:
+    """Fake mode's options from the flags (refused by measure_step on a real device where any is given)."""
     state = _allocator_state(args)
-    return {"optimizer": _optimizer(args), "precision": args.precision, "device": args.device, "steps": args.steps,
-            "loop": args.loop, "recompute": args.recompute, "moe_routing": args.moe_routing,
-            "allocator_state": state, "reserved_placements": args.reserved_placements, **_process(args, state)}
+    return fake_cuda(moe_routing=args.moe_routing, allocator_state=state, reserved_placements=args.reserved_placements,
+                     **_process(args, state))
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
@@ -399,6 +408,7 @@ def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
+    from labkit.memory.trace.step import FakeCuda
     from labkit.workloads.corpus import Case, predict
     from labkit.workloads.user_model import config_source
 
@@ -413,9 +423,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                                                                if task == "image-classification" else 512),
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
                 optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
-    state = _allocator_state(args)
-    rep = predict(case, device=args.device, steps=args.steps, moe_routing=args.moe_routing,
-                  allocator_state=state, reserved_placements=args.reserved_placements, **_process(args, state))
+    rep = predict(case, device=args.device, steps=args.steps, fake=_fake_options(args, FakeCuda))
     _check_routing(args, rep, f"{arch} from {args.hf_config}")
     if task == "causal-lm" and case.recompute != "none" and case.checkpoint_impl == "torch" and not args.no_kv_cache:
         rep.notes.append(_kv_cache_note())

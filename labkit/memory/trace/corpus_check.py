@@ -261,7 +261,7 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
     records = records if records is not None else load_plain()
     out = []
     for rec in records:
-        from labkit.memory.trace.step import FakeModeUnsupported
+        from labkit.memory.trace.step import FakeCuda, FakeModeUnsupported
 
         t = time.perf_counter()
         v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
@@ -269,9 +269,8 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
         version = rec.provenance.get("transformers")
 
         def run(**kw: Any) -> Any:
-            rep, changed = predict_as_recorded(rec.case, version, rec.attn_implementation,
-                                               allocator_state=rec.base_segments, **recorded_process(rec.base_segments),
-                                               **kw)
+            fake = FakeCuda(allocator_state=rec.base_segments, **recorded_process(rec.base_segments), **kw)
+            rep, changed = predict_as_recorded(rec.case, version, rec.attn_implementation, fake=fake)
             notes.extend(changed)
             return rep
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.moe import expert_rows
+from labkit.memory.trace.step import FakeCuda
 from labkit.workloads.corpus import Case, predict
 
 
@@ -62,7 +63,7 @@ def routing_sweep(*, implementations: tuple[str, ...] = IMPLEMENTATIONS, routing
             routing = MoeRouting.parse(text)
             rows, _ = expert_rows(routing, case.micro_batch * case.seq, o["num_experts_per_tok"],
                                   o["num_local_experts"])
-            rep = predict(case, steps=1, moe_routing=routing)
+            rep = predict(case, steps=1, fake=FakeCuda(moe_routing=routing))
             points.append(RoutingPoint(impl, routing.text(), tuple(rows), rep.peak_bytes, rep.peak_phase,
                                        tuple(a for a in rep.emulation["assumptions"] if a.startswith("MoE routing"))))
     return points

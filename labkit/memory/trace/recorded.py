@@ -128,11 +128,13 @@ def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
 
 def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
     """Rerun a recorded case in fake mode (no GPU) and compare with its recorded peak."""
-    from labkit.memory.trace.step import measure_step
+    from labkit.memory.trace.step import FakeCuda, measure_step
+    from labkit.workloads import StepPolicy
 
     factory, batch, kw = case_inputs(case)
-    rep = measure_step(factory, batch, precision=case.precision, recompute=case.recompute, optimizer=case.optimizer,
-                       device="fake-cuda", steps=2, target=target, **kw)
+    rep = measure_step(factory, batch,
+                       StepPolicy(precision=case.precision, optimizer=case.optimizer, recompute=case.recompute),
+                       device="fake-cuda", steps=2, fake=FakeCuda(target=target), **kw)
     err = 100.0 * (rep.peak_bytes - case.peak_allocated) / case.peak_allocated
     phase_err = {}
     for p in rep.by_phase:

@@ -87,6 +87,7 @@ class StorageTracker(TorchDispatchMode):
         self.cuda_op_stats = cuda_op_stats
         self.op_log: list[OpRecord] = []
         self.op_count = 0
+        self.ended = False
         self.begin_phase("untracked")
 
     # -- phases ------------------------------------------------------------------------------
@@ -108,9 +109,14 @@ class StorageTracker(TorchDispatchMode):
             self.phase_peaks[i] = self.current
             self.phase_peak_event[i] = len(self.events)
 
+    def end_run(self) -> None:
+        """The traced run ends here: storages that die later (the model and optimizer going out of scope after
+        the last step) are not events of it, so an allocator replay of the last step never frees them."""
+        self.ended = True
+
     def _freed(self, sid: int, key: int) -> None:
         self._ids.pop(key, None)
-        if sid in self.live:
+        if sid in self.live and not self.ended:
             self.live.discard(sid)
             n = self.sizes[sid]
             self.current -= n

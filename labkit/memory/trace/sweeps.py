@@ -84,7 +84,8 @@ def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *,
     for precision, ck in policies:
         Recompute.parse(ck)                          # validates; the caller's spelling is kept
         ck = ck if isinstance(ck, str) else str(ck)
-        rep = measure_step(factory, batch, precision=precision, recompute=ck, device=device, steps=2, **kw)
+        rep = measure_step(factory, batch, StepPolicy(precision=precision, recompute=ck), device=device, steps=2,
+                           **kw)
         cats = rep.by_category
         states = cats.get("parameters", 0) + cats.get("optimizer_state", 0)
         t = None

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from labkit.memory.trace import autocast_composite
 from labkit.memory.trace.fake_cuda import CudaAutocast, _AutocastState
 from labkit.memory.trace.step import measure_step
+from labkit.workloads import StepPolicy
 from labkit.memory.trace.storage import StorageTracker
 
 
@@ -88,8 +89,8 @@ def test_bfloat16_logits_peak_one_bfloat16_logits_below_upcast_logits():
     batch = {"input_ids": ids, "labels": ids}
 
     def peak(upcast: bool) -> int:
-        rep = measure_step(lambda: _MaskedLMHead(V, H, upcast), batch, precision="amp-bf16", device="fake-cuda",
-                           call=lambda m, b: m(**b), loss_fn=lambda out, b: out, steps=1)
+        rep = measure_step(lambda: _MaskedLMHead(V, H, upcast), batch, StepPolicy(precision="amp-bf16"),
+                           device="fake-cuda", call=lambda m, b: m(**b), loss_fn=lambda out, b: out, steps=1)
         return rep.peak_bytes
 
     # the two peaks fall in different ops, whose 512-byte scalars (the loss, its gradient) differ

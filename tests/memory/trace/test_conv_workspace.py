@@ -7,7 +7,7 @@ from labkit.core.provenance import load_measurement
 from labkit.memory.trace.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.recorded import measure_dir
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, measure_step
 
 MiB = 1 << 20
 
@@ -50,7 +50,7 @@ def test_rule_holds_for_most_measured_passes():
 def test_fake_mode_takes_the_workspace_inside_the_convolution():
     def run(target=None):
         rep = measure_step(lambda: torch.nn.Conv2d(64, 64, 3, padding=1), torch.randn(8, 64, 56, 56),
-                           loss_fn=lambda o, b: o.sum(), steps=1, target=target)
+                           loss_fn=lambda o, b: o.sum(), steps=1, fake=FakeCuda(target=target))
         f = next(ph for ph in rep.by_phase if ph.phase == "forward")
         return f.peak_bytes - f.end_bytes        # what lived only inside the forward's ops
 

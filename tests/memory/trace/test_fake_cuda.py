@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from labkit.core.vocab import OptimizerSpec
 from labkit.memory.trace.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
 from labkit.memory.trace.storage import StorageTracker
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
 from labkit.workloads import GPT
 from labkit.workloads.gpt import GPTConfig
 from labkit.workloads.harness import StepPolicy, gpt_batch, gpt_call, gpt_loss
@@ -20,9 +20,11 @@ CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, seq_len=64, vocab_size=256)
 def test_fake_mode_counts_exactly_what_real_cpu_kernels_allocate(ck):
     # fused AdamW: its step counters live beside the parameters (the foreach implementation's are
     # host scalars made by torch.tensor, which the real CPU run's tracker does not see)
-    kw = dict(loss_fn=gpt_loss, call=gpt_call, recompute=ck, optimizer=OptimizerSpec("adamw", "fused"))
-    real = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), device="cpu", rounding=512, **kw)
-    fake = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), device="fake-cuda", target=CudaTarget.plain(), **kw)
+    kw = dict(loss_fn=gpt_loss, call=gpt_call)
+    policy = StepPolicy(recompute=ck, optimizer=OptimizerSpec("adamw", "fused"))
+    real = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), policy, device="cpu", probes=Probes(rounding=512), **kw)
+    fake = measure_step(lambda: GPT(CFG), gpt_batch(CFG, 2), policy, device="fake-cuda",
+                        fake=FakeCuda(target=CudaTarget.plain()), **kw)
     assert fake.phase_peaks == real.phase_peaks
     assert fake.by_category == real.by_category
     assert fake.peak_bytes == real.peak_bytes
@@ -138,8 +140,8 @@ def test_fake_prediction_of_a_large_model_uses_no_memory():
     import resource
 
     cfg = GPTConfig(n_layer=4, n_head=16, n_embd=2048, seq_len=2048, vocab_size=50304)
-    rep = measure_step(lambda: GPT(cfg), gpt_batch(cfg, 8), loss_fn=gpt_loss, call=gpt_call,
-                       precision="amp-bf16", device="fake-cuda")
+    rep = measure_step(lambda: GPT(cfg), gpt_batch(cfg, 8), StepPolicy(precision="amp-bf16"), loss_fn=gpt_loss,
+                       call=gpt_call, device="fake-cuda")
     assert rep.peak_bytes > 10 * 2**30                                  # >10 GiB predicted
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 8 * 2**20   # KiB: well under 8 GiB used
     assert rep.by_category["parameters"] >= cfg.num_params * 4
@@ -165,7 +167,8 @@ def test_plain_tensor_batch_and_custom_loss():
         def forward(self, x):
             return self.lin(x).square().mean()
 
-    rep = measure_step(Tiny, torch.randn(8, 256), loss_fn=lambda out, batch: out, device="fake-cuda", optimizer="sgd")
+    rep = measure_step(Tiny, torch.randn(8, 256), StepPolicy(optimizer="sgd"), loss_fn=lambda out, batch: out,
+                       device="fake-cuda")
     assert rep.by_category["parameters"] == 256 * 256 * 4 + 1024   # weight + bias (1 KiB: two 512-B units)
     assert rep.by_category["optimizer_state"] == rep.by_category["parameters"]          # SGD momentum
     assert rep.by_category["inputs"] == 8 * 256 * 4

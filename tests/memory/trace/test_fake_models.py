@@ -8,7 +8,8 @@ import transformers
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import OptimizerSpec
 from labkit.memory.trace.fake_cuda import CudaTarget
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
+from labkit.workloads import StepPolicy
 from labkit.workloads.hf import hf_lm_batch
 
 V = 256
@@ -33,8 +34,9 @@ def llama_checkpointed(reentrant):
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_hf_gradient_checkpointing_under_amp_bf16_recomputes_in_bf16(reentrant):
     batch = hf_lm_batch(V, 2, 64)
-    rep = measure_step(llama_checkpointed(reentrant), batch, precision="amp-bf16", op_log=True)
-    full = measure_step(lambda: transformers.LlamaForCausalLM(llama_cfg()), batch, precision="amp-bf16")
+    rep = measure_step(llama_checkpointed(reentrant), batch, StepPolicy(precision="amp-bf16"),
+                       probes=Probes(op_log=True))
+    full = measure_step(lambda: transformers.LlamaForCausalLM(llama_cfg()), batch, StepPolicy(precision="amp-bf16"))
     assert rep.peak_bytes < full.peak_bytes
     back = [r for r in rep.op_log if r.phase == "backward"]
     # the recomputed forward ran under the emulated CUDA autocast: its projections cast the weights
@@ -54,7 +56,7 @@ def test_pure_bf16_factory_cast_keeps_tied_weights():
     assert rep.num_params * 2 <= rep.by_category["parameters"] <= rep.num_params * 2 + n_tensors * 512
     # GPT-2's default attention dropout 0.1: cuDNN on torch 2.11 (recorded); flash once cuDNN checks 1/16
     assert list(rep.emulation["sdpa"]) == ["cudnn"]
-    later = measure_step(build, hf_lm_batch(V, 2, 32), target=CudaTarget(torch_version="2.12"))
+    later = measure_step(build, hf_lm_batch(V, 2, 32), fake=FakeCuda(target=CudaTarget(torch_version="2.12")))
     assert list(later.emulation["sdpa"]) == ["flash (cudnn: dropout not a multiple of 1/16)"]
 
 
@@ -87,8 +89,8 @@ def test_mixtral_grouped_expert_matmul_in_float32_and_amp():
     cfg._attn_implementation = "sdpa"
     batch = hf_lm_batch(V, 2, 32)
     fp32 = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch)
-    amp = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, precision="amp-bf16")
-    bf16 = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, precision="bf16")
+    amp = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, StepPolicy(precision="amp-bf16"))
+    bf16 = measure_step(lambda: transformers.MixtralForCausalLM(cfg), batch, StepPolicy(precision="bf16"))
     assert fp32.peak_bytes > bf16.peak_bytes > 0 and amp.peak_bytes > 0
     assert any(a.startswith("MoE routing") for a in amp.emulation["assumptions"])
 
@@ -143,9 +145,10 @@ def test_hf_padding_mask_is_skipped_only_when_the_batch_has_no_padding():
 
     def run(am):
         # fused AdamW: the step's peak stays in forward/backward, where the masks live
-        return measure_step(lambda: transformers.BertForMaskedLM(cfg), {"input_ids": ids, "attention_mask": am,
+        return measure_step(lambda: transformers.BertForMaskedLM(cfg),
+                            {"input_ids": ids, "attention_mask": am,
                                                                          "labels": ids.clone()},
-                            optimizer=OptimizerSpec("adamw", "fused"))
+                            StepPolicy(optimizer=OptimizerSpec("adamw", "fused")))
 
     ones = torch.ones_like(ids)
     padded = ones.clone()

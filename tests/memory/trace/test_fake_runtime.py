@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from labkit.memory.trace.fake_cuda import CudaTarget
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
+from labkit.workloads import StepPolicy
 
 
 class DropoutBlock(torch.nn.Module):
@@ -19,7 +20,7 @@ class DropoutBlock(torch.nn.Module):
 
 def _forward_kept(p, target=None):
     rep = measure_step(lambda: DropoutBlock(p), torch.randn(512, 256), loss_fn=lambda out, b: out.sum(),
-                       target=target)
+                       fake=FakeCuda(target=target))
     f = next(ph for ph in rep.by_phase if ph.phase == "forward")
     return f.end_bytes - f.start_bytes
 
@@ -46,8 +47,8 @@ class MHABlock(torch.nn.Module):
 
 
 def _mha_step(precision, observers=()):
-    return measure_step(MHABlock, torch.randn(4, 16, 64), loss_fn=lambda out, b: out.float().sum(),
-                        precision=precision, steps=1, observers=observers)
+    return measure_step(MHABlock, torch.randn(4, 16, 64), StepPolicy(precision=precision),
+                        loss_fn=lambda out, b: out.float().sum(), steps=1, probes=Probes(observers=observers))
 
 
 def test_multihead_attention_body_runs_under_autocast_and_the_sdpa_rules():

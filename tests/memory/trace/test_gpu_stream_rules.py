@@ -149,10 +149,12 @@ class _Attention(torch.nn.Module):
 
 
 def _backward_allocs(cat_kv: bool, block: int) -> tuple[int, dict]:
-    from labkit.memory.trace.step import measure_step
+    from labkit.memory.trace.step import Probes, measure_step
+    from labkit.workloads import StepPolicy
 
-    rep = measure_step(lambda: _Attention(cat_kv).bfloat16(), torch.randn(2, 1024, 256, dtype=torch.bfloat16), loss_fn=lambda out, b: out.float().sum(),
-                       precision="bf16", steps=1, op_log=True)
+    rep = measure_step(lambda: _Attention(cat_kv).bfloat16(), torch.randn(2, 1024, 256, dtype=torch.bfloat16),
+                       StepPolicy(precision="bf16"), loss_fn=lambda out, b: out.float().sum(), steps=1,
+                       probes=Probes(op_log=True))
     grew = [r for r in rep.op_log if r.phase == "backward" and r.out_bytes >= block]
     return len(grew), rep.emulation["sdpa"]
 

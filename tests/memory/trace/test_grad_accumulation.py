@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.grad_accumulation import engine_accumulation
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
+from labkit.workloads import StepPolicy
 
 ADD = torch.ops.aten.add.Tensor
 
@@ -75,8 +76,9 @@ def test_a_tied_embedding_gradient_is_summed_in_place_in_fake_mode():
     ids = torch.randint(0, V, (2, 8))
 
     def sums(target):
-        rep = measure_step(lambda: _TiedLM(V, H), ids, precision="amp-bf16", device="fake-cuda", target=target,
-                           call=lambda m, b: m(b), loss_fn=lambda out, b: out, steps=1, op_log=True)
+        rep = measure_step(lambda: _TiedLM(V, H), ids, StepPolicy(precision="amp-bf16"), device="fake-cuda",
+                           call=lambda m, b: m(b), loss_fn=lambda out, b: out, steps=1, fake=FakeCuda(target=target),
+                           probes=Probes(op_log=True))
         return [(r.name, r.out_bytes) for r in rep.op_log
                 if r.phase == "backward" and r.name.startswith("aten.add") and "[4096, 256]" in r.shapes]
 

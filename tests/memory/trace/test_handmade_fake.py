@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from labkit.memory.trace.conv_workspace import TRANSPOSED_PASS, conv_workspace_bytes
 from labkit.memory.trace.cudnn_rnn import ASSUMPTION, reserve_bytes, workspace_bytes
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import Probes, measure_step
 from labkit.workloads.corpus import get_case, predict
 
 
@@ -93,7 +93,7 @@ def test_lstm_runs_as_cudnn_with_its_reserve_space():
 
     tiny = get_case("hand-lstm-b64-s256-fp32@tiny")
     case = replace(tiny, micro_batch=16, seq=256, overrides=dict(tiny.overrides, hidden=256))
-    rep = predict(case, steps=1, op_log=True)
+    rep = predict(case, steps=1, probes=Probes(op_log=True))
     ops = {o.name for o in rep.op_log}
     assert not any("mkldnn_rnn" in o for o in ops)
     assert ASSUMPTION in rep.emulation["assumptions"]
@@ -163,8 +163,8 @@ def test_amp_rnn_keeps_a_float16_copy_of_the_weights():
 
     case = get_case("hand-gru-b64-s256-amp-bf16@tiny")
     n = sum(p.numel() for p in build_model(case).rnn.parameters())
-    amp = predict(case, steps=1, op_log=True)
-    fp32 = predict(get_case("hand-gru-b64-s256-fp32@tiny"), steps=1, op_log=True)
+    amp = predict(case, steps=1, probes=Probes(op_log=True))
+    fp32 = predict(get_case("hand-gru-b64-s256-fp32@tiny"), steps=1, probes=Probes(op_log=True))
     flat = f"-> float16[{n}]"
     assert any(o.name == "aten.empty.memory_format" and o.shapes.endswith(flat) for o in amp.op_log)
     assert not any(o.shapes.endswith(flat) or o.shapes.endswith(f"-> float32[{n}]") for o in fp32.op_log

@@ -215,6 +215,7 @@ def test_the_process_is_fresh_unless_told_warm(capsys):
     # cache (CudaTarget.warm_process False); a warm one (a notebook that ran matmuls) holds them in segments of their
     # own before the model (CudaTarget's default, as measure_step's API keeps it)
     from labkit.memory.trace.fake_cuda import CudaTarget
+    from labkit.memory.trace.step import FakeCuda
     from labkit.workloads.corpus import Case, predict
     from labkit.workloads.user_model import config_source
 
@@ -229,5 +230,5 @@ def test_the_process_is_fresh_unless_told_warm(capsys):
     arch, overrides, task = config_source("llama", layers=2, hidden=64, heads=4, vocab=256)
     case = Case(name="cli-llama", family="transformers", arch=arch, task=task, overrides=overrides, micro_batch=2,
                 seq=32, precision="fp32")
-    assert fresh["reserved_bytes"] == predict(case, target=CudaTarget(warm_process=False)).reserved_bytes
+    assert fresh["reserved_bytes"] == predict(case, fake=FakeCuda(target=CudaTarget(warm_process=False))).reserved_bytes
     assert warm["reserved_bytes"] == predict(case).reserved_bytes

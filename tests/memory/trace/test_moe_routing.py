@@ -18,7 +18,8 @@ from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.moe import expert_rows, rows_text
 from labkit.lessons.recompute_precision import routing_section
 from labkit.memory.trace.moe_sweep import ROUTINGS, SMOKE, routing_sweep, spread
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
+from labkit.workloads import StepPolicy
 from labkit.workloads.hf import hf_lm_batch
 
 V, B, S, E, K = 128, 2, 16, 4, 2
@@ -152,9 +153,10 @@ def test_eager_experts_allocate_exactly_as_a_real_run_routed_that_way(routing):
     r = MoeRouting.parse(routing)
     rows, _ = expert_rows(r, T, K, E)
     choice = assignment(rows, T, K)
-    real = measure_step(mixtral("eager", choice), _batch(), device="cpu", rounding=512, steps=1, optimizer=FUSED)
-    fake = measure_step(mixtral("eager", choice), _batch(), device="fake-cuda", target=CudaTarget.plain(), steps=1,
-                        moe_routing=r, optimizer=FUSED)
+    real = measure_step(mixtral("eager", choice), _batch(), StepPolicy(optimizer=FUSED), device="cpu", steps=1,
+                        probes=Probes(rounding=512))
+    fake = measure_step(mixtral("eager", choice), _batch(), StepPolicy(optimizer=FUSED), device="fake-cuda", steps=1,
+                        fake=FakeCuda(target=CudaTarget.plain(), moe_routing=r))
     assert fake.phase_peaks == real.phase_peaks
     assert fake.by_category == real.by_category
     (text,) = [a for a in fake.emulation["assumptions"] if a.startswith("MoE routing")]
@@ -184,7 +186,7 @@ def test_grouped_mm_peak_ignores_the_routing_while_the_eager_loop_peak_moves():
 
 
 def test_batched_mm_is_routing_independent_and_says_so():
-    rep = measure_step(mixtral("batched_mm"), _batch(), steps=1, moe_routing="0.7,0.1,0.1,0.1")
+    rep = measure_step(mixtral("batched_mm"), _batch(), steps=1, fake=FakeCuda(moe_routing="0.7,0.1,0.1,0.1"))
     rep2 = measure_step(mixtral("batched_mm"), _batch(), steps=1)
     assert rep.peak_bytes == rep2.peak_bytes
     (text,) = [a for a in rep.emulation["assumptions"] if a.startswith("MoE routing")]
@@ -194,14 +196,14 @@ def test_batched_mm_is_routing_independent_and_says_so():
 @pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
 def test_a_wrong_number_of_shares_is_one_line_naming_the_input(impl):
     with pytest.raises(LabkitError) as e:
-        measure_step(mixtral(impl), _batch(), steps=1, moe_routing="0.5,0.3,0.2")
+        measure_step(mixtral(impl), _batch(), steps=1, fake=FakeCuda(moe_routing="0.5,0.3,0.2"))
     msg = str(e.value)
     assert "moe routing '0.5,0.3,0.2'" in msg and "3 shares given" in msg and "4 experts" in msg and "\n" not in msg
 
 
 def test_routing_is_refused_where_the_real_routing_decides():
     with pytest.raises(LabkitError, match="moe_routing applies to device 'fake-cuda'"):
-        measure_step(mixtral("eager"), _batch(), device="cpu", moe_routing="balanced")
+        measure_step(mixtral("eager"), _batch(), device="cpu", fake=FakeCuda(moe_routing="balanced"))
 
 
 # -- a user's own MoE: bincount counts, .tolist() splits ------------------------------------------------
@@ -242,10 +244,10 @@ def test_bincount_split_and_item_counts_follow_the_routing(routing):
     rows, _ = expert_rows(r, T, K, E)
     choice = assignment(rows, T, K)
     batch = {"input_ids": torch.randint(0, V, (B, S)), "labels": torch.randint(0, V, (B, S))}
-    real = measure_step(lambda: CountedMoe(choice), batch, device="cpu", rounding=512, steps=1,
-                        optimizer=FUSED)
-    fake = measure_step(lambda: CountedMoe(choice), batch, target=CudaTarget.plain(), steps=1,
-                        moe_routing=r, optimizer=FUSED)
+    real = measure_step(lambda: CountedMoe(choice), batch, StepPolicy(optimizer=FUSED), device="cpu", steps=1,
+                        probes=Probes(rounding=512))
+    fake = measure_step(lambda: CountedMoe(choice), batch, StepPolicy(optimizer=FUSED), steps=1,
+                        fake=FakeCuda(target=CudaTarget.plain(), moe_routing=r))
     assert fake.phase_peaks == real.phase_peaks
     assert any("bincount" in a for a in fake.emulation["assumptions"])
 
@@ -283,8 +285,10 @@ def test_jetmoe_counts_from_a_scattered_mask_and_tolist_follow_the_routing():
                 mod.layer = Prefer(mod.layer, choice)
         return m
 
-    real = measure_step(build, _batch(), device="cpu", rounding=512, steps=1, optimizer=FUSED)
-    fake = measure_step(build, _batch(), target=CudaTarget.plain(), steps=1, moe_routing=r, optimizer=FUSED)
+    real = measure_step(build, _batch(), StepPolicy(optimizer=FUSED), device="cpu", steps=1,
+                        probes=Probes(rounding=512))
+    fake = measure_step(build, _batch(), StepPolicy(optimizer=FUSED), steps=1,
+                        fake=FakeCuda(target=CudaTarget.plain(), moe_routing=r))
     assert fake.phase_peaks == real.phase_peaks
     assert any("JetMoeTopKGating" in a and "24, 16, 16, 8" in a for a in fake.emulation["assumptions"])
 

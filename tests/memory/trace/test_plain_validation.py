@@ -161,11 +161,11 @@ def test_an_allocator_state_is_for_fake_mode_only():
     import torch
 
     from labkit.core.errors import LabkitError
-    from labkit.memory.trace.step import measure_step
+    from labkit.memory.trace.step import FakeCuda, measure_step
 
     with pytest.raises(LabkitError, match="allocator_state applies to device 'fake-cuda'"):
         measure_step(lambda: torch.nn.Linear(4, 4), torch.randn(2, 4), loss_fn=lambda o, b: o.sum(), device="cpu",
-                     allocator_state=[])
+                     fake=FakeCuda(allocator_state=[]))
 
 
 def test_the_kv_cache_runs_as_the_recorded_transformers_ran_it():

@@ -8,7 +8,7 @@ from torch import nn
 
 from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker, steady_window
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, measure_step
 
 MiB = 1 << 20
 
@@ -66,8 +66,8 @@ class _Tiny(nn.Module):
 
 
 def _measure(target=None, steps=2):
-    return measure_step(_Tiny, torch.randn(512, 256), loss_fn=lambda out, batch: out, device="fake-cuda",
-                        steps=steps, target=target)
+    return measure_step(_Tiny, torch.randn(512, 256), loss_fn=lambda out, batch: out, device="fake-cuda", steps=steps,
+                        fake=FakeCuda(target=target))
 
 
 def test_fake_reserved_with_the_replay_equals_four_traced_steps():
@@ -92,6 +92,6 @@ def test_reserved_placements_are_for_fake_mode_and_not_negative():
 
     args = (lambda: nn.Linear(4, 4), torch.randn(2, 4))
     with pytest.raises(LabkitError, match="reserved_placements applies to device 'fake-cuda'"):
-        measure_step(*args, loss_fn=lambda o, b: o.sum(), device="cpu", reserved_placements=2)
+        measure_step(*args, loss_fn=lambda o, b: o.sum(), device="cpu", fake=FakeCuda(reserved_placements=2))
     with pytest.raises(LabkitError, match="reserved_placements must be 0 or more"):
-        measure_step(*args, loss_fn=lambda o, b: o.sum(), reserved_placements=-1)
+        measure_step(*args, loss_fn=lambda o, b: o.sum(), fake=FakeCuda(reserved_placements=-1))

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from labkit.memory.trace.fake_cuda import CudaTarget
 from labkit.memory.trace.sdpa import SdpaTarget, select_backend
-from labkit.memory.trace.step import measure_step
+from labkit.memory.trace.step import FakeCuda, measure_step
+from labkit.workloads import StepPolicy
 
 H200 = SdpaTarget()                                   # sm90, torch 2.11, cuDNN 9.19 (targets/h200.json)
 CUDNN_916 = SdpaTarget(torch_version=(2, 12), cudnn_version=91600, cudnn_frontend_d256=False)
@@ -119,8 +120,8 @@ class Attn(torch.nn.Module):
 
 
 def _fwd_end(factory, x, precision="fp32", target=None):
-    rep = measure_step(factory, x, loss_fn=lambda out, b: out.float().pow(2).mean(), precision=precision,
-                       target=target)
+    rep = measure_step(factory, x, StepPolicy(precision=precision), loss_fn=lambda out, b: out.float().pow(2).mean(),
+                       fake=FakeCuda(target=target))
     fwd = next(p for p in rep.by_phase if p.phase == "forward")
     return fwd.end_bytes - fwd.start_bytes, rep
 

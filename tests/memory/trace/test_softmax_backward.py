@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from labkit.core.provenance import load_measurement
 from labkit.memory.trace.fake_cuda import CudaEmulator, CudaTarget, softmax_backward_temporaries
 from labkit.memory.trace.storage import StorageTracker
+from labkit.memory.trace.step import Probes
 from labkit.workloads.corpus import Case, predict
 
 RECORDED = Path(__file__).resolve().parents[3] / "data/measurements/measure/plain__ckpt_nodes.json"
@@ -50,7 +51,7 @@ def test_checkpointed_math_attention_peaks_inside_the_softmax_backward():
     step peaks inside the attention's softmax backward, one (B, H, S, S) float32 product above what the
     op leaves live (its result, the incoming gradient, the recomputed probabilities)."""
     scores = 2 * 4 * 128 * 128 * 4                     # one (B, H, S, S) float32 tensor
-    rep = predict(_tiny_llama(True), steps=1, op_log=True)
+    rep = predict(_tiny_llama(True), steps=1, probes=Probes(op_log=True))
     assert any(k.startswith("math") for k in rep.emulation["sdpa"])
     top = max(rep.op_log, key=lambda r: r.tracked_bytes)
     assert "_softmax_backward_data" in top.name and top.phase == "backward"

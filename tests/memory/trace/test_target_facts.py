@@ -140,10 +140,10 @@ from labkit.memory.trace.fake_cuda import CudaTarget
 t = CudaTarget(torch_version={_other_than_installed()!r})
 for _ in range(2):
     rep = labkit.measure_step(lambda: torch.nn.Linear(8, 8), torch.randn(4, 8), loss_fn=lambda o, b: o.sum(),
-                              target=t, steps=1)
+                              fake=labkit.FakeCuda(target=t), steps=1)
 print(rep.emulation["torch"]["installed"], rep.emulation["torch"]["rules"])
 rep = labkit.measure_step(lambda: torch.nn.Linear(8, 8), torch.randn(4, 8), loss_fn=lambda o, b: o.sum(), steps=1,
-                          target=CudaTarget(torch_version=torch.__version__))
+                          fake=labkit.FakeCuda(target=CudaTarget(torch_version=torch.__version__)))
 print(rep.emulation["torch"]["same"])
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
