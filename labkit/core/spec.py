@@ -8,14 +8,13 @@ each, from which every verb's shared flags are generated (:func:`add_flags`).
 
 A field's default is the one default of that concept: the CLI flag generated from it says it, a verb fills
 what the user did not give from it (:func:`filled`), and the Python API's keyword of the same name defaults
-to it (``measure_step(precision=)``, ``TrainSpec``, ``plan(precision=)``, ``advise.Job``;
+to it (``StepPolicy``, the step ``measure_step`` runs; ``TrainSpec``, ``plan(precision=)``, ``advise.Job``;
 ``tests/core/test_spec.py`` checks them). A verb may narrow a field's choices (``measure`` traces only what
 a PyTorch loop can run) or search it (``advise`` searches the recomputation), never give it another default.
 Generated flags are stored as ``None`` when not given, so a verb can tell a flag the user gave from its
 default. Not one yet: ``micro_batch`` where the model names none is each verb's own (its help says which:
 measure 4, estimate 1, advise searches it), and ``process`` is ``fresh`` for the CLI while
-``CudaTarget``/``measure_step`` default to a warm process (``DEVICES`` is also written in
-``labkit.memory.trace.step``).
+``CudaTarget``/``measure_step`` default to a warm process.
 
 The flags' help is each field's docstring (read from this file once, when the parser is built).
 """

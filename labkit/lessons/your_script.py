@@ -3,6 +3,7 @@ each prediction beside the H200's recording of the same script."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +46,18 @@ def split(name: str) -> str:
 
 
 def _predict(rec: dict, world: int = 0) -> Any:
+    return _predicted(rec["script"], tuple(rec["args"]), world)
+
+
+@functools.cache
+def _predicted(script: str, args: tuple[str, ...], world: int) -> Any:
+    """One prediction per script, arguments and world size in a session (the example and the validation table
+    show the same run of the example script)."""
     from labkit.memory.script.run import trace_script
 
     if world:
-        return _predict_rank(rec, world)
-    return trace_script(str(SCRIPTS / rec["script"]), rec["args"])
+        return _predict_rank({"script": script, "args": list(args)}, world)
+    return trace_script(str(SCRIPTS / script), list(args))
 
 
 def _predict_rank(rec: dict, world: int) -> dict:

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from labkit.allocator import ShuffledVA, live_bytes, parse_alloc_conf
 from labkit.core.errors import LabkitError
+from labkit.core.spec import DEVICES
 from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.fake_cuda import CudaEmulator, CudaTarget, data_dependent_choices
 from labkit.memory.trace.fake_runtime import fake_run
@@ -31,7 +32,6 @@ from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 from labkit.memory.trace.storage import StorageTracker
 
 
-DEVICES = ("fake-cuda", "cuda", "cpu")
 
 
 @dataclass(frozen=True)

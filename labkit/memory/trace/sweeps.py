@@ -78,6 +78,7 @@ def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *,
               kw: dict[str, Any] | None = None, time_steps: int = 0) -> list[SweepPoint]:
     """Measure (or, in fake mode, predict) each ``(precision, recompute)`` policy."""
     from labkit.memory.trace.step import measure_step
+    from labkit.workloads import StepPolicy
 
     kw = kw or {}
     out = []
