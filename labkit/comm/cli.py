@@ -13,7 +13,8 @@ import warnings
 from labkit.comm.bench import bench_collectives, buffer_budget, machine_buffer_bytes, parse_ops, size_ladder
 from labkit.comm.ddp import parse_bucket_sizes, sweep_buckets
 from labkit.comm.fit import fit_all
-from labkit.comm.launch import check_backend, run_ranks, shutdown, under_torchrun
+from labkit.comm import launch   # launch.run_ranks looked up when called: tests stop it there before it spawns
+from labkit.comm.launch import check_backend, shutdown, under_torchrun
 from labkit.comm.predict import attach_predictions
 from labkit.core.cliargs import Deprecated, int_at_least, int_between, positive_int
 from labkit.core.errors import LabkitError
@@ -106,7 +107,7 @@ def run_bench(args: argparse.Namespace) -> int:
         check_backend(args.backend, args.world)
         if args.backend == "gloo":
             _check_cpu_budget(ops, sizes, args.world)
-    res = run_ranks(_bench_rank, ops, sizes, args.warmup, args.repeats, backend=args.backend, world=args.world)
+    res = launch.run_ranks(_bench_rank, ops, sizes, args.warmup, args.repeats, backend=args.backend, world=args.world)
     shutdown()
     if res is None:  # not rank 0 under torchrun
         return 0
@@ -180,7 +181,7 @@ def run_buckets(args: argparse.Namespace) -> int:
     filled(args, "precision")
     kwargs = dict(workload=args.model, batch_size=args.micro_batch, sizes_mb=sizes, gradient_as_bucket_view=gav,
                   warmup=args.warmup, steps=args.steps, amp=BUCKET_PRECISIONS[args.precision])
-    res = run_ranks(_buckets_rank, kwargs, backend=args.backend, world=args.world)
+    res = launch.run_ranks(_buckets_rank, kwargs, backend=args.backend, world=args.world)
     shutdown()
     if res is None:
         return 0
