@@ -8,7 +8,7 @@ free_completed, segment_*), the unit the target is stated in; reading and compil
 separately. Medians over --repeat runs.
 
 ``--baseline REV`` also times the simulator as it was at git revision REV (its
-``labkit/allocator/simulator.py`` loaded from ``git show`` into a temporary module for this run only),
+``labkit/allocator/sim/simulator.py`` loaded from ``git show`` into a temporary module for this run only),
 interleaved run by run with the current one, so both see the same machine load.
 """
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from labkit.allocator import compile_trace, parse_alloc_conf, read_snapshot, replay  # noqa: E402
 from labkit.allocator import simulator as current_simulator  # noqa: E402
-from labkit.allocator.synthetic import to_snapshot, training_like  # noqa: E402
+from labkit.allocator.sim.synthetic import to_snapshot, training_like  # noqa: E402
 from labkit.core.paths import TRACES_DIR  # noqa: E402
 from labkit.core.provenance import format_header, header  # noqa: E402
 
@@ -41,7 +41,7 @@ TARGET = 500_000
 
 def load_baseline(rev: str):
     """The simulator module of git revision ``rev``, imported from a temporary file (never written to the tree)."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:labkit/allocator/simulator.py"],
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:labkit/allocator/sim/simulator.py"],
                          capture_output=True, text=True, check=True).stdout
     tmp = Path(tempfile.mkdtemp(prefix="bench_alloc_")) / "baseline_simulator.py"
     tmp.write_text(src)

@@ -18,7 +18,7 @@ HOMES = {  # the name's defining module: the top-level name must be that very ob
     "Probes": "labkit.memory.trace.step",
     "trace_script": "labkit.memory.script.run",
     "fake_gpu": "labkit.memory.script.runtime",
-    "CudaTarget": "labkit.memory.trace.fake_cuda",
+    "CudaTarget": "labkit.memory.trace.fake.fake_cuda",
     "estimate": "labkit.memory.estimate.totals",
     "ModelSpec": "labkit.memory.estimate.spec",
     "ParallelSpec": "labkit.memory.estimate.spec",

@@ -117,7 +117,7 @@ def test_comm_buckets_one_rank(capsys):
 
 @pytest.fixture(scope="module")
 def snapshot_file(tmp_path_factory):
-    from labkit.allocator.synthetic import to_snapshot, training_like
+    from labkit.allocator.sim.synthetic import to_snapshot, training_like
 
     p = tmp_path_factory.mktemp("cli") / "train.pickle.gz"
     p.write_bytes(gzip.compress(pickle.dumps(to_snapshot(training_like(steps=2), ""))))

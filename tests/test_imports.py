@@ -73,8 +73,8 @@ KNOWN_CROSSINGS = {
 KNOWN_NAME_CLASHES = {
     # labkit.topology.measure: link measurements; labkit.viz.measure: figures of the measured-memory chapter
     "measure": {"labkit.topology.measure", "labkit.viz.measure"},
-    # labkit.allocator.trace: a program's allocation requests; labkit.memory.trace: the training-step tracer
-    "trace": {"labkit.allocator.trace", "labkit.memory.trace"},
+    # labkit.allocator.sim.trace: a program's allocation requests; labkit.memory.trace: the training-step tracer
+    "trace": {"labkit.allocator.sim.trace", "labkit.memory.trace"},
 }
 
 

@@ -53,7 +53,7 @@ COMMANDS = sorted(suggested())
 @pytest.fixture
 def reader_folder(tmp_path, monkeypatch):
     """The files the suggested commands name, in the current folder; `python` on PATH is this interpreter."""
-    from labkit.allocator.synthetic import to_snapshot, training_like
+    from labkit.allocator.sim.synthetic import to_snapshot, training_like
 
     snap = pickle.dumps(to_snapshot(training_like(steps=2), ""))
     (tmp_path / "run.pickle").write_bytes(snap)

@@ -1,4 +1,4 @@
-"""Record the GPU target's facts as this GPU and torch show them, beside labkit/memory/trace/targets/h200.json.
+"""Record the GPU target's facts as this GPU and torch show them, beside labkit/memory/trace/fake/targets/h200.json.
 
 Writes ``target.json`` (kind ``target``) into ``--out``: for each fact of the file that a running process
 can show, the value seen here and whether it equals the file's (``facts_check``):
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from labkit.core.provenance import header, write_measurement
-from labkit.memory.trace.targets import H200
+from labkit.memory.trace.fake.targets import H200
 
 
 def _rounded(n: int) -> int:

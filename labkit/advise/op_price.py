@@ -15,7 +15,7 @@ kernel table (:mod:`labkit.advise.kernel_table`):
   k = input channels per group x kernel area), float32 at the TF32 rate (``torch.backends.cudnn.allow_tf32``
   defaults to True), never faster than its bytes; the backward as its input- and weight-gradient GEMMs.
 * **Attention** (the fused SDPA ops): the backend ``select_sdp_backend`` would pick on the target
-  (:func:`labkit.memory.trace.sdpa.select_backend`: cuDNN, flash or mem-efficient), priced at that
+  (:func:`labkit.memory.trace.fake.sdpa.select_backend`: cuDNN, flash or mem-efficient), priced at that
   backend's recorded seconds per FLOP; the math backend runs decomposed in fake mode, so its GEMMs and
   softmax are priced one by one.
 * **Memory-bound kernels**: the recorded time of a kernel of the same kind (copy, unary, binary,
@@ -378,7 +378,7 @@ class OpPricer:
         return Price("conv", gpu_s=s, kernels=kernels, flops=2.0 * m * n * k * (mask[0] + mask[1]))
 
     def _attention(self, name: str, a: dict) -> Price | None:
-        from labkit.memory.trace.sdpa import select_backend
+        from labkit.memory.trace.fake.sdpa import select_backend
 
         q, k, v = a.get("query"), a.get("key"), a.get("value")
         backward = name.endswith("_backward")

@@ -10,19 +10,19 @@ Public names (other chapters and notebooks use only these):
 * :func:`diagnose`, :func:`parse_oom_message`: the OOM doctor.
 * :func:`watch`, :class:`Watch`: capture an OOM in a user's own training loop (:mod:`labkit.allocator.capture`
   reads the folders).
-* :mod:`labkit.allocator.synthetic`: modelled request streams; :mod:`labkit.allocator.recorded`: the
+* :mod:`labkit.allocator.sim.synthetic`: modelled request streams; :mod:`labkit.allocator.recorded`: the
   recorded H200 results.
 """
 
-from labkit.allocator.config import AllocatorConfig, parse_alloc_conf, round_size
-from labkit.allocator.driver_va import DriverVA, ShuffledVA
+from labkit.allocator.sim.config import AllocatorConfig, parse_alloc_conf, round_size
+from labkit.allocator.sim.driver_va import DriverVA, ShuffledVA
 from labkit.allocator.doctor import Diagnosis, Finding, diagnose, format_diagnosis
 from labkit.allocator.oom_message import OOMMessage, parse_oom_message
-from labkit.allocator.replay import ReplayResult, compare, load_trace, replay, replay_with_sim
-from labkit.allocator.simulator import CachingAllocatorSim
+from labkit.allocator.sim.replay import ReplayResult, compare, load_trace, replay, replay_with_sim
+from labkit.allocator.sim.simulator import CachingAllocatorSim
 from labkit.allocator.snapshot import Snapshot, read_snapshot
-from labkit.allocator.state import SeededState, live_bytes, seed_segments
-from labkit.allocator.trace import Trace, TraceBuilder, compile_trace
+from labkit.allocator.sim.state import SeededState, live_bytes, seed_segments
+from labkit.allocator.sim.trace import Trace, TraceBuilder, compile_trace
 from labkit.allocator.watcher import Watch, watch
 
 __all__ = [

@@ -93,7 +93,7 @@ def _max_bytes(args: argparse.Namespace) -> int | None:
 
 
 def _trace(args: argparse.Namespace):
-    from labkit.allocator.replay import load_trace
+    from labkit.allocator.sim.replay import load_trace
 
     return load_trace(args.trace, args.gpu, max_bytes=_max_bytes(args))
 
@@ -118,7 +118,7 @@ def read_oom_text(path: str | Path) -> str:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from labkit.allocator.replay import replay
+    from labkit.allocator.sim.replay import replay
     from labkit.core.units import fmt_bytes
 
     tr = _trace(args)
@@ -154,7 +154,7 @@ DEFAULT_COMPARE = ("", "expandable_segments:True", "max_split_size_mb:128", "max
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from labkit.allocator.replay import compare
+    from labkit.allocator.sim.replay import compare
     from labkit.core.table import render
     from labkit.core.units import fmt_bytes
 

@@ -357,7 +357,7 @@ def _from_stats(st: dict, rank: int | None = None) -> list[Finding]:
 
 
 def _from_snapshot(snap: Snapshot, limit: int | None, check: bool) -> tuple[list[Finding], list[str], dict | None]:
-    from labkit.allocator.trace import compile_trace
+    from labkit.allocator.sim.trace import compile_trace
 
     out: list[Finding] = []
     notes: list[str] = []
@@ -414,7 +414,7 @@ FIX_CONF = "expandable_segments:True"
 
 def _replays(ctr, cap: int | None) -> dict:
     """Replay the captured request stream under the configuration it was recorded with and under the fixes."""
-    from labkit.allocator.replay import replay
+    from labkit.allocator.sim.replay import replay
 
     base = ctr.recorded_conf or ""
     confs = [base] + [c for c in ("expandable_segments:True", "max_split_size_mb:128") if c != base]

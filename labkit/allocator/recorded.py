@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit.allocator.replay import load_trace, replay
+from labkit.allocator.sim.replay import load_trace, replay
 from labkit.core.errors import LabkitError
 from labkit.core.paths import MEASUREMENTS_DIR, TRACES_DIR
 from labkit.core.provenance import describe, load_measurement

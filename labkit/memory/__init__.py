@@ -24,7 +24,7 @@ _LAZY_NAMES = {
     "Probes": "labkit.memory.trace.step",
     "StepPolicy": "labkit.workloads",
     "StorageTracker": "labkit.memory.trace.storage",
-    "CudaTarget": "labkit.memory.trace.fake_cuda",
+    "CudaTarget": "labkit.memory.trace.fake.fake_cuda",
     "phase_snapshots": "labkit.memory.trace.phases",
     "PhaseSnapshots": "labkit.memory.trace.phases",
     "profiler_memory_timeline": "labkit.memory.trace.phases",

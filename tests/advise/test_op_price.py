@@ -77,7 +77,7 @@ def test_grouped_gemm_runs_one_kernel_in_bf16_and_the_synchronising_fallback_in_
 
 
 def test_attention_is_priced_as_the_backend_the_h200_picks():
-    from labkit.memory.trace.sdpa import select_backend
+    from labkit.memory.trace.fake.sdpa import select_backend
 
     q = _meta(4, 16, 2048, 128)
     kv = _meta(4, 4, 2048, 128)

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from labkit.allocator.synthetic import fragmentation_pattern, to_snapshot, training_like
+from labkit.allocator.sim.synthetic import fragmentation_pattern, to_snapshot, training_like
 from labkit.cli import main
 
 GiB = 1024**3

@@ -1,6 +1,6 @@
 import pytest
 
-from labkit.allocator.config import (NO_LIMIT, allocation_size, parse_alloc_conf, round_size,
+from labkit.allocator.sim.config import (NO_LIMIT, allocation_size, parse_alloc_conf, round_size,
                                      roundup_power2_next_division, tokenize)
 from labkit.core.errors import LabkitError
 

@@ -1,7 +1,7 @@
 import pytest
 
 from labkit.allocator import diagnose, parse_oom_message
-from labkit.allocator.synthetic import fragmentation_pattern, growth, to_snapshot
+from labkit.allocator.sim.synthetic import fragmentation_pattern, growth, to_snapshot
 from labkit.core.errors import LabkitError
 
 GiB = 1024**3

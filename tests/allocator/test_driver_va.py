@@ -1,4 +1,4 @@
-"""The driver's placement of new segments (labkit.allocator.driver_va), against the H200's recorded streams."""
+"""The driver's placement of new segments (labkit.allocator.sim.driver_va), against the H200's recorded streams."""
 
 import gzip
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit.allocator import CachingAllocatorSim
-from labkit.allocator.driver_va import RANGE, DriverVA
+from labkit.allocator.sim.driver_va import RANGE, DriverVA
 
 MiB = 1 << 20
 STREAMS = Path(__file__).resolve().parents[2] / "data/measurements/measure/alloc_stream"
@@ -112,8 +112,8 @@ def test_the_same_requests_reserve_either_figure_two_recordings_measured_dependi
     # llama-gqa-b8-ckpt3-amp-bf16 after a cold case: record_alloc_stream.py's process reserved 21.58 GB,
     # record_plain.py's (twice) 23.63 GB, both starting from the same segments (88 + 32 MiB, the cuBLAS
     # workspaces'); this stream's requests from those segments, under random segment orders, reserve one or the other
-    from labkit.allocator.driver_va import ShuffledVA
-    from labkit.allocator.state import seed_segments
+    from labkit.allocator.sim.driver_va import ShuffledVA
+    from labkit.allocator.sim.state import seed_segments
     from labkit.memory.trace.corpus_check import load_plain
 
     doc = _load("llama-gqa-b8-ckpt3-amp-bf16__after-cold")
@@ -161,7 +161,7 @@ def test_a_fresh_llama_allocates_its_forward_cublas_workspace_at_the_rotary_embe
 
 
 def test_shuffled_segments_never_overlap():
-    from labkit.allocator.driver_va import ShuffledVA
+    from labkit.allocator.sim.driver_va import ShuffledVA
 
     va = ShuffledVA(0, top=1 << 40)
     spans = sorted((va.place(s), s) for s in [2 * MiB, 64 * MiB, 1960 * MiB] * 20)
@@ -169,7 +169,7 @@ def test_shuffled_segments_never_overlap():
 
 
 def test_a_shuffled_reservation_never_overlaps_a_placed_segment():
-    from labkit.allocator.driver_va import ShuffledVA
+    from labkit.allocator.sim.driver_va import ShuffledVA
 
     va = ShuffledVA(1, top=1 << 38)
     spans = [(va.place(64 * MiB), 64 * MiB) for _ in range(50)] + [(va.reserve(4 << 30, 2 * MiB), 4 << 30)]

@@ -1,10 +1,10 @@
-"""labkit.allocator.inline: generated copies behave exactly like the functions they come from, or are refused."""
+"""labkit.allocator.sim.inline: generated copies behave exactly like the functions they come from, or are refused."""
 
 import itertools
 
 import pytest
 
-from labkit.allocator.inline import inline
+from labkit.allocator.sim.inline import inline
 
 
 def bump(stat, i, n):

@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-from labkit.allocator.config import NO_LIMIT, parse_alloc_conf
+from labkit.allocator.sim.config import NO_LIMIT, parse_alloc_conf
 from labkit.allocator.experiments import CAPPED_CONFIGS, RECORDED_CONFIGS, train_then_eval, varlen_train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import pytest
 
 from labkit.allocator import compile_trace, diagnose, parse_oom_message, read_snapshot, replay
 from labkit.allocator import recorded
-from labkit.allocator.synthetic import fragmentation_pattern
+from labkit.allocator.sim.synthetic import fragmentation_pattern
 from labkit.core.errors import LabkitError
 
 GiB = 1024**3

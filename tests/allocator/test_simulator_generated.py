@@ -1,4 +1,4 @@
-"""The simulator's hot methods run as generated copies (helpers inlined, labkit.allocator.inline). They must reach
+"""The simulator's hot methods run as generated copies (helpers inlined, labkit.allocator.sim.inline). They must reach
 exactly the state the methods as written reach (ReferenceAllocatorSim): on every recorded trace and on random ones
 that exercise every path (stream events, retries, OOMs, garbage collection, expandable segments, device limits)."""
 
@@ -7,8 +7,8 @@ import random
 import pytest
 
 from labkit.allocator import compile_trace, parse_alloc_conf, read_snapshot, recorded
-from labkit.allocator.simulator import CachingAllocatorSim, ReferenceAllocatorSim, run_ops
-from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace
+from labkit.allocator.sim.simulator import CachingAllocatorSim, ReferenceAllocatorSim, run_ops
+from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace
 
 MiB = 1024**2
 GiB = 1024**3

@@ -4,7 +4,7 @@ import pickle
 import pytest
 
 from labkit.allocator import compile_trace, read_snapshot, replay
-from labkit.allocator.synthetic import to_snapshot, training_like
+from labkit.allocator.sim.synthetic import to_snapshot, training_like
 from labkit.core.errors import LabkitError
 
 
@@ -127,7 +127,7 @@ def test_deferred_free_is_not_reused_before_free_completed():
 
 def test_empty_cache_in_a_trace_is_replayed():
     """A run of segment_free entries not followed by an oom is the program's empty_cache()."""
-    from labkit.allocator.synthetic import to_snapshot
+    from labkit.allocator.sim.synthetic import to_snapshot
     from labkit.allocator import TraceBuilder
 
     tb = TraceBuilder()

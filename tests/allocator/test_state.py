@@ -1,9 +1,9 @@
-"""An allocator state (the segments a process holds) rebuilt in the simulator (labkit.allocator.state)."""
+"""An allocator state (the segments a process holds) rebuilt in the simulator (labkit.allocator.sim.state)."""
 
 import pytest
 
 from labkit.allocator import CachingAllocatorSim
-from labkit.allocator.state import live_bytes, seed_segments
+from labkit.allocator.sim.state import live_bytes, seed_segments
 from labkit.core.errors import LabkitError
 
 MiB = 1 << 20

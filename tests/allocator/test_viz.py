@@ -1,7 +1,7 @@
 """The allocator figures build from the chapter's own results (no computation in the viz layer)."""
 
 from labkit.allocator import compare, replay_with_sim
-from labkit.allocator.synthetic import training_like
+from labkit.allocator.sim.synthetic import training_like
 from labkit.viz import allocator as vz
 
 

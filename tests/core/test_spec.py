@@ -124,6 +124,6 @@ def test_the_specs_refuse_what_the_vocabulary_does_not_know():
 @pytest.mark.xfail(strict=True, reason="not one yet: CudaTarget (measure_step's fake GPU) defaults to a warm process, "
                                        "the CLI to fresh; flipping it moves the validations against warm recordings")
 def test_the_api_predicts_the_process_the_cli_does():
-    from labkit.memory.trace.fake_cuda import CudaTarget
+    from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
     assert CudaTarget().warm_process == (default("process") == "warm")

@@ -54,7 +54,7 @@ def test_whatif_on_the_recorded_trace_and_segment_map():
 
 
 def test_users_incomplete_snapshot_falls_back_with_a_note(tmp_path):
-    from labkit.allocator import synthetic
+    from labkit.allocator.sim import synthetic
 
     snap = synthetic.to_snapshot(synthetic.fragmentation_pattern())
     snap["device_traces"][0] = snap["device_traces"][0][5:]  # the history's start is lost

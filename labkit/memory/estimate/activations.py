@@ -151,7 +151,7 @@ def attention_path(m: ModelSpec, train: TrainSpec) -> str:
     calls SDPA with ``enable_gqa=True`` (integrations/sdpa_attention.py, use_gqa_in_sdpa), flash and
     cuDNN take no float32, and the memory-efficient kernel supports GQA only from PR pytorch#191085
     (torch 2.13), so ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
-    falls back to math: the same rule as the tracer's :mod:`labkit.memory.trace.sdpa`."""
+    falls back to math: the same rule as the tracer's :mod:`labkit.memory.trace.fake.sdpa`."""
     if not train.flash:
         return "math"
     if m.hf is None or train.framework != "pytorch":

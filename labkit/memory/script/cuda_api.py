@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES
-from labkit.memory.trace.fake_cuda import H200
+from labkit.memory.trace.fake.fake_cuda import H200
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class GpuFacts:
     subtracts it, and the simulated device serves at most ``total_memory - context_bytes``.
     """
 
-    name: str = H200["name"]                   # the target's facts file (labkit/memory/trace/targets/h200.json)
+    name: str = H200["name"]                   # the target's facts file (labkit/memory/trace/fake/targets/h200.json)
     total_memory: int = 150_109_880_320      # get_device_properties(0).total_memory on the H200
     major: int = H200["sm"][0]
     minor: int = H200["sm"][1]

@@ -77,7 +77,7 @@ def _optimizers_follow_parameters() -> Iterator[None]:
     """``model.to(device)`` after the optimizer was made (``accelerator.prepare(model, opt)`` does it):
     ``Module._apply`` keeps each ``Parameter`` object and swaps its data, so the optimizer's references stay
     valid; on fake parameters the conversion makes new ``Parameter`` objects instead
-    (:func:`labkit.memory.trace.fake_runtime.fake_module_conversion`), so every live optimizer's parameter
+    (:func:`labkit.memory.trace.fake.fake_runtime.fake_module_conversion`), so every live optimizer's parameter
     groups and state are pointed at the new ones."""
     import weakref
 

@@ -34,9 +34,9 @@ from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
 from labkit.memory.script.live_allocator import LiveAllocator
 from labkit.memory.script.tensor_placement import DeviceMode, local_tensor, reported_devices
 from labkit.memory.script.tracker import GpuTracker, Sites, resized_storages
-from labkit.memory.trace.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
+from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
                                            data_dependent_choices)
-from labkit.memory.trace.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
+from labkit.memory.trace.fake.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
 from labkit.memory.trace.storage import Roles
 
 

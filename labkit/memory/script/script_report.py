@@ -139,7 +139,7 @@ def build_report(gpu: Any, *, what: str, outcome: str | None = None) -> ScriptRe
         outcome = ("out of memory" if live.oom is not None else
                    f"stopped after {gpu.stopped_after} optimizer steps" if gpu.stopped_after else "completed")
     elapsed = (gpu.ended or gpu.started) - gpu.started
-    from labkit.memory.trace.fake_cuda import torch_versions
+    from labkit.memory.trace.fake.fake_cuda import torch_versions
 
     notes = list(gpu.notes) + list(gpu.emulator.assumptions)
     torch_note = torch_versions(gpu.target).get("note")

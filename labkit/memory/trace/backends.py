@@ -26,8 +26,8 @@ from labkit.allocator import ShuffledVA, live_bytes, parse_alloc_conf
 from labkit.core.errors import LabkitError
 from labkit.core.spec import DEVICES
 from labkit.core.vocab import MoeRouting
-from labkit.memory.trace.fake_cuda import CudaEmulator, CudaTarget, data_dependent_choices
-from labkit.memory.trace.fake_runtime import fake_run
+from labkit.memory.trace.fake.fake_cuda import CudaEmulator, CudaTarget, data_dependent_choices
+from labkit.memory.trace.fake.fake_runtime import fake_run
 from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 from labkit.memory.trace.storage import StorageTracker
 
@@ -39,15 +39,15 @@ class FakeCuda:
     """Fake mode's options (``device="fake-cuda"`` only: on a real device the hardware decides each)."""
 
     target: Any = None
-    """The GPU's choices, a :class:`~labkit.memory.trace.fake_cuda.CudaTarget`; default an H200 in a warm process."""
+    """The GPU's choices, a :class:`~labkit.memory.trace.fake.fake_cuda.CudaTarget`; default an H200 in a warm process."""
     moe_routing: Any = None
     """How a mixture-of-experts model's tokens are assumed to be routed where its shapes depend on it (an eager
     per-expert loop): ``balanced`` (the default) or each expert's share of the tokens x top-k rows
     (``"0.4,0.3,0.2,0.1"``, a sequence, or a :class:`~labkit.core.vocab.MoeRouting`); the report's
-    ``emulation["moe_routing"]`` says which was assumed and which modules used it (:mod:`labkit.memory.trace.moe`)."""
+    ``emulation["moe_routing"]`` says which was assumed and which modules used it (:mod:`labkit.memory.trace.fake.moe`)."""
     allocator_state: Any = None
     """The segments the process already holds when the step starts (as ``torch.cuda.memory_snapshot()`` lists
-    them): reserved memory is replayed from there (:mod:`labkit.allocator.state`), a warm process's cuBLAS
+    them): reserved memory is replayed from there (:mod:`labkit.allocator.sim.state`), a warm process's cuBLAS
     workspaces taken to be in it. Without it the replay starts from an empty cache plus the workspaces."""
     reserved_placements: int = 0
     """Also replay under that many other orders of the segments' addresses (:class:`labkit.allocator.ShuffledVA`):

@@ -373,7 +373,7 @@ def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, An
     """The fake target for ``--process`` (fresh unless asked for warm or given the segments a process holds)."""
     if args.device != "fake-cuda" or args.process == "warm" or state:
         return {}
-    from labkit.memory.trace.fake_cuda import CudaTarget
+    from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
     return {"target": CudaTarget(warm_process=False)}
 

@@ -423,7 +423,7 @@ def recorded_process(base_segments: list | None) -> dict[str, Any]:
     (``CudaTarget.warm_process`` False); one that started from segments, or says nothing, ran warm."""
     if base_segments is None or base_segments:
         return {}
-    from labkit.memory.trace.fake_cuda import CudaTarget
+    from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
     return {"target": CudaTarget(warm_process=False)}
 
@@ -478,8 +478,8 @@ def _installed_transformers() -> str | None:
 
 
 def _version(text: str | None) -> tuple[int, ...]:
-    """``"5.17.0"`` as (5, 17) (:func:`labkit.memory.trace.sdpa.parse_version`); unknown or unparsable as (0,)."""
-    from labkit.memory.trace.sdpa import parse_version
+    """``"5.17.0"`` as (5, 17) (:func:`labkit.memory.trace.fake.sdpa.parse_version`); unknown or unparsable as (0,)."""
+    from labkit.memory.trace.fake.sdpa import parse_version
 
     try:
         return parse_version(text) if text else (0,)

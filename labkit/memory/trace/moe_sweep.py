@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.core.vocab import MoeRouting
-from labkit.memory.trace.moe import expert_rows
+from labkit.memory.trace.fake.moe import expert_rows
 from labkit.memory.trace.step import FakeCuda
 from labkit.workloads.corpus import Case, predict
 

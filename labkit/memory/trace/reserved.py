@@ -57,10 +57,10 @@ def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] |
     ``step_starts``: the index of each traced step's first event. With ``through_step`` greater than
     the number of traced steps (at least two) and a steady last step (:func:`steady_window`), that
     step's events are replayed again, with fresh storage ids, until step ``through_step``.
-    ``state``: the segments the process holds before the step (:func:`labkit.allocator.state.seed_segments`);
+    ``state``: the segments the process holds before the step (:func:`labkit.allocator.sim.state.seed_segments`);
     their live blocks count in the allocated peaks, and the events of ``in_state`` storages (ones the
     state already holds, e.g. the cuBLAS workspaces of a warm process) are not replayed again.
-    ``address_space``: where new segments are placed (:mod:`labkit.allocator.driver_va`; default the
+    ``address_space``: where new segments are placed (:mod:`labkit.allocator.sim.driver_va`; default the
     driver's placement in a fresh process).
     """
     from labkit.allocator import CachingAllocatorSim

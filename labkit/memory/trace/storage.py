@@ -6,7 +6,7 @@ peak and an event log from which :func:`categorise` rebuilds the by-category bre
 moment (parameters, gradients, optimizer state, activations, temporaries, inputs, workspace).
 
 It works on real CUDA tensors, on CPU tensors and on fake tensors (``FakeTensorMode``); an
-*emulator* (``labkit.memory.trace.fake_cuda``) can add what a GPU kernel allocates that the CPU
+*emulator* (``labkit.memory.trace.fake.fake_cuda``) can add what a GPU kernel allocates that the CPU
 kernel does not (attention logsumexp sizes, backward workspaces, cuBLAS workspaces).
 """
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.memory.trace import autocast_composite
-from labkit.memory.trace.fake_cuda import CudaAutocast, _AutocastState
+from labkit.memory.trace.fake import autocast_composite
+from labkit.memory.trace.fake.fake_cuda import CudaAutocast, _AutocastState
 from labkit.memory.trace.step import measure_step
 from labkit.workloads import StepPolicy
 from labkit.memory.trace.storage import StorageTracker

@@ -1,11 +1,11 @@
-"""cuDNN convolution workspaces in fake mode (labkit.memory.trace.conv_workspace), against the H200 recording."""
+"""cuDNN convolution workspaces in fake mode (labkit.memory.trace.fake.conv_workspace), against the H200 recording."""
 
 import pytest
 import torch
 
 from labkit.core.provenance import load_measurement
-from labkit.memory.trace.conv_workspace import conv_workspace_bytes
-from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
 from labkit.memory.trace.recorded import measure_dir
 from labkit.memory.trace.step import FakeCuda, measure_step
 
@@ -168,7 +168,7 @@ def test_weight_gradients_take_the_split_k_partials_seen_in_resnet50s_streams(ca
     import gzip
     import json
 
-    import labkit.memory.trace.conv_workspace as cw
+    import labkit.memory.trace.fake.conv_workspace as cw
     from labkit.workloads.vision import torchvision_models
 
     doc = json.loads(gzip.decompress((measure_dir() / "alloc_stream" / f"stream__{case}__warm.json.gz").read_bytes()))
@@ -228,7 +228,7 @@ def test_float32_split_k_partials_follow_the_weight_size():
 
 
 def _split(dtype, x, w, y):
-    from labkit.memory.trace.conv_workspace import _split_k_partials
+    from labkit.memory.trace.fake.conv_workspace import _split_k_partials
 
     return _split_k_partials("backward_filter", x, w, y, dtype)
 

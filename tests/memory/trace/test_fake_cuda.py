@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from labkit.core.vocab import OptimizerSpec
-from labkit.memory.trace.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
+from labkit.memory.trace.fake.fake_cuda import CudaAutocast, CudaEmulator, CudaTarget, _AutocastState
 from labkit.memory.trace.storage import StorageTracker
 from labkit.memory.trace.step import FakeCuda, Probes, measure_step
 from labkit.workloads import GPT
@@ -124,7 +124,7 @@ def _recorded_ops():
 def test_reduction_staging_buffer_matches_every_recorded_bias_gradient_sum():
     """Each bias-gradient sum over dim 0 recorded per op on the H200 allocated the staging buffer
     that Reduce.cuh's launch configuration predicts (plus one 512 B block of semaphores)."""
-    from labkit.memory.trace.fake_cuda import reduction_global_buffer_bytes
+    from labkit.memory.trace.fake.fake_cuda import reduction_global_buffer_bytes
 
     seen = 0
     for name, dtype, shape, transient in _recorded_ops():

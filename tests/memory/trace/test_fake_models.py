@@ -7,7 +7,7 @@ import transformers
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import OptimizerSpec
-from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
 from labkit.memory.trace.step import FakeCuda, Probes, measure_step
 from labkit.workloads import StepPolicy
 from labkit.workloads.hf import hf_lm_batch

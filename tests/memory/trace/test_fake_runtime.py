@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
 from labkit.memory.trace.step import FakeCuda, Probes, measure_step
 from labkit.workloads import StepPolicy
 
@@ -71,7 +71,7 @@ def test_mem_efficient_output_layout_costs_multihead_attention_one_copy(monkeypa
     # attention.cu allocates the mem-efficient output (B, S, H, D); MHA's q/k/v views are laid out
     # (S, B, H, D), so MHA's permute(2, 0, 1, 3).contiguous() copies the output on the GPU and the
     # output projection keeps that copy for backward: one (S, B, E) float32 tensor more per layer
-    from labkit.memory.trace.fake_cuda import CudaEmulator
+    from labkit.memory.trace.fake.fake_cuda import CudaEmulator
 
     def kept():
         f = next(ph for ph in _mha_step("fp32").by_phase if ph.phase == "forward")

@@ -4,7 +4,7 @@ inside ``_safe_softmax``."""
 
 import torch
 
-from labkit.memory.trace.fake_cuda import CudaEmulator, cudnn_backward_workspace
+from labkit.memory.trace.fake.fake_cuda import CudaEmulator, cudnn_backward_workspace
 
 
 def test_cudnn_backward_workspace_matches_the_h200_blocks():
@@ -86,7 +86,7 @@ def test_autocast_casts_an_ops_arguments_last_to_first_as_the_h200_did():
 
 
 def _autocast_mode():
-    from labkit.memory.trace.fake_cuda import CudaAutocast, _AutocastState
+    from labkit.memory.trace.fake.fake_cuda import CudaAutocast, _AutocastState
 
     state = _AutocastState()
     return CudaAutocast(torch.bfloat16, state), state
@@ -101,7 +101,7 @@ def test_recorded_safe_softmax_masks_one_bool_block_per_layer_and_no_second_resu
 
 # ---- embedding backward and attention layouts (OPT bf16, stream__opt-b4-bf16__*.json.gz)
 
-from labkit.memory.trace.embedding_backward import embedding_backward_temporaries  # noqa: E402
+from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries  # noqa: E402
 
 
 def _opt_embedding_partials(num_weights: int) -> int:

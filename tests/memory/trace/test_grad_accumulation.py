@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from labkit.memory.trace.fake_cuda import CudaTarget
-from labkit.memory.trace.grad_accumulation import engine_accumulation
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
 from labkit.memory.trace.step import FakeCuda, Probes, measure_step
 from labkit.workloads import StepPolicy
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from labkit.memory.trace.conv_workspace import TRANSPOSED_PASS, conv_workspace_bytes
-from labkit.memory.trace.cudnn_rnn import ASSUMPTION, reserve_bytes, workspace_bytes
+from labkit.memory.trace.fake.conv_workspace import TRANSPOSED_PASS, conv_workspace_bytes
+from labkit.memory.trace.fake.cudnn_rnn import ASSUMPTION, reserve_bytes, workspace_bytes
 from labkit.memory.trace.step import Probes, measure_step
 from labkit.workloads.corpus import get_case, predict
 
@@ -19,7 +19,7 @@ def test_deepcopy_of_a_module_made_in_fake_mode_stays_in_that_mode():
     the same fake mode (not a new mode, as Tensor.__deepcopy__ makes them), flagged as parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.memory.trace.fake_runtime import fake_deepcopy
+    from labkit.memory.trace.fake.fake_runtime import fake_deepcopy
 
     with FakeTensorMode() as mode, fake_deepcopy():
         lin = nn.Linear(8, 8)
@@ -101,7 +101,7 @@ def test_lstm_runs_as_cudnn_with_its_reserve_space():
     reserve = reserve_bytes("lstm", o["layers"], 1, case.seq, case.micro_batch, o["hidden"], 4)
     assert reserve == (o["layers"] * 5 + o["layers"] - 1) * case.seq * case.micro_batch * o["hidden"] * 4 + 256
     # the same model with the reserve rule zeroed predicts less by about the reserve
-    import labkit.memory.trace.cudnn_rnn as rnn
+    import labkit.memory.trace.fake.cudnn_rnn as rnn
 
     orig = rnn.reserve_bytes
     rnn.reserve_bytes = lambda *a: 0
@@ -206,7 +206,7 @@ class _PackedLSTM(nn.Module):
 def test_packed_sequences_run_at_their_full_length():
     """pack_padded_sequence's lengths are values: fake mode takes every sequence at its full length (stated), and
     the packed LSTM runs as cuDNN's RNN on the packed tokens."""
-    from labkit.memory.trace.cudnn_rnn import PACKED_ASSUMPTION
+    from labkit.memory.trace.fake.cudnn_rnn import PACKED_ASSUMPTION
 
     batch = {"x": torch.randint(0, 100, (4, 16)), "lengths": torch.tensor([16, 12, 9, 3]),
              "y": torch.randint(0, 100, (4, 16))}

@@ -214,7 +214,7 @@ def test_the_process_is_fresh_unless_told_warm(capsys):
     # a training script starts a fresh process: its cuBLAS workspaces are allocated at the first matmuls, from the
     # cache (CudaTarget.warm_process False); a warm one (a notebook that ran matmuls) holds them in segments of their
     # own before the model (CudaTarget's default, as measure_step's API keeps it)
-    from labkit.memory.trace.fake_cuda import CudaTarget
+    from labkit.memory.trace.fake.fake_cuda import CudaTarget
     from labkit.memory.trace.step import FakeCuda
     from labkit.workloads.corpus import Case, predict
     from labkit.workloads.user_model import config_source

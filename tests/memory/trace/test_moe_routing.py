@@ -14,8 +14,8 @@ import transformers
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import MoeRouting, OptimizerSpec
-from labkit.memory.trace.fake_cuda import CudaTarget
-from labkit.memory.trace.moe import expert_rows, rows_text
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.moe import expert_rows, rows_text
 from labkit.lessons.recompute_precision import routing_section
 from labkit.memory.trace.moe_sweep import ROUTINGS, SMOKE, routing_sweep, spread
 from labkit.memory.trace.step import FakeCuda, Probes, measure_step

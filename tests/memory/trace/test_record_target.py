@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from labkit.core.provenance import load_measurement
-from labkit.memory.trace.targets import H200
+from labkit.memory.trace.fake.targets import H200
 
 REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
 from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker, steady_window
 from labkit.memory.trace.step import FakeCuda, measure_step
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from labkit.memory.trace.fake_cuda import CudaTarget
-from labkit.memory.trace.sdpa import SdpaTarget, select_backend
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.sdpa import SdpaTarget, select_backend
 from labkit.memory.trace.step import FakeCuda, measure_step
 from labkit.workloads import StepPolicy
 
@@ -173,7 +173,7 @@ def test_sdpa_choice_is_reported():
                                                   (torch.bfloat16, False, False, "float"), (torch.bfloat16, True, True, None)])
 def test_math_path_composition_computes_what_torch_computes(dtype, causal, gqa, mask):
     """Fake mode's op-by-op math path (sdpa._math) gives the C++ composite's result on real tensors."""
-    from labkit.memory.trace.sdpa import _additive_mask, _math
+    from labkit.memory.trace.fake.sdpa import _additive_mask, _math
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 16, 8, generator=g).to(dtype)
@@ -191,8 +191,8 @@ def test_math_path_adds_the_mask_in_place():
     tensor is subclass-like, which fake tensors are): one (B, H, S, S) scores block before the softmax, not two."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.memory.trace.fake_cuda import CudaEmulator
-    from labkit.memory.trace.sdpa import SdpaChoice, run_sdpa
+    from labkit.memory.trace.fake.fake_cuda import CudaEmulator
+    from labkit.memory.trace.fake.sdpa import SdpaChoice, run_sdpa
     from labkit.memory.trace.storage import StorageTracker
 
     B, H, S, D = 2, 4, 64, 32

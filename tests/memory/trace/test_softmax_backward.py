@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from labkit.core.provenance import load_measurement
-from labkit.memory.trace.fake_cuda import CudaEmulator, CudaTarget, softmax_backward_temporaries
+from labkit.memory.trace.fake.fake_cuda import CudaEmulator, CudaTarget, softmax_backward_temporaries
 from labkit.memory.trace.storage import StorageTracker
 from labkit.memory.trace.step import Probes
 from labkit.workloads.corpus import Case, predict

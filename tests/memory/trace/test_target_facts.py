@@ -13,10 +13,10 @@ import torch
 
 from labkit.core.errors import LabkitError
 from labkit.core.facts import load_facts
-from labkit.memory.trace import fake_cuda, sdpa
-from labkit.memory.trace.fake_cuda import CudaTarget, TorchVersionWarning, torch_versions, warn_if_other_torch
-from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
-from labkit.memory.trace.targets import H200, HERE, SDPA_GATES
+from labkit.memory.trace.fake import fake_cuda, sdpa
+from labkit.memory.trace.fake.fake_cuda import CudaTarget, TorchVersionWarning, torch_versions, warn_if_other_torch
+from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
+from labkit.memory.trace.fake.targets import H200, HERE, SDPA_GATES
 
 TRACE = Path(sdpa.__file__).parent
 
@@ -136,7 +136,7 @@ def test_fake_mode_names_the_installed_torch_when_it_differs(monkeypatch):
 def test_the_report_and_stderr_say_it_once():
     code = f"""
 import torch, labkit
-from labkit.memory.trace.fake_cuda import CudaTarget
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
 t = CudaTarget(torch_version={_other_than_installed()!r})
 for _ in range(2):
     rep = labkit.measure_step(lambda: torch.nn.Linear(8, 8), torch.randn(4, 8), loss_fn=lambda o, b: o.sum(),

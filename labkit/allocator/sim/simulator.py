@@ -3,7 +3,7 @@
 Every rule is written once, as a small method named after the function of
 ``c10/cuda/CUDACachingAllocator.cpp`` it mirrors, in the order ``malloc`` applies them:
 
-1. ``round_size``: 512 B, or ``roundup_power2_divisions`` (:func:`labkit.allocator.config.round_size`).
+1. ``round_size``: 512 B, or ``roundup_power2_divisions`` (:func:`labkit.allocator.sim.config.round_size`).
 2. ``get_pool``: requests <= 1 MiB use the small pool, larger ones the large pool (blocks are per stream).
 3. ``get_free_block``: best fit in (stream, size, address) order, honouring ``max_split_size`` and
    ``max_non_split_rounding_size``; expandable blocks compare by the size they can grow to.
@@ -25,7 +25,7 @@ Every rule is written once, as a small method named after the function of
 
 The methods below are the only place a rule is written. :func:`run_ops` replays a compiled request
 stream through them. For speed, the methods on the hot path run as copies *generated* from these
-sources at import, with the small methods and helpers they call inlined (:mod:`labkit.allocator.inline`,
+sources at import, with the small methods and helpers they call inlined (:mod:`labkit.allocator.sim.inline`,
 see the end of this module); :class:`ReferenceAllocatorSim` runs the methods as written, and
 ``tests/allocator/test_simulator_generated.py`` requires both to reach identical states on every
 recorded trace and on random ones. Free blocks of a pool are one sorted list of integer keys
@@ -37,10 +37,10 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
-from labkit.allocator.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
-from labkit.allocator.driver_va import DriverVA
-from labkit.allocator.inline import inline
-from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+from labkit.allocator.sim.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
+from labkit.allocator.sim.driver_va import DriverVA
+from labkit.allocator.sim.inline import inline
+from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
 
 kMinBlockSize = 512
 kSmallSize = 1048576
@@ -400,7 +400,7 @@ class CachingAllocatorSim:
 
     def _new_address(self, size: int) -> int:
         """The address cudaMalloc returns: the recorded one while the replay follows the recording, else
-        synthetic (:mod:`labkit.allocator.driver_va`). It matters only to break ties between equal-size cached
+        synthetic (:mod:`labkit.allocator.sim.driver_va`). It matters only to break ties between equal-size cached
         blocks (best fit orders by address)."""
         if self._oracle is not None and self._oracle_i < len(self._oracle):
             osize, oaddr = self._oracle[self._oracle_i]
@@ -725,7 +725,7 @@ class CachingAllocatorSim:
 
     # ================================================================== a request stream
     def _apply(self, ops: list[tuple[int, int, int, int]], blocks: list) -> int:
-        """Apply compiled ops (see :mod:`labkit.allocator.trace`); ``blocks[id]`` is each live request's block.
+        """Apply compiled ops (see :mod:`labkit.allocator.sim.trace`); ``blocks[id]`` is each live request's block.
         Returns how many recorded OOM requests fit."""
         fits = 0
         for op, ident, size, stream in ops:
@@ -848,7 +848,7 @@ def _increase_counter(c: list[int]) -> None:
 
 def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_ids: int, *,
             every: int = 0, samples: list[Sample] | None = None, force_generic: bool = False) -> int:
-    """Apply a compiled request stream (see :mod:`labkit.allocator.trace`) to ``sim``, request by request.
+    """Apply a compiled request stream (see :mod:`labkit.allocator.sim.trace`) to ``sim``, request by request.
 
     ``every`` > 0 appends an (allocated, reserved) sample to ``samples`` every that many ops. Returns
     how many recorded OOM requests fit. ``force_generic`` is accepted for older callers: there is

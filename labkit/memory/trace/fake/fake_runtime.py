@@ -1,7 +1,7 @@
 """What fake mode changes around a user's code so that it runs as it would on the GPU.
 
 * :class:`CudaFunctionRules`: a ``TorchFunctionMode`` making the GPU's choices at the Python level
-  (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.sdpa`;
+  (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.fake.sdpa`;
   ``F.dropout``: ``at::dropout`` takes the fused ``native_dropout`` on CUDA, which saves a boolean
   mask, where the CPU multiplies by a noise tensor of the input's dtype).
 * :func:`checkpoint_autocast`: ``torch.utils.checkpoint`` (reentrant or not) recomputes under the
@@ -122,7 +122,7 @@ class CudaFunctionRules(TorchFunctionMode):
         if out is not NotImplemented:
             return out
         if func is torch.nn.functional.scaled_dot_product_attention:
-            from labkit.memory.trace.sdpa import run_sdpa, select_backend
+            from labkit.memory.trace.fake.sdpa import run_sdpa, select_backend
 
             p = dict(_SDPA_DEFAULTS)
             p.update(zip(_SDPA_PARAMS, args))
@@ -134,17 +134,17 @@ class CudaFunctionRules(TorchFunctionMode):
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
         if func is torch._VF._pack_padded_sequence:       # packed sequences' sizes (cudnn_rnn.py)
-            from labkit.memory.trace.cudnn_rnn import pack_padded
+            from labkit.memory.trace.fake.cudnn_rnn import pack_padded
 
             return pack_padded(args, kwargs, self.emulator.assume)
         if func is torch._VF._pad_packed_sequence:
-            from labkit.memory.trace.cudnn_rnn import pad_packed
+            from labkit.memory.trace.fake.cudnn_rnn import pad_packed
 
             out = pad_packed(args, kwargs)
             if out is not NotImplemented:
                 return out
         if func in _CUDNN_RNN and self.emulator._tracker is not None:
-            from labkit.memory.trace.cudnn_rnn import ASSUMPTION, run_cudnn_rnn
+            from labkit.memory.trace.fake.cudnn_rnn import ASSUMPTION, run_cudnn_rnn
 
             em = self.emulator
             dtype = em.policy.autocast_dtype if em.autocast_state.depth > 0 else None
@@ -329,7 +329,7 @@ def fake_run(emulator: Any) -> Iterator[None]:
             where = emulator.modules.where()
             why = "its output shape depends on tensor values"
             if "Expert" in where or "Moe" in where or "MoE" in where:
-                why += (" (an expert dispatch that fake mode's routing rules, labkit.memory.trace.moe, do not "
+                why += (" (an expert dispatch that fake mode's routing rules, labkit.memory.trace.fake.moe, do not "
                         "cover; Hugging Face's experts_implementation='grouped_mm' runs every token's top-k rows at "
                         "once, whose memory does not depend on the routing)")
             raise LabkitError(refusal(str(e.func), where, why)) from None

@@ -2,10 +2,10 @@
 
 * ``h200.json``: the GPU fake mode reproduces by default (SM count, threads per SM, compute capability,
   the torch and cuDNN it ran, cuBLAS workspace size, allocator rounding, ...):
-  :class:`~labkit.memory.trace.fake_cuda.CudaTarget`'s and :class:`~labkit.memory.trace.sdpa.SdpaTarget`'s
+  :class:`~labkit.memory.trace.fake.fake_cuda.CudaTarget`'s and :class:`~labkit.memory.trace.fake.sdpa.SdpaTarget`'s
   defaults.
 * ``sdpa_gates.json``: where PyTorch's SDPA backend selection changed with the torch and cuDNN versions
-  and the GPU; :mod:`labkit.memory.trace.sdpa` reads each gate by name.
+  and the GPU; :mod:`labkit.memory.trace.fake.sdpa` reads each gate by name.
 
 A new target is a new file of the same facts (``CudaTarget.from_facts(load_facts(path))``).
 """

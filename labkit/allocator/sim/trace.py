@@ -11,7 +11,7 @@ without memory pressure has none). ``oom`` entries become requests that are trie
 
 Completeness: a history that does not begin with the allocation of every segment it uses (the
 ring buffer of ``max_entries`` overflowed, or recording started late) is marked incomplete with
-the reason, and :func:`labkit.allocator.replay.replay` refuses it.
+the reason, and :func:`labkit.allocator.sim.replay.replay` refuses it.
 """
 
 from __future__ import annotations

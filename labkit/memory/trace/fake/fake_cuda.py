@@ -12,8 +12,8 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
   of lower-precision copies of leaf weights, cleared when the outermost region exits. A composite op
   on none of CUDA's lists (``cross_entropy``) runs its decomposition, whose sub-ops meet the lists
-  one by one (:mod:`labkit.memory.trace.autocast_composite`).
-* **Attention**: :mod:`labkit.memory.trace.sdpa` picks the kernel as ``select_sdp_backend`` does on
+  one by one (:mod:`labkit.memory.trace.fake.autocast_composite`).
+* **Attention**: :mod:`labkit.memory.trace.fake.sdpa` picks the kernel as ``select_sdp_backend`` does on
   the target (cuDNN, flash, mem-efficient or math, by dtype, head_dim, GQA, mask, dropout and torch
   version). The math path runs decomposed (its scores and probabilities are real tensors); the fused
   ones run the CPU flash kernel, which saves the output and a float32 logsumexp like the GPU kernels:
@@ -31,18 +31,18 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
 * **Embedding backward**: sort and per-segment buffers (approximate: they depend on the token ids).
 * **Softmax backward**: CUDA's kernel first forms ``grad * output``, a temporary of the gradient's size
   (:func:`softmax_backward_temporaries`): with SDPA's math path that is one more (B, H, S, S) tensor.
-* **cuDNN convolutions**: the workspace each pass takes and frees (:mod:`labkit.memory.trace.conv_workspace`:
+* **cuDNN convolutions**: the workspace each pass takes and frees (:mod:`labkit.memory.trace.fake.conv_workspace`:
   NHWC copies of the operands, per-sample weight-gradient partials for 1x1; none for PyTorch's depthwise kernel).
 * **cuBLAS**: a 32 MiB workspace per handle and stream; the forward thread and the autograd engine's
   device thread use different handles, hence two. They outlive every tensor (process state): in a warm
   process they exist, in segments of their own, before the model is built (see :class:`CudaTarget`).
 * **Optimizer**: fused AdamW keeps its ``step`` counters on the device (512 bytes each).
 * **Gradient accumulation**: the autograd engine sums two gradients of one tensor in place on plain
-  tensors and out of place on fake ones (:mod:`labkit.memory.trace.grad_accumulation`): fake mode
+  tensors and out of place on fake ones (:mod:`labkit.memory.trace.fake.grad_accumulation`): fake mode
   sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
-  0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.moe`): the experts hit, each
+  0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
   integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
   each expert's share), reported; other data-dependent shapes (``nonzero``) and integer reads are
@@ -64,13 +64,13 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.core.facts import Facts
-from labkit.memory.trace.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
-from labkit.memory.trace.constants import known_value
-from labkit.memory.trace.embedding_backward import embedding_backward_temporaries
-from labkit.memory.trace.fake_runtime import ModuleStack, refusal, run_composite
-from labkit.memory.trace.grad_accumulation import engine_accumulation
-from labkit.memory.trace.sdpa import SdpaTarget, parse_version, select_backend
-from labkit.memory.trace.targets import H200
+from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
+from labkit.memory.trace.fake.constants import known_value
+from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
+from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
+from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
+from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
+from labkit.memory.trace.fake.targets import H200
 
 # CUDA autocast op lists (torch ATen/autocast_mode.h), by Python-level function name.
 LOWER_PRECISION = frozenset({
@@ -106,12 +106,12 @@ def _op_name(func: Any) -> str:
 @dataclass(frozen=True)
 class CudaTarget:
     """The GPU whose choices fake mode reproduces. The defaults are the facts of
-    ``labkit/memory/trace/targets/h200.json`` (the H200 the lab's recordings ran on, with the torch and cuDNN
+    ``labkit/memory/trace/fake/targets/h200.json`` (the H200 the lab's recordings ran on, with the torch and cuDNN
     it ran), each with its source there (:meth:`source`); :meth:`from_facts` reads another such file.
 
     ``torch_version`` is the torch whose rules fake mode applies. It selects the version-dependent rules
     (SDPA: which backends take GQA, cuDNN's place in the priority list and its dropout check; see
-    :mod:`labkit.memory.trace.sdpa`); ``sm`` and ``cudnn_version`` the hardware- and library-dependent
+    :mod:`labkit.memory.trace.fake.sdpa`); ``sm`` and ``cudnn_version`` the hardware- and library-dependent
     ones. Other fields are the sizes the emulated kernels allocate.
 
     ``warm_process``: when the cuBLAS workspaces are allocated. ``CublasHandlePool.cpp``
@@ -136,7 +136,7 @@ class CudaTarget:
     efficient_lse_block: int = H200["efficient_lse_block"]        # mem-efficient kernel pads logsumexp to these rows
     sm_count: int = H200["sm_count"]                              # streaming multiprocessors (reduction launches)
     max_threads_per_sm: int = H200["max_threads_per_sm"]
-    cudnn_conv_workspaces: bool = True        # cuDNN convolution workspaces (labkit.memory.trace.conv_workspace)
+    cudnn_conv_workspaces: bool = True        # cuDNN convolution workspaces (labkit.memory.trace.fake.conv_workspace)
     emulate_kernels: bool = True              # False: count exactly what the CPU kernels allocate
     simulate_allocator: bool = True           # replay the requests through the caching-allocator simulator
 
@@ -293,7 +293,7 @@ class CudaEmulator:
 
     def __init__(self, target: CudaTarget, policy: Any, moe_routing: Any = None) -> None:
         from labkit.core.vocab import MoeRouting
-        from labkit.memory.trace.moe import RoutingOracle
+        from labkit.memory.trace.fake.moe import RoutingOracle
 
         self.target = target
         self.policy = policy
@@ -486,8 +486,8 @@ class CudaEmulator:
             tracker.transient_group([n, 8])   # the global staging buffer and the semaphores
 
     def _conv_workspace(self, backward: bool, args: tuple, out: Any, tracker: Any) -> None:
-        # cuDNN's workspace, taken and freed inside each pass (labkit.memory.trace.conv_workspace)
-        from labkit.memory.trace.conv_workspace import conv_workspace_bytes
+        # cuDNN's workspace, taken and freed inside each pass (labkit.memory.trace.fake.conv_workspace)
+        from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 
         if backward:
             gy, x, w = args[0], args[1], args[2]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.memory.trace.targets import H200
+from labkit.memory.trace.fake.targets import H200
 
 NROWS_PER_THREAD = 10
 ATOMIC_FAST_PATH_MAX_INDICES = 3072

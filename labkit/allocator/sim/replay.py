@@ -6,10 +6,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.allocator.config import AllocatorConfig, parse_alloc_conf
-from labkit.allocator.simulator import CachingAllocatorSim, OOMEvent, Sample, run_ops
+from labkit.allocator.sim.config import AllocatorConfig, parse_alloc_conf
+from labkit.allocator.sim.simulator import CachingAllocatorSim, OOMEvent, Sample, run_ops
 from labkit.allocator.snapshot import Snapshot, read_snapshot
-from labkit.allocator.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace, compile_trace
+from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace, compile_trace
 from labkit.core.errors import LabkitError
 
 

@@ -4,7 +4,7 @@ CUDA autocast (``ATen/autocast_mode.cpp``, ``TORCH_LIBRARY_IMPL(aten, Autocast, 
 for the ops in ``autocast_mode.h``'s lists and a fallthrough for every other op. A composite op that
 is on no list (``CompositeImplicitAutograd``) therefore runs its C++ decomposition, and each sub-op it
 calls meets autocast on its own. On the CPU the decomposition runs in C++ too, out of reach of a
-Python-level emulation (:class:`labkit.memory.trace.fake_cuda.CudaAutocast`), so fake mode runs the
+Python-level emulation (:class:`labkit.memory.trace.fake.fake_cuda.CudaAutocast`), so fake mode runs the
 same decomposition in Python, under the emulated autocast.
 
 ``cross_entropy`` is such an op on CUDA (CPU autocast, by contrast, lists ``cross_entropy_loss`` as

@@ -20,7 +20,7 @@ checks all pass runs. Sources read (pytorch/pytorch on GitHub, through the lab's
   (4-D), ``check_nonzero_sequence_lengths_dense``, ``check_last_dim_stride_equals_1_dense``.
 
 Where the rules change with the torch and cuDNN versions and the GPU, they read a named gate of
-``targets/sdpa_gates.json`` (:data:`labkit.memory.trace.targets.SDPA_GATES`), each with its source:
+``targets/sdpa_gates.json`` (:data:`labkit.memory.trace.fake.targets.SDPA_GATES`), each with its source:
 which backends take GQA, cuDNN's place in the priority list, cuDNN's dropout checks and head_dim
 limits, each backend's GPU range. The default target (:class:`SdpaTarget`) is the H200 of
 ``targets/h200.json`` (the torch and cuDNN its recordings ran). Checked against the H200 recordings
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labkit.memory.trace.targets import H200, SDPA_GATES
+from labkit.memory.trace.fake.targets import H200, SDPA_GATES
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
 _HALF = (torch.float16, torch.bfloat16)

@@ -16,7 +16,7 @@ it is folded into the block before it; free space in a small (2 MiB) segment is 
 most 1 MiB, or left as the segment's remainder at its end.
 
 The segments are rebuilt from the highest recorded address down, so that the simulator's own addresses
-(handed out top-down, :mod:`labkit.allocator.driver_va`) keep the recorded order: best fit breaks ties
+(handed out top-down, :mod:`labkit.allocator.sim.driver_va`) keep the recorded order: best fit breaks ties
 between equal-size free blocks by address. In the recorded order GPT-2 medium bf16's predicted reserved
 peak is within 0.1% of the H200's; rebuilt in the opposite order it came out 7.5% high.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.allocator.simulator import CachingAllocatorSim, kSmallSize
+from labkit.allocator.sim.simulator import CachingAllocatorSim, kSmallSize
 from labkit.core.errors import LabkitError
 
 

@@ -35,7 +35,7 @@ How Hugging Face ``transformers`` runs the experts (``integrations/moe.py``; the
 * ``.item()`` / ``.tolist()`` of a known value (an expert id, a count, an offset) reads it;
   ``repeat_interleave`` by known counts has their sum as its length.
 
-Any other data-dependent op is still refused by name (:func:`labkit.memory.trace.fake_runtime.fake_run`).
+Any other data-dependent op is still refused by name (:func:`labkit.memory.trace.fake.fake_runtime.fake_run`).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ _COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": opera
 class RoutingOracle:
     """Answers MoE dispatch's data-dependent ops from the assumed routing (see the module docstring).
 
-    ``modules``: the running modules (:class:`~labkit.memory.trace.fake_runtime.ModuleStack`);
+    ``modules``: the running modules (:class:`~labkit.memory.trace.fake.fake_runtime.ModuleStack`);
     ``assume(text)``: how an assumption is reported."""
 
     def __init__(self, routing: MoeRouting, modules: Any, assume: Callable[[str], None]) -> None:
