@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit.allocator import compile_trace, parse_alloc_conf, read_snapshot, replay  # noqa: E402
-from labkit.allocator import simulator as current_simulator  # noqa: E402
+from labkit.allocator.sim import simulator as current_simulator  # noqa: E402
 from labkit.allocator.sim.synthetic import to_snapshot, training_like  # noqa: E402
 from labkit.core.paths import TRACES_DIR  # noqa: E402
 from labkit.core.provenance import format_header, header  # noqa: E402

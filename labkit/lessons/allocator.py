@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from labkit.allocator import (CachingAllocatorSim, Trace, capture, compare, diagnose, load_trace, recorded, replay,
-                              replay_with_sim, synthetic)
+                              replay_with_sim)
+from labkit.allocator.sim import synthetic
 from labkit.core.errors import LabkitError
 from labkit.core.machine import probe
 from labkit.core.provenance import describe

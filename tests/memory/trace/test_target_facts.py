@@ -18,7 +18,7 @@ from labkit.memory.trace.fake.fake_cuda import CudaTarget, TorchVersionWarning, 
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200, HERE, SDPA_GATES
 
-TRACE = Path(sdpa.__file__).parent
+TRACE = Path(sdpa.__file__).parents[1]          # labkit/memory/trace
 
 
 @pytest.mark.parametrize("facts", [H200, SDPA_GATES], ids=["h200", "sdpa_gates"])
@@ -98,7 +98,7 @@ def test_version_gates_are_read_by_name_not_written_inline():
     for gate in ("t.torch_version >= (2, 13)", "t.cudnn_version > 92200", "(8, 0) <= t.sm <= (12, 1)"):
         assert len(_inline_gates(f"ok = {gate}")) == 1, gate     # the rule sees one when there is one
     assert _inline_gates("ok = mask.dim() not in (2, 4) or t.sm[0] >= 8") == []
-    text = (TRACE / "sdpa.py").read_text()
+    text = (TRACE / "fake" / "sdpa.py").read_text()
     unused = [name for name in SDPA_GATES if f'"{name}"' not in text]
     assert unused == []
 
