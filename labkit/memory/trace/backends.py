@@ -32,8 +32,6 @@ from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
 from labkit.memory.trace.storage import StorageTracker
 
 
-
-
 @dataclass(frozen=True)
 class FakeCuda:
     """Fake mode's options (``device="fake-cuda"`` only: on a real device the hardware decides each)."""

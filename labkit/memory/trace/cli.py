@@ -379,18 +379,19 @@ def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, An
 
 
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    from labkit.memory.trace.step import FakeCuda
     from labkit.workloads import StepPolicy
 
     return {"policy": StepPolicy(precision=args.precision, optimizer=_optimizer(args), recompute=args.recompute,
                                  loop=args.loop),
-            "device": args.device, "steps": args.steps, "fake": _fake_options(args, FakeCuda)}
+            "device": args.device, "steps": args.steps, "fake": _fake_options(args)}
 
 
-def _fake_options(args: argparse.Namespace, fake_cuda: Any) -> Any:
+def _fake_options(args: argparse.Namespace) -> Any:
     """Fake mode's options from the flags (refused by measure_step on a real device where any is given)."""
+    from labkit.memory.trace.step import FakeCuda
+
     state = _allocator_state(args)
-    return fake_cuda(moe_routing=args.moe_routing, allocator_state=state, reserved_placements=args.reserved_placements,
+    return FakeCuda(moe_routing=args.moe_routing, allocator_state=state, reserved_placements=args.reserved_placements,
                      **_process(args, state))
 
 
@@ -408,7 +409,6 @@ def _run_gpt(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
-    from labkit.memory.trace.step import FakeCuda
     from labkit.workloads.corpus import Case, predict
     from labkit.workloads.user_model import config_source
 
@@ -423,7 +423,7 @@ def _run_hf(args: argparse.Namespace) -> tuple[Any, str]:
                                                                if task == "image-classification" else 512),
                 precision=args.precision, recompute=args.recompute, checkpoint_impl=args.recompute_via,
                 optimizer=_optimizer(args).name, optimizer_impl=_optimizer(args).impl, loop=args.loop, lora=args.lora)
-    rep = predict(case, device=args.device, steps=args.steps, fake=_fake_options(args, FakeCuda))
+    rep = predict(case, device=args.device, steps=args.steps, fake=_fake_options(args))
     _check_routing(args, rep, f"{arch} from {args.hf_config}")
     if task == "causal-lm" and case.recompute != "none" and case.checkpoint_impl == "torch" and not args.no_kv_cache:
         rep.notes.append(_kv_cache_note())

@@ -239,4 +239,5 @@ def _report(backend: Backend, run: _Run, policy: StepPolicy, steps: int) -> Meas
     return rep
 
 
-__all__ = ["CATEGORIES", "DEVICES", "FakeCuda", "FakeModeUnsupported", "MeasureReport", "PhaseStats", "Probes", "measure_step"]
+__all__ = ["CATEGORIES", "DEVICES", "FakeCuda", "FakeModeUnsupported", "MeasureReport", "PhaseStats", "Probes",
+           "measure_step"]
