@@ -183,7 +183,7 @@ def layouts_traced(smoke: bool = False) -> Section:
     if errs:
         sec.claim("Estimator's largest difference from the traced rank", round(max(errs), 1), "%", digits=1,
                   name=None if smoke else "estimator_vs_traced_ranks_max_abs_pct", direction="lower",
-                  tolerance=3.0, source="estimator vs " + ("the H200 recordings" if smoke else "the traces here"))
+                  tolerance=3.0, source="model: the estimator vs " + ("the H200 recordings" if smoke else "ranks traced here"))
     sec.table(["layout", "world", "the rank's peak allocated", "from", "estimator", "estimator vs the rank"], table,
               caption="Peak allocated (torch.cuda.max_memory_allocated), GiB = 2^30 bytes. *PP: "
                       "data/scripts/ranks/pp_gpipe.py, a GPT-style fp32 model (8 blocks of width 1024, batch 16 x "
