@@ -12,11 +12,17 @@ buffers a real collective fills on its own stream. DDP's reducer waits on its al
 fake group leaves empty, so the wrapper registers a communication hook that returns the bucket itself
 (what an allreduce leaves in place, with no allocation).
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR] [--smoke]
+LoRA cases (``--lora``, issue 27): peft LoRA scripts of ``data/scripts/lora/`` on a TinyLlama-sized bf16 base,
+each a user's own loop that differs from the others in one thing (the batch, the loss, the attention, the
+way the model is built or loaded); run only with ``--lora``.
 
-Writes ``DIR/scripts.json`` and ``DIR/ranks.json`` (``kind`` ``script_peaks``; one row per case with its
-script, arguments, world size, peaks, per-step peaks, wall time and status) with the provenance header
-(GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning, peft and torchvision).
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --lora --no-scripts --no-ranks --jobs 3
+
+Writes ``DIR/scripts.json``, ``DIR/ranks.json`` and (``--lora``) ``DIR/lora.json`` (``kind`` ``script_peaks``;
+one row per case with its script, arguments, world size, peaks, per-step peaks, wall time and status) with
+the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
+peft and torchvision).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
 """
 
@@ -28,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +42,14 @@ SCRIPTS = ROOT / "data" / "scripts"
 
 # (name, script relative to data/scripts, arguments)
 SCRIPT_CASES = [(p.stem, p.name, []) for p in sorted(SCRIPTS.glob("*.py"))]
+# (name, script relative to data/scripts, arguments): peft LoRA on a TinyLlama-sized bf16 base (issue 27)
+LORA_CASES = [
+    *[(f"lora-{p.stem}", f"lora/{p.name}", []) for p in sorted((SCRIPTS / "lora").glob("*.py"))],
+    ("lora-base-s2048", "lora/base.py", ["--seq", "2048"]),
+    ("lora-base-b8-s2048", "lora/base.py", ["--batch", "8", "--seq", "2048"]),
+    ("lora-pretrained-device-map", "lora/pretrained.py", ["--device-map"]),
+    ("lora-trainer-no-bf16-flag", "lora/trainer.py", ["--no-bf16-flag"]),
+]
 # (name, script, arguments, world size[, rank])
 RANK_CASES = [
     *[(f"fsdp2-llama-w{w}", "ranks/fsdp2_llama.py", [], w) for w in (2, 4, 8)],
@@ -153,6 +167,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--no-scripts", action="store_true")
     ap.add_argument("--no-ranks", action="store_true")
+    ap.add_argument("--lora", action="store_true", help="also the LoRA scripts of data/scripts/lora/")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -170,13 +185,19 @@ def main() -> int:
         groups.append(("scripts", [(n, s, ar, 0) for n, s, ar in SCRIPT_CASES]))
     if not a.no_ranks:
         groups.append(("ranks", RANK_CASES))
+    if a.lora:
+        groups.append(("lora", [(n, s, ar, 0) for n, s, ar in LORA_CASES]))
     for kind, cases in groups:
         cases = [c for c in cases if a.only in c[0]]
         if a.smoke:
             cases = cases[:1]
+        rows: list[dict | None] = [None] * len(cases)
         with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-            rows = list(pool.map(lambda c: run_case(*c, timeout=a.timeout), cases))
-        write_measurement(Path(a.out) / f"{kind}.json", "script_peaks", rows, provenance=prov)
+            futures = {pool.submit(run_case, *c, timeout=a.timeout): i for i, c in enumerate(cases)}
+            for fut in as_completed(futures):   # written after each case: a run cut short keeps what it recorded
+                rows[futures[fut]] = fut.result()
+                write_measurement(Path(a.out) / f"{kind}.json", "script_peaks", [r for r in rows if r],
+                                  provenance=prov)
     return 0
 
 
