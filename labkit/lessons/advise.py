@@ -178,7 +178,7 @@ def step_time_validation(smoke: bool) -> Section:
         rec = validate.recorded_step_times()
     except LabkitError as exc:
         return step_time_check([]).note(str(exc))
-    names = [n for n in STEP_TIME_CASES if n in rec][: 2 if smoke else None]
+    names = [n for n in STEP_TIME_CASES if n in rec][: 1 if smoke else None]
     checks = [c for n in progress(names, "predicting recorded steps") for c in validate.check([n])]
     return step_time_check(checks, host_calibration.recorded_gpu_times(), host_calibration.host_scale(),
                            validate.recorded_runs())

@@ -1,6 +1,11 @@
-"""A real browser: JupyterLab runs every notebook (smoke parameters), its Bokeh figures render, and each
-explorer (an ipywidgets box with the class ``labkit-explorer``) redraws when one of its controls moves;
-the offline HTML report renders its Bokeh plot with no network.
+"""A real browser: JupyterLab runs every notebook that has an explorer (smoke parameters), its Bokeh figures
+render, and each explorer (an ipywidgets box with the class ``labkit-explorer``) redraws when one of its
+controls moves; the offline HTML report renders its Bokeh plot with no network.
+
+The notebooks without a widget (LIVE below says which have one; a test keeps it true) need no live kernel
+for what this file checks: tests/notebooks executes each of them (papermill, a real kernel) and
+tests/browser/test_report_pages.py renders each one's figures in a browser. Running them here again would
+re-run every cell's computation for nothing that test does not see.
 
 Debian's chromium is driven by Playwright through its executable path (Playwright cannot download
 its own browser here); `make test` installs both. One JupyterLab serves all notebooks; each test shuts
@@ -29,6 +34,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--no-first-run", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 NOTEBOOKS = sorted(discover(NOTEBOOKS_DIR))
+# the notebooks with an explorer (a widget): the ones run live in JupyterLab here
+LIVE = ("00_this_server", "01_topology", "02_parallel_memory", "05_critical_path", "06_advise")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 RUN_TIMEOUT_MS = 240_000
 # Every control kind an explorer may start with, in the order they are tried.
 CONTROLS = "select, .widget-toggle-button:not(.mod-active), .widget-slider .noUi-handle, .widget-checkbox input"
@@ -68,7 +76,7 @@ def jupyterlab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "nb"
     root.mkdir()
-    for name in NOTEBOOKS:
+    for name in LIVE:
         _smoke_copy(name, root)
     # every cell rendered (no windowing), so that outputs far down the notebook exist in the DOM
     settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
@@ -174,7 +182,7 @@ def _figure_shot(explorer) -> bytes | None:
         return None
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", LIVE)
 def test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw(jupyterlab, running, name):
     base, token = jupyterlab
     page = running[name]
@@ -225,6 +233,14 @@ def test_jupyterlab_runs_the_notebook_renders_figures_and_explorers_redraw(jupyt
         page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}.png"), full_page=True)
         page.close()
         _shutdown_kernel_of(base, token, name)
+
+
+def test_the_notebooks_run_live_are_the_ones_with_a_widget(smoke_report):
+    """LIVE is every notebook whose smoke run shows a widget, and only those (papermill's runs: the same ones
+    tests/notebooks checks). A notebook that gains an explorer joins LIVE, or this fails."""
+    with_widget = {name for name in NOTEBOOKS
+                   if WIDGET_VIEW in (smoke_report(name).folder / f"{name}.ipynb").read_text()}
+    assert with_widget == set(LIVE), f"notebooks with a widget: {sorted(with_widget)}; LIVE: {sorted(LIVE)}"
 
 
 def test_report_html_renders_bokeh_offline(browser, smoke_report):

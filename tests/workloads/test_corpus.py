@@ -112,10 +112,12 @@ def test_plain_recording_script_runs_each_case_in_its_own_process(tmp_path):
         assert "median_step_s" not in row and "sdpa_backends" not in row     # no timing, no profiler
         child = load_measurement(tmp_path / "fresh" / row["name"] / "plain_cases.json", kind="measure_plain")
         assert f"--case {row['name']}" in child["provenance"]["command"]
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path / "x"), "--smoke",
-                        "--case", "no-such-case"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 2 and "--case 'no-such-case': no corpus case of that name" in r.stderr
+
+
+def test_plain_recording_script_refuses_an_unknown_case(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _gpu_script("record_plain").main(["--out", str(tmp_path / "x"), "--smoke", "--case", "no-such-case"])
+    assert exit_.value.code == 2 and "--case 'no-such-case': no corpus case of that name" in capsys.readouterr().err
 
 
 def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
