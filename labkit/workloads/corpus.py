@@ -556,6 +556,21 @@ def _built_by_hand_2() -> list[Case]:
     return c
 
 
+def _built_by_hand_3() -> list[Case]:
+    """Issue 27, a third batch (added 2026-12-03, predicted in fake mode before they were recorded; names' hash
+    decides the split: all five held out): the convolution rules of that day (``fake/conv_workspace.py``) on models
+    they were not made from. Grouped convolutions with 24 channels per group (RegNet-Y 3.2GF) and with 16
+    (RegNet-X 800MF, a power of two: no padding), narrow strided 1x1 shortcuts (every RegNet's first), float32 3-D
+    convolutions at stride 1 (R(2+1)D, MC3 at another batch)."""
+    c: list[Case] = []
+    for arch, b, p in (("regnet_y_3_2gf", 64, "fp32"), ("regnet_y_3_2gf", 64, "amp-bf16"), ("regnet_x_800mf", 128, "fp32")):
+        c.append(Case(f"tv-{arch}-b{b}-{p}", "torchvision", arch, "image-classification", {}, b, 224, p))
+    c.append(Case("tv-r2plus1d_18-b16-fp32", "torchvision", "video.r2plus1d_18", "video-classification", {}, 16,
+                  112, "fp32"))
+    c.append(Case("tv-mc3_18-b8-fp32", "torchvision", "video.mc3_18", "video-classification", {}, 8, 112, "fp32"))
+    return c
+
+
 def _cases() -> list[Case]:
     c: list[Case] = []
     c += _hf("gpt2-b8", "gpt2", "causal-lm", GPT2["gpt2"], 8, 1024, ALL3)
@@ -728,6 +743,7 @@ def _cases() -> list[Case]:
                   "fp32"))
     c += _built_by_hand()
     c += _built_by_hand_2()
+    c += _built_by_hand_3()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

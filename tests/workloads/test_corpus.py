@@ -36,7 +36,7 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 200         # every case runs at CI size in the support corpus: keep CI time in mind
+    assert 60 <= len(CASES) <= 205         # every case runs at CI size in the support corpus: keep CI time in mind
     # issue 27: models built by hand from PyTorch's modules, cuDNN RNNs, 3-D and transposed convolutions,
     # segmentation heads, more torchvision classifiers and the LoRA orders
     assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
@@ -46,6 +46,15 @@ def test_corpus_covers_the_families_and_policies():
     # the second batch: what a user's own LoRA loop adds, (2+1)-D and mixed 3-D convolutions, MobileNet heads
     assert {c.loss for c in CASES if c.lora} == {"model", "fp32-logits"}
     assert {"video.r2plus1d_18", "video.mc3_18", "segmentation.lraspp_mobilenet_v3_large"} <= archs
+    # the third batch: the convolution rules on models they were not made from, predicted before recording
+    third = {"regnet_y_3_2gf", "regnet_x_800mf"}
+    assert third <= archs
+    pred = load_measurement(Path(__file__).resolve().parents[2] / "data/measurements/measure/predicted__issue27_batch3.json",
+                            kind="fake_predictions")
+    rows = {r["name"]: r for r in pred["data"]["cases"]}
+    batch = [c for c in CASES if c.arch in third or c.name in ("tv-r2plus1d_18-b16-fp32", "tv-mc3_18-b8-fp32")]
+    assert sorted(rows) == sorted(c.name for c in batch) and len(batch) == 5
+    assert all(rows[c.name]["split"] == c.split == "held-out" for c in batch)
     assert any(c.padded and c.lora for c in CASES)
 
 

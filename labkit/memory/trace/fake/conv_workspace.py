@@ -82,15 +82,38 @@ no condition on the number of dimensions (NNPACK's has: ``input.ndimension() == 
 ``cudnn_convolution`` and ``Conv_v8.cpp``'s ``run_single_conv`` as a 4-D one does, and cuDNN's engines copy the
 operands to NDHWC as they copy 2-D ones to NHWC. Measured on the H200 (``record_handmade.py --part conv``,
 ``conv_workspace_3d_transposed__h200.json``: R3D-18's seven convolution geometries at batch 8 and 16, float32 and
-bf16, 84 passes): with the NDHWC copies (input + output + weight) the rule is within 10% (or 0.6 MiB) in 74 of
-the 84 passes, 55 of them to the kilobyte; the split-K buffer of the weight gradient is 4 float32 copies of it
-where 2 or more fit in :data:`SPLIT_K_CAP` (:data:`SPLIT_K_COPIES_3D`), none otherwise. Known misses: the float32
-forward of the 3x3x3 64->64 at 16x56x56 takes the input's copy only (the rule gives the output's too: up to 196
-MiB more at batch 16, in the forward, where no step peaks), the 3-channel stem in bf16 takes no forward
+bf16, 84 passes): with the NDHWC copies (input + output + weight) the rule is within 10% (or 0.6 MiB) in 76 of
+the 84 passes, 57 of them to the kilobyte (with the float32 stride-1 forward below); the split-K buffer of the
+weight gradient is 4 float32 copies of it where 2 or more fit in :data:`SPLIT_K_CAP` (:data:`SPLIT_K_COPIES_3D`),
+none otherwise. Known misses: the 3-channel stem in bf16 takes no forward
 workspace, its float32 weight gradient 10 MiB more than the rule, and the split-K buffers of the 3x3x3 256->256
 at batch 16 in bf16 and of the 3x3x3 512->512 in float32 (4.5-6.75 MiB, none in the rule). R3D-18
 (``tv-r3d_18-b16-*``): predicted peak -4.2% -> -0.2% (float32, reference), -3.4% -> -0.1% (amp-bf16, held-out);
-reserved -20% -> +2.4% and -17% -> +2.3%.
+reserved -20% -> +2.4% and -17% -> +2.3%. R(2+1)D's float32 1x7x7/2 stem (45 channels) takes no forward workspace
+(the rule: its NDHWC copies) and 8% more than the rule for its weight gradient; its bf16 passes are the rule's.
+
+**Float32 3-D forwards at stride 1** take the input's NDHWC copy and the weight only, not the output's, once the
+input's copy is :data:`FP32_STRIDED_INPUT_ONLY` or more, as the non-overlapping strided forwards above
+(``conv_workspace_3d_transposed__h200.json`` and ``conv_workspace_more__h200.json``, ``record_handmade.py --part
+conv2``: R3D-18's 3x3x3 64->64 at 16x56x56 at batch 8 and 16 (98 and 196 MiB inputs), R(2+1)D's factored 1x3x3
+64->144 and 3x1x1 144->64 at 16x56x56 at batch 8, 16 and 128, all to the kilobyte; the 3x3x3 128->128 at 8x28x28,
+whose input is 49 MiB at batch 16, takes both). 2-D stride-1 forwards take both at any size (a UNet's 3x3 at 256x256:
+384 MiB at batch 8). MC3-18 (its layers 2-4 are 1x3x3 convolutions, ``tv-mc3_18-b16-fp32``): reserved -15.1% ->
+-0.6%.
+
+**Grouped convolutions** (RegNet's, 24 channels per group) take NHWC copies whose every group has its channels padded to a
+power of two (24 -> 32: 4/3 of the unpadded copies). In RegNet-Y 1.6GF's cold allocation stream at batch 128 in
+float32 (``alloc_stream/stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz``) each of its eight grouped geometries'
+forward and backward-data workspace is the padded size (4 of 8 are the unpadded one, as the same blocks of other
+passes); the weight gradients take the padded copies in 3 of 8 (the unpadded in 4). The larger forward workspaces
+leave larger segments, which the backward reuses: the predicted reserved bytes move from +9.5% to +2.1%
+(``tv-regnet_y_1_6gf-b128-fp32``). On the grid (``conv_workspace_more__h200.json``, three RegNet geometries at batch
+8, 16 and 128) the heuristics pick the padded engine for half the forward and backward-data passes (9 of 18 each),
+mostly at batch 16 and more, and the unpadded one for most weight gradients, so the rule is within 10% on 21 of 54
+grid passes (29 without the padding): an engine choice the source does not fix. ResNeXt's 4 or 8 channels per
+group are powers of two and unpadded, as measured (``grouped3x3-g32-256-28``). A 2-D **strided 1x1 with fewer than
+64 input channels** (:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's first two shortcuts) takes none in any pass in the
+same stream.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
@@ -130,11 +153,18 @@ SMALL_STEM_TAPS = 16
 FP32_STEM_WGRAD_PAD = 4
 FP32_STEM_SPLIT_K_COPIES = 120
 
-# a float32 forward whose kernel does not overlap its strides (1x1/2, 2x2/2, 1x1x1/2) takes the input's NHWC copy
-# and the weight only, not the output's, once the input's copy is this large (measured on the H200: 1x1/2
+# a float32 forward whose kernel does not overlap its strides (1x1/2, 2x2/2, 1x1x1/2), or a float32 3-D forward at
+# stride 1, takes the input's NHWC copy and the weight only, not the output's, once the input's copy is this large
+# (3-D: see the module docstring; measured on the H200: 1x1/2
 # 256->512 at 56x56 from batch 32, 2x2/2 96->96 from 64 (73.5 MiB; 36.8 MiB at 32 takes the output's too),
 # R3D-18's 1x1x1/2 downsample at 8 and 16; 2x2/2 384->384 at 14x14 takes the output's at 18.4 MiB)
 FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
+
+# a 2-D strided 1x1 convolution (a downsample shortcut) with fewer input channels than this takes no workspace in
+# any pass (in situ on the H200, RegNet-Y 1.6GF's cold stream at batch 128 in float32: the 1x1/2 32->48 and 48->120
+# shortcuts take none, 120->336 and 336->888 take the NHWC copies; the grid's 1x1/2 256->512 and R3D-18's 1x1x1/2
+# 64->128 take them too): the heuristics' boundary lies between 48 and 64 channels, taken at the measured 64
+STRIDED_1X1_MIN_CHANNELS = 64
 
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
@@ -144,6 +174,10 @@ SMALL_SPATIAL = 49
 
 def _round(c: int, m: int) -> int:
     return -(-c // m) * m
+
+
+def _pow2(c: int) -> int:
+    return 1 << (c - 1).bit_length()
 
 
 # a float32 7x7 channels-last depthwise weight gradient at 28x28 or larger runs cuDNN's implicit-GEMM wgrad
@@ -229,6 +263,9 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)
     if channels_last:
         return 0, ASSUMPTIONS["channels_last"]
+    if (cin < STRIDED_1X1_MIN_CHANNELS and len(x_shape) == 4 and all(k == 1 for k in w_shape[2:])
+            and any(st > 1 for st in stride) and not any(padding)):
+        return 0, None                                   # a narrow strided 1x1: a kernel without workspace
     if cin <= 3 and math.prod(w_shape[2:]) <= SMALL_STEM_TAPS and (
             pass_ == "forward" or (pass_ == "backward_filter" and dtype == torch.float32)):
         return 0, None                                   # a small-filter stem: a kernel without workspace
@@ -237,15 +274,19 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     # float32 weight gradients of a 3-channel input (a stem) copy the input with its channels padded to 4
     xpad = FP32_STEM_WGRAD_PAD if (pass_ == "backward_filter" and dtype == torch.float32 and cin <= 3) else pad
     n, cout = x_shape[0], w_shape[0]
-    nhwc = (n * _round(cin, xpad) * math.prod(x_shape[2:]) + n * _round(cout, pad) * math.prod(y_shape[2:])
-            + cout * _round(w_shape[1], pad) * math.prod(w_shape[2:])) * es
+    cin_c, cout_c, wcin = cin, cout, w_shape[1]
+    if groups > 1:                                       # each group's channels padded to a power of two
+        cin_c, cout_c, wcin = groups * _pow2(cin // groups), groups * _pow2(cout // groups), _pow2(wcin)
+    nhwc = (n * _round(cin_c, xpad) * math.prod(x_shape[2:]) + n * _round(cout_c, pad) * math.prod(y_shape[2:])
+            + cout * _round(wcin, pad) * math.prod(w_shape[2:])) * es
     pointwise = all(k == 1 for k in w_shape[2:]) and all(s == 1 for s in stride) and not any(padding)
     split_k = _split_k_partials(pass_, x_shape, w_shape, y_shape, dtype)
     if xpad == FP32_STEM_WGRAD_PAD and xpad != pad:
         split_k = min(FP32_STEM_SPLIT_K_COPIES * cout * _round(w_shape[1], xpad) * math.prod(w_shape[2:]) * 4,
                       SPLIT_K_CAP)
-    if (pass_ == "forward" and dtype == torch.float32 and cin > 3 and any(st > 1 for st in stride)
-            and all(k <= st for k, st in zip(w_shape[2:], stride)) and not any(padding)
+    input_only = (len(x_shape) == 5 and all(st == 1 for st in stride)) or (
+        any(st > 1 for st in stride) and all(k <= st for k, st in zip(w_shape[2:], stride)) and not any(padding))
+    if (pass_ == "forward" and dtype == torch.float32 and cin > 3 and input_only
             and n * cin * math.prod(x_shape[2:]) * es >= FP32_STRIDED_INPUT_ONLY):
         return (n * cin * math.prod(x_shape[2:]) + cout * w_shape[1] * math.prod(w_shape[2:])) * es, None
     if not pointwise:

@@ -86,7 +86,13 @@ FP32 = frozenset({
     "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
     "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    # the upsampling kernels (AT_FORALL_FP32's last entries in autocast_mode.h): F.interpolate's modes but "area"
+    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
+    "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
 })
+# F.interpolate's modes that run one of those kernels ("area" runs adaptive_avg_pool, which autocast leaves alone)
+UPSAMPLE_MODES = frozenset({"nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic"})
 FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
                                 "linalg_matrix_norm", "sum"})
 PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
@@ -259,7 +265,7 @@ class CudaAutocast(TorchFunctionMode):
             # nor where the region turned it off (torch.autocast(cache_enabled=False))
             c = None if (torch.is_inference_mode_enabled() or not torch.is_autocast_cache_enabled()) else self.state.cache
             args, kwargs = cast_arguments(args, kwargs, lambda x: _cast(x, self.dtype, c))
-        elif name in FP32:
+        elif name in FP32 or (name == "interpolate" and _interpolate_mode(args, kwargs) in UPSAMPLE_MODES):
             low = (torch.float16, torch.bfloat16)
             f = lambda x: _cast(x, torch.float32, None) if isinstance(x, torch.Tensor) and x.dtype in low else x  # noqa: E731
             args, kwargs = cast_arguments(args, kwargs, f)
@@ -274,6 +280,12 @@ class CudaAutocast(TorchFunctionMode):
                 widest = max((a.dtype for a in fl), key=lambda d: torch.finfo(d).bits)
                 args, kwargs = cast_arguments(args, kwargs, lambda x: _cast(x, widest, None))
         return func(*args, **kwargs)
+
+
+def _interpolate_mode(args: tuple, kwargs: dict) -> str:
+    """``F.interpolate(input, size, scale_factor, mode="nearest", ...)``'s mode. F.interpolate dispatches as
+    itself (``has_torch_function_unary``), so the mode sees it, not the upsampling kernel it calls."""
+    return kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
 
 
 def _has_positional_dtype(args: tuple) -> bool:
