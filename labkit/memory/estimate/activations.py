@@ -241,6 +241,9 @@ class StageActivations:
     backward_work: int
     kv_cache: int = 0      # a transformers model's KV cache while it is alive (see kv_cache_terms)
     cache_retained: int = 0  # with checkpointing: what the cache keeps alive at the end of backward
+    tail: int = 0          # with checkpointing and the cache: the last segment's last layer at its backward, beyond
+                           # cache_retained, its gradient work included (see kv_cache_terms)
+    tail_layers: int = 0   # the layers whose gradients do not exist yet at that point (the last segment's)
 
 
 def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, stage: int,
@@ -268,14 +271,15 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
         # final norm input and output, targets; PyTorch SP gathers the sequence before the final norm
         gathered = train.framework == "pytorch" and par.sp
         head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
-    cache, retained = kv_cache_terms(m, par, train, by, la, n)
+    cache, retained, tail = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
-                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained))
+                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
+                            tail=int(tail), tail_layers=min(k, n) if tail else 0)
 
 
 def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, la: LayerActivations,
-                   n_layers: int) -> tuple[float, float]:
-    """(bytes the KV cache adds while it lives, bytes kept at the end of backward) of a transformers
+                   n_layers: int) -> tuple[float, float, float]:
+    """(bytes the KV cache adds while it lives, bytes kept at the end of backward, the tail) of a transformers
     causal LM whose config leaves ``use_cache`` on (the default): its training forward builds a
     ``DynamicCache`` (modeling_llama.py, LlamaModel.forward: ``if use_cache and past_key_values is None:
     past_key_values = DynamicCache(config=self.config)``) holding every layer's keys and values.
@@ -290,9 +294,16 @@ def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes,
       the sequence), and the grown tensors' autograd history keeps the recomputed segment's saved
       tensors alive (every layer of the segment but the last, and the last one's norm and QKV input)
       until the cache is freed after backward. Hugging Face's own ``gradient_checkpointing_enable``
-      switches the cache off in training."""
+      switches the cache off in training.
+    * The tail: backward recomputes the segments last to first, so the first segment (the last one recomputed)
+      is where all of that is alive at once, and there its last layer's backward runs with every tensor the
+      recomputation saved for it (the retained set counts only its norm and QKV input): while its MLP's backward
+      runs, the whole layer and the MLP's gradient work; then, while its attention's backward runs, the attention's
+      share and the attention's gradient work (the math path's two (b, heads, s, s) gradients). The larger of the
+      two; the fake-mode trace of the checkpointed Llama steps peaks there (the recomputed layer's probabilities
+      beside those the cache retains), with the segment's layers' gradients not yet made."""
     if m.hf is None or train.framework != "pytorch" or not m.hf.use_cache:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     x = dims(m, par, train)
     sb = x.s * x.b
     kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
@@ -302,14 +313,34 @@ def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes,
     per_layer = sb * kv_local * (k_bytes + by.act)
     cache = n_layers * per_layer
     if k is None:
-        return cache, 0.0
+        return cache, 0.0, 0.0
     segments = -(-n_layers // k)
     pre_kv = sb * x.h * (by.resid + by.act + (4 if m.norm == "rmsnorm" else 0)) / x.t_sp
-    # a recomputed layer's attention takes the grown cache's keys and values (twice the sequence): it
-    # keeps them besides what the forward kept (repeated to every query head on the math path)
-    longer = 2 * sb * ((x.a * x.d / x.t) if attention_path(m, train) == "math" else kv_local) * by.act
+    # a recomputed layer's attention takes the grown cache's keys and values (twice the sequence). The math path
+    # repeats them to every query head and keeps those copies besides what the forward kept. Without autocast a
+    # fused kernel saves the grown cache's tensors themselves (counted in the cache) instead of the layer's own
+    # keys and values, which the recomputation then frees (the fake-mode trace of llama-mha-b4-ckpt2-bf16 keeps
+    # only the grown ones); under autocast a copy of the grown keys and values is kept beside them (the trace of
+    # the amp-bf16 checkpointed Llama and GPT-2 steps: 2-3% lower without it)
+    if attention_path(m, train) == "math":
+        longer = 2 * sb * (x.a * x.d / x.t) * by.act
+    elif by.autocast:
+        longer = 2 * sb * kv_local * by.act
+    else:
+        longer = -2 * sb * kv_local * by.act
     retained = (n_layers - segments) * (la.full + longer) + segments * pre_kv + 2 * cache
-    return cache, retained
+    terms = layer_terms(m, par, train, by)
+    mlp = sum(v for name, v, _ in terms if name.startswith(_MLP_TERMS))
+    n_f = 2 if not m.gated_mlp else 3
+    mlp_work = n_f * sb * x.f / x.t * by.act + 2 * sb * x.h * by.resid / x.t_sp
+    attn_work = (2 * (x.a / x.t) * x.s * x.s * x.b * by.act if attention_path(m, train) == "math"
+                 else 2 * sb * x.h * by.resid / x.t_sp)
+    tail = la.full + longer - pre_kv + max(mlp_work, attn_work - mlp)
+    return cache, retained, tail
+
+
+# the terms of layer_terms that belong to the MLP's half of a layer (freed once its backward has run)
+_MLP_TERMS = ("norm 2 input", "MLP", "gelu_new", "ReLU")
 
 
 @dataclass(frozen=True)

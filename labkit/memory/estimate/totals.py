@@ -141,9 +141,17 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     bwd_end = cat(ms.params + (k - 1) * ac_held + (ac_segment if sa.cache_retained else 0), ms.grads,
                   (k - 1) * A + (sa.cache_retained or kv) + sa.backward_work, (k - 1) * held + n_micro * outs,
                   cb.persistent + cb.backward_end)
+    cands_bwd = [bwd_loss, bwd_layer, bwd_end]
+    if sa.tail:
+        # the first segment's last layer at its backward, the cache's retained set beside it (kv_cache_terms);
+        # the segment's layers and the embedding have no gradients yet
+        not_yet = sa.tail_layers * pc.layer + (pc.embedding if not m.tied_embeddings else pc.embedding - pc.head_matmul)
+        cands_bwd.append(cat(ms.params + (k - 1) * ac_held + ac_segment, ms.grads * (1 - not_yet / pc.total),
+                             (k - 1) * A + sa.cache_retained + sa.tail, (k - 1) * held + n_micro * outs,
+                             cb.persistent + cb.backward_end))
     n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
-    cands = {"forward": fwd, "backward": max(bwd_loss, bwd_layer, bwd_end, key=lambda c: sum(c.values())), "optimizer": opt}
+    cands = {"forward": fwd, "backward": max(cands_bwd, key=lambda c: sum(c.values())), "optimizer": opt}
     phases = {p: int(sum(c.values())) for p, c in cands.items()}
     phase = max(PHASES, key=lambda p: phases[p])
     peak = CategoryBytes({kk: int(v) for kk, v in cands[phase].items()})
