@@ -74,6 +74,8 @@ def dims(m: ModelSpec, par: ParallelSpec, train: TrainSpec) -> Dims:
 
 def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> list[tuple[str, float, bool]]:
     """(name, bytes, is_attention_core) of every saved tensor of one layer and micro-batch."""
+    if train.lora is not None:
+        return lora_layer_terms(m, par, train, by)
     x = dims(m, par, train)
     sb = x.s * x.b
     act, res = by.act, by.resid
@@ -113,6 +115,7 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
             terms.append(("attention dropout output", scores * act, True))
     terms.append(("projection input", sb * q_local * act, False))
     if m.hf is not None and pt:
+        terms += mask_terms(m, x, train, act)
         terms += hf_layer_terms(m, x, by)
     if drop:
         terms.append(("attention residual dropout mask", sb * x.h / x.t_sp, False))
@@ -132,6 +135,74 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         stats = 8 if m.norm == "layernorm" else 4  # mean and rstd (fp32) per token
         terms.append(("norm statistics", 2 * sb * stats / x.t_sp, False))
     return terms
+
+
+def lora_layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> list[tuple[str, float, bool]]:
+    """What a Llama-like transformers layer saves for backward with LoRA adapters on its attention projections and
+    a frozen bfloat16 base (what the fake-mode trace of ``tinyllama-b4-lora-bf16`` keeps per layer, to the byte).
+
+    Autograd saves an operand only for a gradient it must compute: a frozen linear (``x @ W.T``, W not requiring
+    grad) keeps its weight but not its input, and ``weight * x`` with a frozen weight keeps the weight alone
+    (torch/csrc/autograd/FunctionsManual and derivatives.yaml: ``mm``'s ``self`` is saved only for ``mat2``'s
+    gradient). So:
+
+    * RMSNorm (modeling_llama.py, LlamaRMSNorm.forward) keeps its float32 copy of the input (``pow`` and the
+      ``rsqrt`` product read it) and the rsqrt, but not its 16-bit input or output;
+    * attention: the rotated queries, the keys and values (the KV cache's tensors where the cache is on, counted
+      with the cache), the fused kernel's output and log-sum-exp;
+    * LoRA (peft tuners/lora/layer.py, ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``,
+      then ``lora_B(lora_A(dropout(x))) * scaling``): each adapter's ``lora_A`` keeps its input: with float32
+      adapters every adapted projection casts the input for itself (one float32 copy each); with bfloat16 adapters
+      q, k and v share the norm's output and o reads the attention's output (already kept); under autocast, float32
+      adapters' ``lora_A`` keeps autocast's bfloat16 cast of peft's float32 copy, its own per adapter. ``lora_B`` keeps ``lora_A``'s rank-r output. With dropout,
+      ``lora_A`` keeps the dropout's output instead and dropout its 1-byte mask, per adapter;
+    * the MLP: the gate's and up projection's outputs and the activation's (``act_fn(gate) * up`` keeps all three);
+      the frozen down projection keeps nothing."""
+    L = train.lora
+    x = dims(m, par, train)
+    sb = x.s * x.b
+    act = by.act
+    # autocast casts lora_A's input only where peft made it float32 (float32 adapters): a bfloat16 tensor passes as is
+    autocast = train.precision == "amp-bf16" and L.adapter_bytes != act
+    terms: list[tuple[str, float, bool]] = [
+        ("RMSNorm float32 input copies (2 norms)", 2 * sb * x.h * 4, False),
+        ("norm statistics", 2 * sb * 4, False),
+        ("Q (rotary output)", sb * x.a * x.d * act, False),
+    ]
+    terms += mask_terms(m, x, train, act)
+    if not (m.hf.use_cache and train.framework == "pytorch"):
+        terms.append(("K (rotary output), V", 2 * sb * x.kv * x.d * act, False))
+    terms.append(("attention output and log-sum-exp", sb * x.a * x.d * act + x.b * x.a * x.s * 4, False))
+    in_sizes = [x.h, x.h, x.h, x.a * x.d][:L.targets]
+    if L.dropout > 0:
+        per = act if (L.adapter_bytes == act or autocast) else L.adapter_bytes
+        terms.append(("LoRA: each adapter's dropout output and mask", sum(in_sizes) * sb * (per + 1), False))
+    elif autocast or L.adapter_bytes != act:
+        per = act if autocast else L.adapter_bytes
+        terms.append(("LoRA: each adapter's own cast of its input", sum(in_sizes) * sb * per, False))
+    else:
+        terms.append(("LoRA: q, k, v's shared input (the norm's output)", sb * x.h * act if L.targets > 0 else 0, False))
+    out_bytes = act if autocast else L.adapter_bytes
+    terms.append(("LoRA: lora_A's outputs (lora_B's inputs)", L.targets * sb * L.rank * out_bytes, False))
+    n_f = 3 if m.gated_mlp else 1
+    terms.append(("MLP gate/up and activation outputs (frozen: the down projection keeps nothing)",
+                  n_f * sb * x.f * act, False))
+    return terms
+
+
+def mask_terms(m: ModelSpec, x: "Dims", train: TrainSpec, act: int) -> list[tuple[str, float, bool]]:
+    """A padded batch (``attention_mask`` with zeros) of a transformers model: SDPA is given the mask, a (b, 1, s, s)
+    tensor in the activation dtype kept per layer, and no longer runs grouped-query attention in the kernel
+    (integrations/sdpa_attention.py, ``use_gqa_in_sdpa``: CUDA needs ``attention_mask is None``), so ``repeat_kv``
+    copies keys and values to every query head and the kernel keeps those copies (the fake-mode trace of
+    tinyllama-b4-lora-padded-bf16)."""
+    if not train.padded or m.hf is None or train.framework != "pytorch":
+        return []
+    out = [("attention mask given to SDPA", x.b * x.s * x.s * act, False)]
+    if x.kv < x.a:
+        out.append(("K, V repeated to every query head (a mask: no GQA in the kernel)",
+                    2 * x.s * x.b * (x.a / x.t) * x.d * act, False))
+    return out
 
 
 def hidden_dropout(m: ModelSpec, train: TrainSpec) -> float:

@@ -45,6 +45,31 @@ class HfTraits:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685) as peft
+    applies it: a frozen 16-bit base, rank-``rank`` adapters ``lora_B(lora_A(x))`` on ``targets`` attention
+    projections of every layer (q, k, v and o: 4), the optimizer over the adapters only. ``adapter_bytes``: 4 where
+    peft keeps the adapters in float32 (``get_peft_model(..., autocast_adapter_dtype=True)``, its default, on a
+    model already cast to bfloat16), 2 where they are bfloat16 (``autocast_adapter_dtype=False``, or the model cast
+    after ``get_peft_model``)."""
+
+    rank: int = 16
+    targets: int = 4
+    adapter_bytes: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise LabkitError(f"LoRA rank must be a positive integer, got {self.rank!r}")
+        if self.targets not in (1, 2, 3, 4):
+            raise LabkitError(f"LoRA targets: 1 to 4 attention projections (q, k, v, o), got {self.targets!r}")
+        if self.adapter_bytes not in (2, 4):
+            raise LabkitError(f"LoRA adapter bytes: 2 (bfloat16) or 4 (float32), got {self.adapter_bytes!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise LabkitError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer (GPT/Llama style), dimensions only."""
 
@@ -157,6 +182,8 @@ class TrainSpec:
     fp32_grad_accum: bool = False        # Megatron's fp32 main grads (18 B/param with Adam)
     keep_logits: bool = False            # the training loop holds the logits through backward
     framework: str = "pytorch"           # pytorch: nn.Module + SDPA + DTensor; megatron: the paper's layout
+    lora: LoraSpec | None = None         # LoRA adapters on a frozen 16-bit base (precision bf16 or amp-bf16)
+    padded: bool = False                 # the batch has an attention mask with padding (transformers passes SDPA a mask)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -238,6 +265,16 @@ def validate(model: ModelSpec, par: ParallelSpec, train: TrainSpec) -> None:
                           f"= {train.micro_batch * par.dp}")
     if par.shard_size is not None and (par.shard_size < 1 or (par.dp * par.cp) % par.shard_size):
         raise LabkitError(f"shard size {par.shard_size} does not divide the data-parallel group dp x cp = {par.dp * par.cp}")
+    if train.lora is not None:
+        if par.world > 1:
+            raise LabkitError("LoRA: the estimator models it on one GPU (tp=pp=dp=cp=1); trace a sharded LoRA job with "
+                              "`labkit measure --script`")
+        if train.precision not in ("bf16", "amp-bf16") or train.framework != "pytorch":
+            raise LabkitError(f"LoRA: a bfloat16 base (precision bf16 or amp-bf16, framework pytorch), got "
+                              f"{train.precision} ({train.framework})")
+        if model.hf is None or model.hf.attn_in_linears != 3 or model.norm != "rmsnorm":
+            raise LabkitError(f"LoRA: the estimator models adapters on separate q, k, v, o projections of a "
+                              f"Llama-like transformers model (RMSNorm); {model.name} is not one")
     if par.zero == 0 and par.shard_size is not None:
         raise LabkitError("a sharding group (hybrid shard) needs --zero >= 1")
 

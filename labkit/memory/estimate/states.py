@@ -62,7 +62,9 @@ class Bytes:
 
 
 def precision_bytes(train: TrainSpec) -> Bytes:
-    p = _PRECISION[train.precision]
+    # a LoRA base is bfloat16 throughout, under autocast too (no weight copies: its weights are 16-bit already);
+    # what autocast changes at the adapters is in activations.lora_layer_terms
+    p = _PRECISION["bf16" if train.lora is not None else train.precision]
     grad = 4 if train.fp32_grad_accum else p["grad"]
     state = p["state"]
     if train.optimizer in ("adamw", "adam"):
@@ -108,6 +110,29 @@ def layer_params(m: ModelSpec, tp: int = 1) -> tuple[int, int]:
     norm = (2 if m.norm == "layernorm" else 1) * h
     matmul = attn_w + mlp_w
     return matmul + attn_b + mlp_b + 2 * norm, matmul
+
+
+def lora_params(m: ModelSpec, train: TrainSpec) -> int:
+    """Adapter parameters of one layer: ``r (in + out)`` per adapted projection, q, k, v, o in that order."""
+    L = train.lora
+    if L is None:
+        return 0
+    q, kv = m.heads * m.d_head, m.kv * m.d_head
+    shapes = [(m.hidden, q), (m.hidden, kv), (m.hidden, kv), (q, m.hidden)][:L.targets]
+    return sum(L.rank * (i + o) for i, o in shapes)
+
+
+def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) -> ModelStates:
+    """The frozen 16-bit base and the adapters: gradients and the optimizer's states for the adapters only (peft
+    sets ``requires_grad=False`` on every base parameter; the optimizer is given the trainable ones)."""
+    n_a = lora_params(m, train) * pc.layers
+    ab = train.lora.adapter_bytes
+    states = {"adamw": 2, "adam": 2, "sgd": 1}.get(train.optimizer)
+    if states is None:
+        from labkit.core.errors import LabkitError
+
+        raise LabkitError(f"LoRA: the estimator models AdamW or SGD over the adapters, not {train.optimizer}")
+    return ModelStates(params=int(pc.total * by.weight + n_a * ab), grads=int(n_a * ab), optimizer=int(n_a * ab * states))
 
 
 def total_params(m: ModelSpec) -> int:

@@ -5,6 +5,8 @@ within 1-3%: tests/memory/trace/test_plain_validation.py). The whole table:
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from labkit.core.errors import LabkitError
@@ -25,6 +27,10 @@ PINNED = {
     "gpt-neox-b4-fp32": "parallel residual: both norms read the layer's input",
     "llama-gqa-b8-ckpt2-fp32": "checkpointing with the KV cache: the first segment's last layer at its backward",
     "llama-mha-b4-ckpt2-bf16": "a fused kernel recomputed on the grown cache keeps no keys and values of its own",
+    "tinyllama-b4-lora-bf16": "LoRA: frozen linears keep no inputs, float32 adapters cast their inputs each",
+    "tinyllama-b4-lora-cast-after-amp-bf16": "LoRA: bfloat16 adapters under autocast share their inputs",
+    "tinyllama-b4-lora-padded-bf16": "a padded batch: SDPA's mask, keys and values repeated to every head",
+    "tinyllama-b4-lora-drop-bf16": "LoRA dropout: each adapter's dropout output and mask",
 }
 
 
@@ -37,8 +43,6 @@ def test_pinned_case_within_tolerance_of_the_h200(name):
 
 def test_rules_matter_without_them_the_estimate_is_low():
     """The same Llama case read without its transformers traits (the generic PyTorch layer) is >25% low."""
-    import dataclasses
-
     m, par, train = case_inputs(get_case("llama-gqa-b4-fp32"))
     assert attention_path(m, train) == "math"
     plain = estimate(dataclasses.replace(m, hf=None), par, train).peak_allocated
@@ -46,8 +50,8 @@ def test_rules_matter_without_them_the_estimate_is_low():
 
 
 def test_out_of_domain_cases_are_named_not_guessed():
-    with pytest.raises(LabkitError, match="LoRA"):
-        case_inputs(get_case("llama-gqa-b4-lora-bf16"))
+    with pytest.raises(LabkitError, match="mixture-of-experts"):
+        case_inputs(get_case("mixtral-b4-bf16"))
     with pytest.raises(LabkitError, match="masked-lm"):
         case_inputs(get_case("bert-base-mlm-b32-fp32"))
 
@@ -115,3 +119,24 @@ def test_autocast_copies_one_input_per_linear():
     v, m, train = extra("llama-mha-b4-amp-bf16")
     assert v == 3 * train.micro_batch * train.seq * m.hidden * 2
     assert extra("gpt2-b8-amp-bf16")[0] == 0 and extra("llama-gqa-b4-fp32")[0] == 0
+
+
+def test_lora_states_are_the_adapters_and_a_frozen_base():
+    """LoRA: the base's weights in bfloat16, gradients and AdamW's two states for the adapters only (float32 by
+    peft's default); a LoRA job sharded or on a float32 base is refused in one line."""
+    from labkit.memory.estimate import ParallelSpec
+    from labkit.memory.estimate.spec import LoraSpec
+    from labkit.memory.estimate.states import lora_params, total_params
+
+    m, par, train = case_inputs(get_case("tinyllama-b4-lora-bf16"))
+    e = estimate(m, par, train)
+    n_a = lora_params(m, train) * m.layers
+    assert n_a == m.layers * 16 * (2 * (m.hidden + m.heads * m.d_head) + 2 * (m.hidden + m.kv * m.d_head))
+    assert e.model_states["gradients"] == 4 * n_a and e.model_states["optimizer_state"] == 8 * n_a
+    assert e.model_states["parameters"] == 2 * total_params(m) + 4 * n_a
+    with pytest.raises(LabkitError, match="one GPU"):
+        estimate(m, ParallelSpec(dp=2), train)
+    with pytest.raises(LabkitError, match="bfloat16 base"):
+        estimate(m, par, dataclasses.replace(train, precision="fp32"))
+    with pytest.raises(LabkitError, match="rank"):
+        LoraSpec(rank=0)
