@@ -342,6 +342,10 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
         # final norm input and output, targets; PyTorch SP gathers the sequence before the final norm
         gathered = train.framework == "pytorch" and par.sp
         head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
+        if m.hf is not None and train.framework == "pytorch" and m.hf.mlm_head:
+            # BERT's masked-LM head (modeling_bert.py, BertPredictionHeadTransform): dense, activation, LayerNorm
+            # before the decoder: the dense's output and the activation's besides the norm's input and output
+            head += 2 * sb * x.h * by.act
     cache, retained, tail = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
                             backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
@@ -436,6 +440,15 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         held = n * 4 + kept
         fwd = n * a + n * 4
         bwd = n * 4 + n * a + kept
+        return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
+    if m.hf is not None and m.hf.mlm_head:
+        # BertForMaskedLM's CrossEntropyLoss reads the logits as they are (no .float(), unlike ForCausalLMLoss):
+        # log_softmax keeps its output in the logits' dtype. Under autocast only nll_loss is a float32 op: it
+        # casts log_softmax's output to float32 and keeps that copy until its backward, whose gradient is float32
+        # (the fake-mode trace of bert-base-mlm-b32-amp-bf16, which matches the H200)
+        held = n * a + (n * 4 if by.autocast else 0) + kept
+        fwd = 2 * n * a + (n * 4 if by.autocast else 0)
+        bwd = held + (n * 4 if by.autocast else 2 * n * a)
         return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
     upcast = n * 4 if a != 4 else 0
     held = n * 4 + kept

@@ -94,6 +94,14 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     heads=_int(cfg, "num_attention_heads"), vocab=_int(cfg, "vocab_size"),
                     seq=seq or _int(cfg, "max_position_embeddings", default=2048), ffn=_int(cfg, "ffn_dim"),
                     norm="layernorm", bias=True, learned_pos_emb=True, tied_embeddings=tied)
+    elif mt in _ENCODERS:
+        # BERT-like encoders (modeling_bert.py): post-norm LayerNorm layers with biased linears, learned position
+        # embeddings, the masked-LM head's decoder tied to the word embeddings
+        spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"),
+                    heads=_int(cfg, "num_attention_heads"), vocab=_int(cfg, "vocab_size"),
+                    seq=seq or _int(cfg, "max_position_embeddings", default=512),
+                    ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm", bias=True,
+                    learned_pos_emb=True, tied_embeddings=tied)
     elif mt in ("gpt_neox", "bloom", "falcon", "gptj", "phi"):
         heads = _int(cfg, "num_attention_heads", "n_head")
         kv = None
@@ -135,10 +143,13 @@ def _float(cfg: dict, *keys: str) -> float:
     return 0.0
 
 
+# encoder-only models the estimator reads (BERT's layout); DeBERTa's disentangled attention is not among them
+_ENCODERS = ("bert", "roberta")
+
 # model types whose attention projects queries, keys and values with three linears (the others fuse them:
 # GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
 # whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
-_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt"}
+_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt"} | set(_ENCODERS)
 _SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
 
 # model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
@@ -170,8 +181,11 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
     return HfTraits(model_type=mt, act=act, attn_impl="eager" if impl == "eager" else "sdpa",
                     attn_dropout=_float(cfg, "attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
                     hidden_dropout=_float(cfg, "resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"),
-                    embd_dropout=_float(cfg, "embd_pdrop", "embed_dropout"),
-                    use_cache=bool(cfg.get("use_cache", True)),
+                    # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings)
+                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS else ("embd_pdrop", "embed_dropout"))),
+                    # an encoder builds no KV cache (BertModel: only a decoder, is_decoder=True, does)
+                    use_cache=bool(cfg.get("use_cache", True)) and (mt not in _ENCODERS or bool(cfg.get("is_decoder"))),
+                    mlm_head=mt in _ENCODERS,
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
                     attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,

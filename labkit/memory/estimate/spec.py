@@ -42,6 +42,8 @@ class HfTraits:
     attn_in_linears: int = 1             # linears reading the attention's normed input (q, k, v apart: 3)
     mlp_in_linears: int = 1              # linears reading the MLP's normed input (gate and up apart: 2)
     parallel_residual: bool = False      # attention and MLP both read the layer's input (GPT-NeoX)
+    mlm_head: bool = False               # an encoder's masked-LM head (BERT, RoBERTa): dense, activation, LayerNorm,
+                                         # then the tied decoder; its loss reads the logits in their own dtype
 
 
 @dataclass(frozen=True)

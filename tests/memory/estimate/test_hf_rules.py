@@ -31,6 +31,8 @@ PINNED = {
     "tinyllama-b4-lora-cast-after-amp-bf16": "LoRA: bfloat16 adapters under autocast share their inputs",
     "tinyllama-b4-lora-padded-bf16": "a padded batch: SDPA's mask, keys and values repeated to every head",
     "tinyllama-b4-lora-drop-bf16": "LoRA dropout: each adapter's dropout output and mask",
+    "bert-base-mlm-b32-bf16": "BERT: post-norm layers, the MLM head, the loss in the logits' dtype",
+    "bert-base-mlm-b32-amp-bf16": "BERT under autocast: nll_loss keeps its float32 copy of log_softmax's output",
 }
 
 
@@ -52,8 +54,10 @@ def test_rules_matter_without_them_the_estimate_is_low():
 def test_out_of_domain_cases_are_named_not_guessed():
     with pytest.raises(LabkitError, match="mixture-of-experts"):
         case_inputs(get_case("mixtral-b4-bf16"))
-    with pytest.raises(LabkitError, match="masked-lm"):
-        case_inputs(get_case("bert-base-mlm-b32-fp32"))
+    with pytest.raises(LabkitError, match="seq2seq-lm"):
+        case_inputs(get_case("t5-base-b16-fp32"))
+    with pytest.raises(LabkitError, match="DeBERTa"):
+        case_inputs(get_case("deberta-v2-mlm-b16-fp32"))
 
 
 def test_the_stated_error_is_what_the_recordings_give():
