@@ -334,6 +334,11 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
     emb = 0
     if stage == 0:
         emb = sb * 8  # token ids (int64), kept by the embedding's backward
+        if m.hf is not None and m.hf.patch:
+            # ViT: the images (float32, bfloat16 for a bfloat16 model), kept by the patch convolution (under autocast
+            # its bfloat16 copy), instead of token ids
+            pixels = x.b * m.hf.channels * (x.s - 1) * m.hf.patch ** 2
+            emb = pixels * by.resid + (pixels * by.act if by.autocast else 0)
         if (train.dropout > 0 if m.hf is None or train.framework != "pytorch"
                 else max(train.dropout, m.hf.embd_dropout) > 0):
             emb += sb * x.h / x.t_sp
@@ -433,7 +438,8 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
     backward allocates the gradient of nll_loss and of log_softmax (two more fp32 copies).
     Megatron's fused vocab-parallel cross-entropy keeps one fp32 copy and works in place."""
     x = dims(m, par, train)
-    n = x.s * x.b * x.V / x.tv
+    # a ViT classifies each image once ([CLS]): b x labels logits
+    n = (x.b if m.hf is not None and m.hf.patch else x.s * x.b) * x.V / x.tv
     a = by.act
     kept = n * a if train.keep_logits else 0
     if train.framework == "megatron":

@@ -102,6 +102,15 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     seq=seq or _int(cfg, "max_position_embeddings", default=512),
                     ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm", bias=True,
                     learned_pos_emb=True, tied_embeddings=tied)
+    elif mt == "vit":
+        # ViT (Dosovitskiy et al. 2020, arXiv:2010.11929; modeling_vit.py): pre-norm LayerNorm layers over the
+        # patches and a [CLS] token, the classifier on [CLS]: seq is patches + 1, vocab the number of labels
+        side, patch = _int(cfg, "image_size", default=224), _int(cfg, "patch_size", default=16)
+        labels = cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2
+        spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"),
+                    heads=_int(cfg, "num_attention_heads"), vocab=int(labels), seq=(side // patch) ** 2 + 1,
+                    ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm",
+                    bias=bool(cfg.get("qkv_bias", True)), learned_pos_emb=True, tied_embeddings=False)
     elif mt in ("gpt_neox", "bloom", "falcon", "gptj", "phi"):
         heads = _int(cfg, "num_attention_heads", "n_head")
         kv = None
@@ -149,7 +158,7 @@ _ENCODERS = ("bert", "roberta")
 # model types whose attention projects queries, keys and values with three linears (the others fuse them:
 # GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
 # whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
-_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt"} | set(_ENCODERS)
+_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt", "vit"} | set(_ENCODERS)
 _SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
 
 # model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
@@ -184,8 +193,11 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings)
                     embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS else ("embd_pdrop", "embed_dropout"))),
                     # an encoder builds no KV cache (BertModel: only a decoder, is_decoder=True, does)
-                    use_cache=bool(cfg.get("use_cache", True)) and (mt not in _ENCODERS or bool(cfg.get("is_decoder"))),
+                    use_cache=bool(cfg.get("use_cache", True)) and mt != "vit" and (mt not in _ENCODERS
+                                                                                   or bool(cfg.get("is_decoder"))),
                     mlm_head=mt in _ENCODERS,
+                    patch=int(cfg.get("patch_size") or 16) if mt == "vit" else 0,
+                    channels=int(cfg.get("num_channels") or 3),
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
                     attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,

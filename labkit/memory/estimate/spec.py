@@ -44,6 +44,9 @@ class HfTraits:
     parallel_residual: bool = False      # attention and MLP both read the layer's input (GPT-NeoX)
     mlm_head: bool = False               # an encoder's masked-LM head (BERT, RoBERTa): dense, activation, LayerNorm,
                                          # then the tied decoder; its loss reads the logits in their own dtype
+    patch: int = 0                       # a ViT (modeling_vit.py): the patch side of its convolutional embedding (the
+                                         # model's seq is then patches + 1, its vocab the classifier's labels); 0: text
+    channels: int = 3                    # the image's channels (ViT)
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,8 @@ def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) ->
 def total_params(m: ModelSpec) -> int:
     """All parameters of the model (tied embeddings counted once)."""
     layer, _ = layer_params(m, 1)
+    if m.hf is not None and m.hf.patch:
+        return m.layers * layer + stage_params(m, ParallelSpec(), 0).embedding + stage_params(m, ParallelSpec(), 0).head
     emb = m.vocab * m.hidden + (m.seq * m.hidden if m.learned_pos_emb else 0)
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
     head = 0 if m.tied_embeddings else m.vocab * m.hidden
@@ -153,6 +155,14 @@ def stage_params(m: ModelSpec, par: ParallelSpec, stage: int) -> ParamCounts:
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
     head = 0
     head_mm = 0
+    if m.hf is not None and m.hf.patch:
+        # ViT: the patch convolution (weight and bias) and the [CLS] token, the position table; the classifier
+        p = m.hf.patch
+        emb = (m.hf.channels * p * p * m.hidden + 2 * m.hidden + m.seq * m.hidden) if first else 0
+        if last:
+            head, head_mm = norm + m.vocab * m.hidden + m.vocab, m.vocab * m.hidden
+        return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=head, head_matmul=head_mm,
+                           layers=m.layers // par.pp)
     if last:
         head = norm
         head_mm = word

@@ -33,6 +33,7 @@ PINNED = {
     "tinyllama-b4-lora-drop-bf16": "LoRA dropout: each adapter's dropout output and mask",
     "bert-base-mlm-b32-bf16": "BERT: post-norm layers, the MLM head, the loss in the logits' dtype",
     "bert-base-mlm-b32-amp-bf16": "BERT under autocast: nll_loss keeps its float32 copy of log_softmax's output",
+    "vit-base-b64-fp32": "ViT: patches + [CLS] as the sequence, the images kept by the patch convolution",
 }
 
 
@@ -144,3 +145,18 @@ def test_lora_states_are_the_adapters_and_a_frozen_base():
         estimate(m, par, dataclasses.replace(train, precision="fp32"))
     with pytest.raises(LabkitError, match="rank"):
         LoraSpec(rank=0)
+
+
+def test_vit_reads_its_patches_as_the_sequence():
+    """A ViT config: 224 / 16 = 14 x 14 patches and [CLS] (197 tokens), the classifier's labels as the vocabulary,
+    and the parameters of transformers' ViTForImageClassification."""
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+    from labkit.memory.estimate.states import total_params
+    from labkit.workloads.corpus import build_model, hf_config, tiny
+
+    case = get_case("vit-base-b64-fp32")
+    m = spec_from_hf_config(hf_config(case).to_dict())
+    assert (m.seq, m.vocab, m.hf.patch, m.hf.use_cache) == (197, 1000, 16, False)
+    small = tiny(case)
+    built = sum(p.numel() for p in build_model(small).parameters())
+    assert total_params(spec_from_hf_config(hf_config(small).to_dict())) == built
