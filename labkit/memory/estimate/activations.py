@@ -190,6 +190,21 @@ def lora_layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byte
     return terms
 
 
+def cross_attention_bytes(x: "Dims", by: Bytes) -> float:
+    """What a BART decoder layer's cross-attention block keeps (modeling_bart.py, BartDecoderLayer.forward:
+    ``encoder_attn``, its dropout, residual add and ``encoder_attn_layer_norm``): the query, key and value
+    projections' outputs (keys and values from the encoder's output), the fused kernel's output and log-sum-exp,
+    the residual sum (the LayerNorm's input), the LayerNorm's output and statistics, the dropout's mask. Under
+    autocast the query reads a 16-bit copy of the float32 LayerNorm output, and the key and value projections
+    each cast the float32 encoder output for themselves (autocast caches only weights)."""
+    sb = x.s * x.b
+    act, res = by.act, by.resid
+    kept = 4 * sb * x.h * act + x.b * x.a * x.s * 4 + sb * x.h * res + sb * x.h * act + sb * x.h + sb * 8
+    if by.autocast:
+        kept += 2 * sb * x.h * act
+    return kept
+
+
 def mask_terms(m: ModelSpec, x: "Dims", train: TrainSpec, act: int) -> list[tuple[str, float, bool]]:
     """A padded batch (``attention_mask`` with zeros) of a transformers model: SDPA is given the mask, a (b, 1, s, s)
     tensor in the activation dtype kept per layer, and no longer runs grouped-query attention in the kernel
@@ -351,6 +366,15 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
             # BERT's masked-LM head (modeling_bert.py, BertPredictionHeadTransform): dense, activation, LayerNorm
             # before the decoder: the dense's output and the activation's besides the norm's input and output
             head += 2 * sb * x.h * by.act
+    if m.hf is not None and m.hf.decoder_layers and train.framework == "pytorch":
+        if k is not None:
+            from labkit.core.errors import LabkitError
+
+            raise LabkitError(f"{m.name}: recomputation of an encoder-decoder is not modelled by the estimator; "
+                              "use `labkit measure --hf-config` (the tracer)")
+        layers += m.hf.decoder_layers * cross_attention_bytes(x, by)
+        # the decoder's embedding too: its ids, the position add (the embedding LayerNorm's input), dropout's mask
+        emb = 2 * emb + 2 * sb * x.h * by.resid
     cache, retained, tail = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
                             backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
@@ -447,8 +471,14 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         fwd = n * a + n * 4
         bwd = n * 4 + n * a + kept
         return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
-    if m.hf is not None and m.hf.mlm_head:
-        # BertForMaskedLM's CrossEntropyLoss reads the logits as they are (no .float(), unlike ForCausalLMLoss):
+    if m.hf is not None and m.hf.decoder_layers and by.autocast:
+        # BART adds its float32 final_logits_bias buffer to the 16-bit logits (modeling_bart.py,
+        # BartForConditionalGeneration.forward): type promotion makes the logits float32, and the loss runs on them
+        held = n * 4 + kept
+        return LogitsBytes(held=int(held), forward_peak=int(2 * n * 4), backward_peak=int(held + 2 * n * 4),
+                           output=int(n * 4))
+    if m.hf is not None and (m.hf.mlm_head or m.hf.decoder_layers):
+        # BertForMaskedLM's (and BartForConditionalGeneration's) CrossEntropyLoss reads the logits as they are (no .float(), unlike ForCausalLMLoss):
         # log_softmax keeps its output in the logits' dtype. Under autocast only nll_loss is a float32 op: it
         # casts log_softmax's output to float32 and keeps that copy until its backward, whose gradient is float32
         # (the fake-mode trace of bert-base-mlm-b32-amp-bf16, which matches the H200)

@@ -78,7 +78,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
         if cfg.get(k):
             raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}); the analytical model "
                               "has no experts: use `labkit measure --hf-config` (the tracer) instead")
-    if cfg.get("is_encoder_decoder"):
+    if cfg.get("is_encoder_decoder") and mt != "bart":
         raise LabkitError(f"hf config {mt}: an encoder-decoder model; the analytical model covers decoder-only "
                           "LMs: use `labkit measure --hf-config` (the tracer) instead")
     name = name or cfg.get("_name_or_path") or mt or "hf-config"
@@ -102,6 +102,18 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     seq=seq or _int(cfg, "max_position_embeddings", default=512),
                     ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm", bias=True,
                     learned_pos_emb=True, tied_embeddings=tied)
+    elif mt == "bart":
+        # BART (Lewis et al. 2019, arXiv:1910.13461; modeling_bart.py): post-norm encoder and decoder stacks of
+        # BERT's layer, the decoder's with a cross-attention block; read as one stack of both, the decoder last
+        enc, dec = _int(cfg, "encoder_layers"), _int(cfg, "decoder_layers")
+        if (cfg.get("encoder_attention_heads") != cfg.get("decoder_attention_heads")
+                or cfg.get("encoder_ffn_dim") != cfg.get("decoder_ffn_dim")):
+            raise LabkitError(f"hf config {mt}: encoder and decoder of different widths; the analytical model reads "
+                              "BART's stacks as one: use `labkit measure --hf-config` (the tracer) instead")
+        spec = dict(layers=enc + dec, hidden=_int(cfg, "d_model"), heads=_int(cfg, "encoder_attention_heads"),
+                    vocab=_int(cfg, "vocab_size"), seq=seq or _int(cfg, "max_position_embeddings", default=1024),
+                    ffn=_int(cfg, "encoder_ffn_dim"), norm="layernorm", bias=True, learned_pos_emb=True,
+                    tied_embeddings=tied)
     elif mt == "vit":
         # ViT (Dosovitskiy et al. 2020, arXiv:2010.11929; modeling_vit.py): pre-norm LayerNorm layers over the
         # patches and a [CLS] token, the classifier on [CLS]: seq is patches + 1, vocab the number of labels
@@ -158,7 +170,7 @@ _ENCODERS = ("bert", "roberta")
 # model types whose attention projects queries, keys and values with three linears (the others fuse them:
 # GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
 # whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
-_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt", "vit"} | set(_ENCODERS)
+_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt", "vit", "bart"} | set(_ENCODERS)
 _SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
 
 # model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
@@ -191,13 +203,18 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     attn_dropout=_float(cfg, "attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
                     hidden_dropout=_float(cfg, "resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"),
                     # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings)
-                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS else ("embd_pdrop", "embed_dropout"))),
+                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS else ("dropout",) if mt == "bart"
+                                               else ("embd_pdrop", "embed_dropout"))),
                     # an encoder builds no KV cache (BertModel: only a decoder, is_decoder=True, does)
-                    use_cache=bool(cfg.get("use_cache", True)) and mt != "vit" and (mt not in _ENCODERS
+                    # BartForConditionalGeneration turns the cache off when given labels
+                    use_cache=bool(cfg.get("use_cache", True)) and mt not in ("vit", "bart") and (mt not in _ENCODERS
                                                                                    or bool(cfg.get("is_decoder"))),
                     mlm_head=mt in _ENCODERS,
                     patch=int(cfg.get("patch_size") or 16) if mt == "vit" else 0,
                     channels=int(cfg.get("num_channels") or 3),
+                    decoder_layers=int(cfg.get("decoder_layers") or 0) if mt == "bart" else 0,
+                    # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows (its offset of 2)
+                    positions=int(cfg.get("max_position_embeddings") or 1024) + 2 if mt == "bart" else 0,
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
                     attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,

@@ -47,6 +47,9 @@ class HfTraits:
     patch: int = 0                       # a ViT (modeling_vit.py): the patch side of its convolutional embedding (the
                                          # model's seq is then patches + 1, its vocab the classifier's labels); 0: text
     channels: int = 3                    # the image's channels (ViT)
+    decoder_layers: int = 0              # an encoder-decoder (BART): the last decoder_layers of the model's layers
+                                         # also cross-attend to the encoder's output; 0: one stack
+    positions: int = 0                   # BART: rows of each stack's learned position table
 
 
 @dataclass(frozen=True)

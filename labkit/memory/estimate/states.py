@@ -138,7 +138,7 @@ def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) ->
 def total_params(m: ModelSpec) -> int:
     """All parameters of the model (tied embeddings counted once)."""
     layer, _ = layer_params(m, 1)
-    if m.hf is not None and m.hf.patch:
+    if m.hf is not None and (m.hf.patch or m.hf.decoder_layers):
         return m.layers * layer + stage_params(m, ParallelSpec(), 0).embedding + stage_params(m, ParallelSpec(), 0).head
     emb = m.vocab * m.hidden + (m.seq * m.hidden if m.learned_pos_emb else 0)
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
@@ -155,6 +155,14 @@ def stage_params(m: ModelSpec, par: ParallelSpec, stage: int) -> ParamCounts:
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
     head = 0
     head_mm = 0
+    if m.hf is not None and m.hf.decoder_layers:
+        # BART (pp=1): the shared word embedding (tied to the LM head), each stack's position table and embedding
+        # LayerNorm, and the decoder layers' cross-attention (q, k, v, o with biases, its LayerNorm)
+        h = m.hidden
+        cross = m.hf.decoder_layers * (4 * h * h + 4 * h + 2 * h)
+        emb = m.vocab * h + 2 * m.hf.positions * h + 2 * 2 * h + cross
+        return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=0, head_matmul=m.vocab * h,
+                           layers=m.layers)
     if m.hf is not None and m.hf.patch:
         # ViT: the patch convolution (weight and bias) and the [CLS] token, the position table; the classifier
         p = m.hf.patch

@@ -34,6 +34,8 @@ PINNED = {
     "bert-base-mlm-b32-bf16": "BERT: post-norm layers, the MLM head, the loss in the logits' dtype",
     "bert-base-mlm-b32-amp-bf16": "BERT under autocast: nll_loss keeps its float32 copy of log_softmax's output",
     "vit-base-b64-fp32": "ViT: patches + [CLS] as the sequence, the images kept by the patch convolution",
+    "bart-base-b16-fp32": "BART: two stacks, the decoder's cross-attention, the loss in the logits' dtype",
+    "bart-base-b16-amp-bf16": "BART under autocast: the float32 final_logits_bias makes the logits float32",
 }
 
 
@@ -57,6 +59,9 @@ def test_out_of_domain_cases_are_named_not_guessed():
         case_inputs(get_case("mixtral-b4-bf16"))
     with pytest.raises(LabkitError, match="seq2seq-lm"):
         case_inputs(get_case("t5-base-b16-fp32"))
+    m, par, train = case_inputs(get_case("bart-base-b16-fp32"))
+    with pytest.raises(LabkitError, match="recomputation of an encoder-decoder"):
+        estimate(m, par, dataclasses.replace(train, recompute="full"))
     with pytest.raises(LabkitError, match="DeBERTa"):
         case_inputs(get_case("deberta-v2-mlm-b16-fp32"))
 
@@ -148,15 +153,22 @@ def test_lora_states_are_the_adapters_and_a_frozen_base():
 
 
 def test_vit_reads_its_patches_as_the_sequence():
-    """A ViT config: 224 / 16 = 14 x 14 patches and [CLS] (197 tokens), the classifier's labels as the vocabulary,
-    and the parameters of transformers' ViTForImageClassification."""
+    """A ViT config: 224 / 16 = 14 x 14 patches and [CLS] (197 tokens), the classifier's labels as the vocabulary."""
     from labkit.memory.estimate.hf_config import spec_from_hf_config
-    from labkit.memory.estimate.states import total_params
-    from labkit.workloads.corpus import build_model, hf_config, tiny
+    from labkit.workloads.corpus import hf_config
 
     case = get_case("vit-base-b64-fp32")
     m = spec_from_hf_config(hf_config(case).to_dict())
     assert (m.seq, m.vocab, m.hf.patch, m.hf.use_cache) == (197, 1000, 16, False)
-    small = tiny(case)
-    built = sum(p.numel() for p in build_model(small).parameters())
-    assert total_params(spec_from_hf_config(hf_config(small).to_dict())) == built
+
+
+def test_bart_and_vit_parameters_are_transformers_own():
+    """The estimator's parameter count of BART and ViT configs is the built transformers model's, to the one."""
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+    from labkit.memory.estimate.states import total_params
+    from labkit.workloads.corpus import build_model, hf_config, tiny
+
+    for name in ("bart-base-b16-fp32", "vit-base-b64-fp32"):
+        small = tiny(get_case(name))
+        built = sum(p.numel() for p in build_model(small).parameters())
+        assert total_params(spec_from_hf_config(hf_config(small).to_dict())) == built, name
