@@ -124,7 +124,9 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         # second norm reads the layer's input, already counted as the first norm's
         terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
     terms.append(("MLP input", sb * x.h * act / (1 if gathered else x.t_sp), False))
-    if m.gated_mlp:
+    if m.hf is not None and pt and m.hf.experts:
+        terms += moe_terms(m, x, by)
+    elif m.gated_mlp:
         n_f = 4 if pt else 3
         terms.append(("MLP gate/up and activation outputs", n_f * sb * x.f / x.t * act, False))
     else:
@@ -188,6 +190,28 @@ def lora_layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byte
     terms.append(("MLP gate/up and activation outputs (frozen: the down projection keeps nothing)",
                   n_f * sb * x.f * act, False))
     return terms
+
+
+def moe_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool]]:
+    """A mixture-of-experts MLP as transformers runs it by default (integrations/moe.py, grouped_mm_experts_forward):
+    each token's k (token, expert) rows sorted by expert, gathered (``hidden_states[perm // k]``), one grouped GEMM
+    to gate and up, ``act(gate) * up``, one grouped GEMM down, times the routing weight. Every tensor has T x k
+    rows whatever the routing, so the memory needs no routing assumption (labkit.memory.trace.fake.moe says the
+    same for the trace). Kept: the gathered rows, the gate/up output, the activation's and the product's, the
+    expert outputs (the routing weights' multiplication); the router's float32 softmax (T x E). Qwen2-MoE adds a
+    shared expert (a gated MLP on every token: four tensors of its width) scaled by a sigmoid gate, which keeps the
+    shared expert's output."""
+    e = m.hf
+    sb = x.s * x.b
+    rows = sb * e.top_k
+    act = by.act
+    out = [("MoE: gathered rows, gate/up, activation and product, expert outputs",
+            rows * (2 * x.h + 4 * e.expert_ffn) * act / x.t, False),
+           ("MoE: the router's float32 softmax", sb * e.experts * 4, False)]
+    if e.shared_ffn:
+        out.append(("MoE: the shared expert's gated MLP and its output", (4 * sb * e.shared_ffn + sb * x.h) * act / x.t,
+                    False))
+    return out
 
 
 def cross_attention_bytes(x: "Dims", by: Bytes) -> float:

@@ -16,9 +16,11 @@ from labkit.core.errors import LabkitError
 from labkit.memory.estimate.spec import HfTraits, ModelSpec
 
 # families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
+_LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2_moe", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
                "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# mixture-of-experts model types the estimator reads (transformers' grouped_mm experts, integrations/moe.py)
+_MOE_TYPES = {"mixtral", "qwen2_moe"}
 
 
 def load_hf_config(source: str | Path) -> dict[str, Any]:
@@ -75,9 +77,10 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
         raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
     mt = str(cfg.get("model_type") or "")
     for k in _MOE_KEYS:
-        if cfg.get(k):
-            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}); the analytical model "
-                              "has no experts: use `labkit measure --hf-config` (the tracer) instead")
+        if cfg.get(k) and (mt not in _MOE_TYPES or cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) != 1):
+            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}) the analytical model does not "
+                              f"read (it reads {', '.join(sorted(_MOE_TYPES))} with every layer sparse): use "
+                              "`labkit measure --hf-config` (the tracer) instead")
     if cfg.get("is_encoder_decoder") and mt != "bart":
         raise LabkitError(f"hf config {mt}: an encoder-decoder model; the analytical model covers decoder-only "
                           "LMs: use `labkit measure --hf-config` (the tracer) instead")
@@ -218,4 +221,19 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
                     attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,
-                    parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)))
+                    parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)),
+                    **moe_traits(cfg, mt))
+
+
+def moe_traits(cfg: dict[str, Any], mt: str) -> dict[str, int]:
+    """Mixtral's (modeling_mixtral.py: ``num_local_experts`` experts of ``intermediate_size``) and Qwen2-MoE's
+    (modeling_qwen2_moe.py: ``num_experts`` of ``moe_intermediate_size``, a shared expert of
+    ``shared_expert_intermediate_size``) experts; empty for a dense model."""
+    if mt not in _MOE_TYPES:
+        return {}
+    if mt == "mixtral":
+        return dict(experts=int(cfg.get("num_local_experts") or 8), top_k=int(cfg.get("num_experts_per_tok") or 2),
+                    expert_ffn=int(cfg.get("intermediate_size") or 14336))
+    return dict(experts=int(cfg.get("num_experts") or 60), top_k=int(cfg.get("num_experts_per_tok") or 4),
+                expert_ffn=int(cfg.get("moe_intermediate_size") or 1408),
+                shared_ffn=int(cfg.get("shared_expert_intermediate_size") or 0))

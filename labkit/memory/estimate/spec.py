@@ -50,6 +50,10 @@ class HfTraits:
     decoder_layers: int = 0              # an encoder-decoder (BART): the last decoder_layers of the model's layers
                                          # also cross-attend to the encoder's output; 0: one stack
     positions: int = 0                   # BART: rows of each stack's learned position table
+    experts: int = 0                     # a mixture-of-experts MLP (Mixtral, Qwen2-MoE): routed experts, 0: dense
+    top_k: int = 0                       # experts per token
+    expert_ffn: int = 0                  # one expert's intermediate size
+    shared_ffn: int = 0                  # Qwen2-MoE's shared expert's intermediate size (0: none)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,11 @@ def layer_params(m: ModelSpec, tp: int = 1) -> tuple[int, int]:
     n_mlp = 3 if m.gated_mlp else 2
     mlp_w = n_mlp * h * f // tp
     mlp_b = b * ((n_mlp - 1) * f // tp + h)
+    if m.hf is not None and m.hf.experts:
+        # the router, E experts' gate_up and down weights, a shared expert with its sigmoid gate (Qwen2-MoE)
+        e = m.hf
+        mlp_w = (h * e.experts + e.experts * 3 * h * e.expert_ffn + (3 * h * e.shared_ffn + h if e.shared_ffn else 0)) // tp
+        mlp_b = 0
     norm = (2 if m.norm == "layernorm" else 1) * h
     matmul = attn_w + mlp_w
     return matmul + attn_b + mlp_b + 2 * norm, matmul

@@ -36,6 +36,8 @@ PINNED = {
     "vit-base-b64-fp32": "ViT: patches + [CLS] as the sequence, the images kept by the patch convolution",
     "bart-base-b16-fp32": "BART: two stacks, the decoder's cross-attention, the loss in the logits' dtype",
     "bart-base-b16-amp-bf16": "BART under autocast: the float32 final_logits_bias makes the logits float32",
+    "mixtral-b4-bf16": "MoE: grouped_mm's T x k rows (no routing assumption needed)",
+    "qwen2-moe-b4-bf16": "MoE with a shared expert and its sigmoid gate",
 }
 
 
@@ -55,8 +57,11 @@ def test_rules_matter_without_them_the_estimate_is_low():
 
 
 def test_out_of_domain_cases_are_named_not_guessed():
-    with pytest.raises(LabkitError, match="mixture-of-experts"):
-        case_inputs(get_case("mixtral-b4-bf16"))
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+
+    with pytest.raises(LabkitError, match="mixture-of-experts model .* the analytical model does not read"):
+        spec_from_hf_config({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_hidden_layers": 2,
+                             "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100})
     with pytest.raises(LabkitError, match="seq2seq-lm"):
         case_inputs(get_case("t5-base-b16-fp32"))
     m, par, train = case_inputs(get_case("bart-base-b16-fp32"))
@@ -163,12 +168,13 @@ def test_vit_reads_its_patches_as_the_sequence():
 
 
 def test_bart_and_vit_parameters_are_transformers_own():
-    """The estimator's parameter count of BART and ViT configs is the built transformers model's, to the one."""
+    """The estimator's parameter count of BART, ViT and Mixtral configs is the built transformers model's, to the
+    one."""
     from labkit.memory.estimate.hf_config import spec_from_hf_config
     from labkit.memory.estimate.states import total_params
     from labkit.workloads.corpus import build_model, hf_config, tiny
 
-    for name in ("bart-base-b16-fp32", "vit-base-b64-fp32"):
+    for name in ("bart-base-b16-fp32", "vit-base-b64-fp32", "mixtral-b4-bf16"):
         small = tiny(get_case(name))
         built = sum(p.numel() for p in build_model(small).parameters())
         assert total_params(spec_from_hf_config(hf_config(small).to_dict())) == built, name
