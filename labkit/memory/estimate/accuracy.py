@@ -62,6 +62,10 @@ def case_inputs(case: Any):
     if case.family == "transformers" and case.task == "masked-lm" and case.arch not in _ENCODERS:
         raise LabkitError(f"{case.name}: {case.arch}'s attention is not BERT's (DeBERTa's disentangled attention adds "
                           "relative-position scores the estimator does not model)")
+    if case.family == "transformers" and case.arch == "t5":
+        raise LabkitError(f"{case.name}: T5's self-attention is its own softmax over scores plus a relative-position "
+                          "bias, with dropout on the (b, heads, s, s) probabilities, beside SDPA cross-attention: not "
+                          "modelled by the estimator (the tracer covers it)")
     if case.family != "transformers" or case.task not in ("causal-lm", "masked-lm") and case.arch not in ("vit", "bart"):
         raise LabkitError(f"{case.name}: a {case.task} model (the estimator covers decoder-only causal LMs and "
                           "BERT-like masked-LM encoders)")

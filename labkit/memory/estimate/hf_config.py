@@ -3,8 +3,9 @@
 
 The field names follow the configs of the families below (as ``transformers`` writes them);
 anything else with the common names (``num_hidden_layers``, ``hidden_size``,
-``num_attention_heads``, ``vocab_size``) is read the Llama way. Mixture-of-experts configs are
-refused: the analytical model has no experts (the tracer handles them).
+``num_attention_heads``, ``vocab_size``) is read the Llama way. Mixtral and Qwen2-MoE mixtures of experts,
+BERT / RoBERTa encoders, BART and ViT are read with their own traits (``HfTraits``); other mixture-of-experts
+configs and other encoder-decoders are refused in one line (the tracer handles them).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: str | None = None,
                         layers: int | None = None, hidden: int | None = None) -> ModelSpec:
-    """The ModelSpec of a decoder-only LM config; ``layers``/``hidden`` override the file."""
+    """The ModelSpec of a transformers config (decoder-only LMs, Mixtral / Qwen2-MoE, BERT / RoBERTa, BART, ViT);
+    ``layers``/``hidden`` override the file."""
     if not isinstance(cfg, dict):
         raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
     mt = str(cfg.get("model_type") or "")
@@ -82,8 +84,8 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                               f"read (it reads {', '.join(sorted(_MOE_TYPES))} with every layer sparse): use "
                               "`labkit measure --hf-config` (the tracer) instead")
     if cfg.get("is_encoder_decoder") and mt != "bart":
-        raise LabkitError(f"hf config {mt}: an encoder-decoder model; the analytical model covers decoder-only "
-                          "LMs: use `labkit measure --hf-config` (the tracer) instead")
+        raise LabkitError(f"hf config {mt}: an encoder-decoder model other than BART; the analytical model does not "
+                          "read it: use `labkit measure --hf-config` (the tracer) instead")
     name = name or cfg.get("_name_or_path") or mt or "hf-config"
     tied = bool(cfg.get("tie_word_embeddings", True))
     if mt == "gpt2":

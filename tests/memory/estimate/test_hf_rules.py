@@ -62,7 +62,7 @@ def test_out_of_domain_cases_are_named_not_guessed():
     with pytest.raises(LabkitError, match="mixture-of-experts model .* the analytical model does not read"):
         spec_from_hf_config({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_hidden_layers": 2,
                              "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100})
-    with pytest.raises(LabkitError, match="seq2seq-lm"):
+    with pytest.raises(LabkitError, match="T5's self-attention"):
         case_inputs(get_case("t5-base-b16-fp32"))
     m, par, train = case_inputs(get_case("bart-base-b16-fp32"))
     with pytest.raises(LabkitError, match="recomputation of an encoder-decoder"):
