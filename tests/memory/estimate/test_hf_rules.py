@@ -83,8 +83,10 @@ def test_the_stated_error_is_what_the_recordings_give():
     cases = s["reference"]["cases"] + s["held-out"]["cases"]
     n, total = map(int, re.search(r"within 5% of the H200 on (\d+) of (\d+)", ESTIMATOR_ERROR).groups())
     assert (within, cases) == (n, total)
-    # both splits apart: the rules were written against reference cases, the held-out ones check them
-    assert s["held-out"]["cases"] >= 30 and s["reference"]["cases"] >= 70
+    # both splits apart: the rules were written against reference cases, the held-out ones check them (95 and 50
+    # cases when this was written, every one within 5%)
+    for split, least in (("reference", 95), ("held-out", 50)):
+        assert s[split]["cases"] >= least and s[split]["within"] == s[split]["cases"], (split, s[split])
     worst = max(s["reference"]["worst_pct"], s["held-out"]["worst_pct"])
     assert worst <= float(re.search(r"worst (\d+)%", ESTIMATOR_ERROR).group(1)) + 0.5
 
