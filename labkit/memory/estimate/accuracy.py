@@ -54,10 +54,8 @@ class EstimateCheck:
 def case_inputs(case: Any):
     """(ModelSpec, ParallelSpec, TrainSpec) of a corpus case, or LabkitError naming why not."""
     from labkit.memory.estimate import ParallelSpec, TrainSpec
-    from labkit.memory.estimate.hf_config import spec_from_hf_config
+    from labkit.memory.estimate.hf_config import _ENCODERS, spec_from_hf_config
     from labkit.workloads.corpus import hf_config
-
-    from labkit.memory.estimate.hf_config import _ENCODERS
 
     if case.family == "transformers" and case.task == "masked-lm" and case.arch not in _ENCODERS:
         raise LabkitError(f"{case.name}: {case.arch}'s attention is not BERT's (DeBERTa's disentangled attention adds "
@@ -66,9 +64,10 @@ def case_inputs(case: Any):
         raise LabkitError(f"{case.name}: T5's self-attention is its own softmax over scores plus a relative-position "
                           "bias, with dropout on the (b, heads, s, s) probabilities, beside SDPA cross-attention: not "
                           "modelled by the estimator (the tracer covers it)")
-    if case.family != "transformers" or case.task not in ("causal-lm", "masked-lm") and case.arch not in ("vit", "bart"):
-        raise LabkitError(f"{case.name}: a {case.task} model (the estimator covers decoder-only causal LMs and "
-                          "BERT-like masked-LM encoders)")
+    read = case.task in ("causal-lm", "masked-lm") or case.arch in ("vit", "bart")
+    if case.family != "transformers" or not read:
+        raise LabkitError(f"{case.name}: a {case.family} {case.task} model (the estimator covers transformers' causal "
+                          "LMs, BERT-like masked-LM encoders, BART and ViT)")
     lora = None
     if case.lora:
         from labkit.memory.estimate.spec import LoraSpec

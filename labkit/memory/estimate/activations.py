@@ -156,8 +156,9 @@ def lora_layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byte
       then ``lora_B(lora_A(dropout(x))) * scaling``): each adapter's ``lora_A`` keeps its input: with float32
       adapters every adapted projection casts the input for itself (one float32 copy each); with bfloat16 adapters
       q, k and v share the norm's output and o reads the attention's output (already kept); under autocast, float32
-      adapters' ``lora_A`` keeps autocast's bfloat16 cast of peft's float32 copy, its own per adapter. ``lora_B`` keeps ``lora_A``'s rank-r output. With dropout,
-      ``lora_A`` keeps the dropout's output instead and dropout its 1-byte mask, per adapter;
+      adapters' ``lora_A`` keeps autocast's bfloat16 cast of peft's float32 copy, its own per adapter. ``lora_B``
+      keeps ``lora_A``'s rank-r output. With dropout, ``lora_A`` keeps the dropout's output instead and dropout its
+      1-byte mask, per adapter;
     * the MLP: the gate's and up projection's outputs and the activation's (``act_fn(gate) * up`` keeps all three);
       the frozen down projection keeps nothing."""
     L = train.lora
@@ -183,7 +184,7 @@ def lora_layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byte
         per = act if autocast else L.adapter_bytes
         terms.append(("LoRA: each adapter's own cast of its input", sum(in_sizes) * sb * per, False))
     else:
-        terms.append(("LoRA: q, k, v's shared input (the norm's output)", sb * x.h * act if L.targets > 0 else 0, False))
+        terms.append(("LoRA: q, k, v's shared input (the norm's output)", sb * x.h * act, False))
     out_bytes = act if autocast else L.adapter_bytes
     terms.append(("LoRA: lora_A's outputs (lora_B's inputs)", L.targets * sb * L.rank * out_bytes, False))
     n_f = 3 if m.gated_mlp else 1
@@ -502,9 +503,10 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         return LogitsBytes(held=int(held), forward_peak=int(2 * n * 4), backward_peak=int(held + 2 * n * 4),
                            output=int(n * 4))
     if m.hf is not None and (m.hf.mlm_head or m.hf.decoder_layers):
-        # BertForMaskedLM's (and BartForConditionalGeneration's) CrossEntropyLoss reads the logits as they are (no .float(), unlike ForCausalLMLoss):
-        # log_softmax keeps its output in the logits' dtype. Under autocast only nll_loss is a float32 op: it
-        # casts log_softmax's output to float32 and keeps that copy until its backward, whose gradient is float32
+        # BertForMaskedLM's (and BartForConditionalGeneration's) CrossEntropyLoss reads the logits as they are (no
+        # .float(), unlike ForCausalLMLoss): log_softmax keeps its output in the logits' dtype. Under autocast only
+        # nll_loss is a float32 op: it casts log_softmax's output to float32 and keeps that copy until its backward,
+        # whose gradient is float32
         # (the fake-mode trace of bert-base-mlm-b32-amp-bf16, which matches the H200)
         held = n * a + (n * 4 if by.autocast else 0) + kept
         fwd = 2 * n * a + (n * 4 if by.autocast else 0)

@@ -17,8 +17,8 @@ from labkit.core.errors import LabkitError
 from labkit.memory.estimate.spec import HfTraits, ModelSpec
 
 # families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
-_LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2_moe", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
-               "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
+_LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2_moe", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
+               "olmo", "olmo2", "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 # mixture-of-experts model types the estimator reads (transformers' grouped_mm experts, integrations/moe.py)
 _MOE_TYPES = {"mixtral", "qwen2_moe"}
@@ -79,9 +79,10 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
         raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
     mt = str(cfg.get("model_type") or "")
     for k in _MOE_KEYS:
-        if cfg.get(k) and (mt not in _MOE_TYPES or cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) != 1):
-            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}) the analytical model does not "
-                              f"read (it reads {', '.join(sorted(_MOE_TYPES))} with every layer sparse): use "
+        dense_layers = cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) != 1
+        if cfg.get(k) and (mt not in _MOE_TYPES or dense_layers):
+            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}) the analytical model does "
+                              f"not read (it reads {', '.join(sorted(_MOE_TYPES))} with every layer sparse): use "
                               "`labkit measure --hf-config` (the tracer) instead")
     if cfg.get("is_encoder_decoder") and mt != "bart":
         raise LabkitError(f"hf config {mt}: an encoder-decoder model other than BART; the analytical model does not "
@@ -208,8 +209,8 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     attn_dropout=_float(cfg, "attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
                     hidden_dropout=_float(cfg, "resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"),
                     # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings)
-                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS else ("dropout",) if mt == "bart"
-                                               else ("embd_pdrop", "embed_dropout"))),
+                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS
+                                               else ("dropout",) if mt == "bart" else ("embd_pdrop", "embed_dropout"))),
                     # an encoder builds no KV cache (BertModel: only a decoder, is_decoder=True, does)
                     # BartForConditionalGeneration turns the cache off when given labels
                     use_cache=bool(cfg.get("use_cache", True)) and mt not in ("vit", "bart") and (mt not in _ENCODERS

@@ -195,7 +195,7 @@ class TrainSpec:
     keep_logits: bool = False            # the training loop holds the logits through backward
     framework: str = "pytorch"           # pytorch: nn.Module + SDPA + DTensor; megatron: the paper's layout
     lora: LoraSpec | None = None         # LoRA adapters on a frozen 16-bit base (precision bf16 or amp-bf16)
-    padded: bool = False                 # the batch has an attention mask with padding (transformers passes SDPA a mask)
+    padded: bool = False                 # the batch has padding in its attention mask (SDPA is given the mask)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -277,6 +277,9 @@ def validate(model: ModelSpec, par: ParallelSpec, train: TrainSpec) -> None:
                           f"= {train.micro_batch * par.dp}")
     if par.shard_size is not None and (par.shard_size < 1 or (par.dp * par.cp) % par.shard_size):
         raise LabkitError(f"shard size {par.shard_size} does not divide the data-parallel group dp x cp = {par.dp * par.cp}")
+    if model.hf is not None and model.hf.decoder_layers and (par.pp > 1 or par.tp > 1):
+        raise LabkitError(f"{model.name}: an encoder-decoder (BART) is read as one stack on one pipeline stage without "
+                          "tensor parallelism (tp=pp=1); trace other layouts with `labkit measure --script`")
     if train.lora is not None:
         if par.world > 1:
             raise LabkitError("LoRA: the estimator models it on one GPU (tp=pp=dp=cp=1); trace a sharded LoRA job with "

@@ -110,7 +110,8 @@ def layer_params(m: ModelSpec, tp: int = 1) -> tuple[int, int]:
     if m.hf is not None and m.hf.experts:
         # the router, E experts' gate_up and down weights, a shared expert with its sigmoid gate (Qwen2-MoE)
         e = m.hf
-        mlp_w = (h * e.experts + e.experts * 3 * h * e.expert_ffn + (3 * h * e.shared_ffn + h if e.shared_ffn else 0)) // tp
+        shared = 3 * h * e.shared_ffn + h if e.shared_ffn else 0
+        mlp_w = (h * e.experts + e.experts * 3 * h * e.expert_ffn + shared) // tp
         mlp_b = 0
     norm = (2 if m.norm == "layernorm" else 1) * h
     matmul = attn_w + mlp_w
@@ -137,7 +138,8 @@ def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) ->
         from labkit.core.errors import LabkitError
 
         raise LabkitError(f"LoRA: the estimator models AdamW or SGD over the adapters, not {train.optimizer}")
-    return ModelStates(params=int(pc.total * by.weight + n_a * ab), grads=int(n_a * ab), optimizer=int(n_a * ab * states))
+    return ModelStates(params=int(pc.total * by.weight + n_a * ab), grads=int(n_a * ab),
+                       optimizer=int(n_a * ab * states))
 
 
 def total_params(m: ModelSpec) -> int:

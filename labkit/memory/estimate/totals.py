@@ -28,8 +28,8 @@ from labkit.core.vocab import Category, CategoryBytes, Phase
 from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
 from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
-from labkit.memory.estimate.states import (ModelStates, lora_params, lora_states, model_states, precision_bytes, stage_params,
-                                          total_params)
+from labkit.memory.estimate.states import (ModelStates, lora_params, lora_states, model_states, precision_bytes,
+                                          stage_params, total_params)
 
 # The model's subsets of the lab's vocabulary (labkit.core.vocab): the categories it separates
 # ("context" holds the CUDA context and the libraries' workspaces) and the phases it has peaks for.
@@ -150,7 +150,8 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
         cands_bwd.append(cat(ms.params + (k - 1) * ac_held + ac_segment, ms.grads * (1 - not_yet / pc.total),
                              (k - 1) * A + sa.cache_retained + sa.tail, (k - 1) * held + n_micro * outs,
                              cb.persistent + cb.backward_end))
-    n_opt = (pc.total if train.lora is None else lora_params(m, train) * pc.layers) / (par.shard_group if par.zero >= 1 else 1)
+    trained = pc.total if train.lora is None else lora_params(m, train) * pc.layers
+    n_opt = trained / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
     cands = {"forward": fwd, "backward": max(cands_bwd, key=lambda c: sum(c.values())), "optimizer": opt}
     phases = {p: int(sum(c.values())) for p, c in cands.items()}

@@ -67,6 +67,8 @@ def test_out_of_domain_cases_are_named_not_guessed():
     m, par, train = case_inputs(get_case("bart-base-b16-fp32"))
     with pytest.raises(LabkitError, match="recomputation of an encoder-decoder"):
         estimate(m, par, dataclasses.replace(train, recompute="full"))
+    with pytest.raises(LabkitError, match="one stack on one pipeline stage"):
+        estimate(m, dataclasses.replace(par, pp=2), train)
     with pytest.raises(LabkitError, match="DeBERTa"):
         case_inputs(get_case("deberta-v2-mlm-b16-fp32"))
 
