@@ -171,7 +171,7 @@ def test_vit_reads_its_patches_as_the_sequence():
     assert (m.seq, m.vocab, m.hf.patch, m.hf.use_cache) == (197, 1000, 16, False)
 
 
-def test_bart_and_vit_parameters_are_transformers_own():
+def test_bart_vit_and_mixtral_parameters_are_transformers_own():
     """The estimator's parameter count of BART, ViT and Mixtral configs is the built transformers model's, to the
     one."""
     from labkit.memory.estimate.hf_config import spec_from_hf_config
