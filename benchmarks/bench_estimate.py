@@ -161,7 +161,7 @@ def validate(args) -> int:
         print(f"\nnot traced ({len(untraced)}): " + "; ".join(f"{r.name} ({r.reason})" for r in untraced))
     out = [r for r in rows if r.estimated is None]
     if out:
-        print(f"\nnot estimator cases ({len(out)}): " + "; ".join(f"{r.name} ({r.reason})" for r in out))
+        print(f"\nnot modelled by the estimator ({len(out)}): " + "; ".join(f"{r.name} ({r.reason})" for r in out))
     return 0
 
 

@@ -123,8 +123,8 @@ def test_hf_config_mapping_matches_the_presets():
                                  "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008,
                                  "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})
     assert total_params(llama) == total_params(get_preset("llama2-7b"))
-    with pytest.raises(LabkitError, match="mixture-of-experts"):
-        spec_from_hf_config({"model_type": "mixtral", "num_local_experts": 8, "num_hidden_layers": 2})
+    with pytest.raises(LabkitError, match="mixture-of-experts"):   # a type the estimator does not read
+        spec_from_hf_config({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_hidden_layers": 2})
     with pytest.raises(LabkitError, match="num_hidden_layers"):
         spec_from_hf_config({"model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": "two"})
 

@@ -74,6 +74,8 @@ def dims(m: ModelSpec, par: ParallelSpec, train: TrainSpec) -> Dims:
 
 def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> list[tuple[str, float, bool]]:
     """(name, bytes, is_attention_core) of every saved tensor of one layer and micro-batch."""
+    if train.lora is not None:
+        return lora_layer_terms(m, par, train, by)
     x = dims(m, par, train)
     sb = x.s * x.b
     act, res = by.act, by.resid
@@ -113,6 +115,7 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
             terms.append(("attention dropout output", scores * act, True))
     terms.append(("projection input", sb * q_local * act, False))
     if m.hf is not None and pt:
+        terms += mask_terms(m, x, train, act)
         terms += hf_layer_terms(m, x, by)
     if drop:
         terms.append(("attention residual dropout mask", sb * x.h / x.t_sp, False))
@@ -121,7 +124,9 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         # second norm reads the layer's input, already counted as the first norm's
         terms.append(("norm 2 input (residual stream)", sb * x.h * res / x.t_sp, False))
     terms.append(("MLP input", sb * x.h * act / (1 if gathered else x.t_sp), False))
-    if m.gated_mlp:
+    if m.hf is not None and pt and m.hf.experts:
+        terms += moe_terms(m, x, by)
+    elif m.gated_mlp:
         n_f = 4 if pt else 3
         terms.append(("MLP gate/up and activation outputs", n_f * sb * x.f / x.t * act, False))
     else:
@@ -132,6 +137,112 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         stats = 8 if m.norm == "layernorm" else 4  # mean and rstd (fp32) per token
         terms.append(("norm statistics", 2 * sb * stats / x.t_sp, False))
     return terms
+
+
+def lora_layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -> list[tuple[str, float, bool]]:
+    """What a Llama-like transformers layer saves for backward with LoRA adapters on its attention projections and
+    a frozen bfloat16 base (what the fake-mode trace of ``tinyllama-b4-lora-bf16`` keeps per layer, to the byte).
+
+    Autograd saves an operand only for a gradient it must compute: a frozen linear (``x @ W.T``, W not requiring
+    grad) keeps its weight but not its input, and ``weight * x`` with a frozen weight keeps the weight alone
+    (torch/csrc/autograd/FunctionsManual and derivatives.yaml: ``mm``'s ``self`` is saved only for ``mat2``'s
+    gradient). So:
+
+    * RMSNorm (modeling_llama.py, LlamaRMSNorm.forward) keeps its float32 copy of the input (``pow`` and the
+      ``rsqrt`` product read it) and the rsqrt, but not its 16-bit input or output;
+    * attention: the rotated queries, the keys and values (the KV cache's tensors where the cache is on, counted
+      with the cache), the fused kernel's output and log-sum-exp;
+    * LoRA (peft tuners/lora/layer.py, ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``,
+      then ``lora_B(lora_A(dropout(x))) * scaling``): each adapter's ``lora_A`` keeps its input: with float32
+      adapters every adapted projection casts the input for itself (one float32 copy each); with bfloat16 adapters
+      q, k and v share the norm's output and o reads the attention's output (already kept); under autocast, float32
+      adapters' ``lora_A`` keeps autocast's bfloat16 cast of peft's float32 copy, its own per adapter. ``lora_B``
+      keeps ``lora_A``'s rank-r output. With dropout, ``lora_A`` keeps the dropout's output instead and dropout its
+      1-byte mask, per adapter;
+    * the MLP: the gate's and up projection's outputs and the activation's (``act_fn(gate) * up`` keeps all three);
+      the frozen down projection keeps nothing."""
+    L = train.lora
+    x = dims(m, par, train)
+    sb = x.s * x.b
+    act = by.act
+    # autocast casts lora_A's input only where peft made it float32 (float32 adapters): a bfloat16 tensor passes as is
+    autocast = train.precision == "amp-bf16" and L.adapter_bytes != act
+    terms: list[tuple[str, float, bool]] = [
+        ("RMSNorm float32 input copies (2 norms)", 2 * sb * x.h * 4, False),
+        ("norm statistics", 2 * sb * 4, False),
+        ("Q (rotary output)", sb * x.a * x.d * act, False),
+    ]
+    terms += mask_terms(m, x, train, act)
+    if not (m.hf.use_cache and train.framework == "pytorch"):
+        terms.append(("K (rotary output), V", 2 * sb * x.kv * x.d * act, False))
+    terms.append(("attention output and log-sum-exp", sb * x.a * x.d * act + x.b * x.a * x.s * 4, False))
+    in_sizes = [x.h, x.h, x.h, x.a * x.d][:L.targets]
+    if L.dropout > 0:
+        per = act if (L.adapter_bytes == act or autocast) else L.adapter_bytes
+        terms.append(("LoRA: each adapter's dropout output and mask", sum(in_sizes) * sb * (per + 1), False))
+    elif autocast or L.adapter_bytes != act:
+        per = act if autocast else L.adapter_bytes
+        terms.append(("LoRA: each adapter's own cast of its input", sum(in_sizes) * sb * per, False))
+    else:
+        terms.append(("LoRA: q, k, v's shared input (the norm's output)", sb * x.h * act, False))
+    out_bytes = act if autocast else L.adapter_bytes
+    terms.append(("LoRA: lora_A's outputs (lora_B's inputs)", L.targets * sb * L.rank * out_bytes, False))
+    n_f = 3 if m.gated_mlp else 1
+    terms.append(("MLP gate/up and activation outputs (frozen: the down projection keeps nothing)",
+                  n_f * sb * x.f * act, False))
+    return terms
+
+
+def moe_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool]]:
+    """A mixture-of-experts MLP as transformers runs it by default (integrations/moe.py, grouped_mm_experts_forward):
+    each token's k (token, expert) rows sorted by expert, gathered (``hidden_states[perm // k]``), one grouped GEMM
+    to gate and up, ``act(gate) * up``, one grouped GEMM down, times the routing weight. Every tensor has T x k
+    rows whatever the routing, so the memory needs no routing assumption (labkit.memory.trace.fake.moe says the
+    same for the trace). Kept: the gathered rows, the gate/up output, the activation's and the product's, the
+    expert outputs (the routing weights' multiplication); the router's float32 softmax (T x E). Qwen2-MoE adds a
+    shared expert (a gated MLP on every token: four tensors of its width) scaled by a sigmoid gate, which keeps the
+    shared expert's output."""
+    e = m.hf
+    sb = x.s * x.b
+    rows = sb * e.top_k
+    act = by.act
+    out = [("MoE: gathered rows, gate/up, activation and product, expert outputs",
+            rows * (2 * x.h + 4 * e.expert_ffn) * act / x.t, False),
+           ("MoE: the router's float32 softmax", sb * e.experts * 4, False)]
+    if e.shared_ffn:
+        out.append(("MoE: the shared expert's gated MLP and its output", (4 * sb * e.shared_ffn + sb * x.h) * act / x.t,
+                    False))
+    return out
+
+
+def cross_attention_bytes(x: "Dims", by: Bytes) -> float:
+    """What a BART decoder layer's cross-attention block keeps (modeling_bart.py, BartDecoderLayer.forward:
+    ``encoder_attn``, its dropout, residual add and ``encoder_attn_layer_norm``): the query, key and value
+    projections' outputs (keys and values from the encoder's output), the fused kernel's output and log-sum-exp,
+    the residual sum (the LayerNorm's input), the LayerNorm's output and statistics, the dropout's mask. Under
+    autocast the query reads a 16-bit copy of the float32 LayerNorm output, and the key and value projections
+    each cast the float32 encoder output for themselves (autocast caches only weights)."""
+    sb = x.s * x.b
+    act, res = by.act, by.resid
+    kept = 4 * sb * x.h * act + x.b * x.a * x.s * 4 + sb * x.h * res + sb * x.h * act + sb * x.h + sb * 8
+    if by.autocast:
+        kept += 2 * sb * x.h * act
+    return kept
+
+
+def mask_terms(m: ModelSpec, x: "Dims", train: TrainSpec, act: int) -> list[tuple[str, float, bool]]:
+    """A padded batch (``attention_mask`` with zeros) of a transformers model: SDPA is given the mask, a (b, 1, s, s)
+    tensor in the activation dtype kept per layer, and no longer runs grouped-query attention in the kernel
+    (integrations/sdpa_attention.py, ``use_gqa_in_sdpa``: CUDA needs ``attention_mask is None``), so ``repeat_kv``
+    copies keys and values to every query head and the kernel keeps those copies (the fake-mode trace of
+    tinyllama-b4-lora-padded-bf16)."""
+    if not train.padded or m.hf is None or train.framework != "pytorch":
+        return []
+    out = [("attention mask given to SDPA", x.b * x.s * x.s * act, False)]
+    if x.kv < x.a:
+        out.append(("K, V repeated to every query head (a mask: no GQA in the kernel)",
+                    2 * x.s * x.b * (x.a / x.t) * x.d * act, False))
+    return out
 
 
 def hidden_dropout(m: ModelSpec, train: TrainSpec) -> float:
@@ -241,6 +352,9 @@ class StageActivations:
     backward_work: int
     kv_cache: int = 0      # a transformers model's KV cache while it is alive (see kv_cache_terms)
     cache_retained: int = 0  # with checkpointing: what the cache keeps alive at the end of backward
+    tail: int = 0          # with checkpointing and the cache: the last segment's last layer at its backward, beyond
+                           # cache_retained, its gradient work included (see kv_cache_terms)
+    tail_layers: int = 0   # the layers whose gradients do not exist yet at that point (the last segment's)
 
 
 def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, stage: int,
@@ -260,6 +374,11 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
     emb = 0
     if stage == 0:
         emb = sb * 8  # token ids (int64), kept by the embedding's backward
+        if m.hf is not None and m.hf.patch:
+            # ViT: the images (float32, bfloat16 for a bfloat16 model), kept by the patch convolution (under autocast
+            # its bfloat16 copy), instead of token ids
+            pixels = x.b * m.hf.channels * (x.s - 1) * m.hf.patch ** 2
+            emb = pixels * by.resid + (pixels * by.act if by.autocast else 0)
         if (train.dropout > 0 if m.hf is None or train.framework != "pytorch"
                 else max(train.dropout, m.hf.embd_dropout) > 0):
             emb += sb * x.h / x.t_sp
@@ -268,14 +387,28 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
         # final norm input and output, targets; PyTorch SP gathers the sequence before the final norm
         gathered = train.framework == "pytorch" and par.sp
         head = sb * x.h * by.resid / (1 if gathered else x.t_sp) + sb * x.h * by.act + sb * 8
-    cache, retained = kv_cache_terms(m, par, train, by, la, n)
+        if m.hf is not None and train.framework == "pytorch" and m.hf.mlm_head:
+            # BERT's masked-LM head (modeling_bert.py, BertPredictionHeadTransform): dense, activation, LayerNorm
+            # before the decoder: the dense's output and the activation's besides the norm's input and output
+            head += 2 * sb * x.h * by.act
+    if m.hf is not None and m.hf.decoder_layers and train.framework == "pytorch":
+        if k is not None:
+            from labkit.core.errors import LabkitError
+
+            raise LabkitError(f"{m.name}: recomputation of an encoder-decoder is not modelled by the estimator; "
+                              "use `labkit measure --hf-config` (the tracer)")
+        layers += m.hf.decoder_layers * cross_attention_bytes(x, by)
+        # the decoder's embedding too: its ids, the position add (the embedding LayerNorm's input), dropout's mask
+        emb = 2 * emb + 2 * sb * x.h * by.resid
+    cache, retained, tail = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
-                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained))
+                            backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
+                            tail=int(tail), tail_layers=min(k, n) if tail else 0)
 
 
 def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes, la: LayerActivations,
-                   n_layers: int) -> tuple[float, float]:
-    """(bytes the KV cache adds while it lives, bytes kept at the end of backward) of a transformers
+                   n_layers: int) -> tuple[float, float, float]:
+    """(bytes the KV cache adds while it lives, bytes kept at the end of backward, the tail) of a transformers
     causal LM whose config leaves ``use_cache`` on (the default): its training forward builds a
     ``DynamicCache`` (modeling_llama.py, LlamaModel.forward: ``if use_cache and past_key_values is None:
     past_key_values = DynamicCache(config=self.config)``) holding every layer's keys and values.
@@ -290,9 +423,16 @@ def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes,
       the sequence), and the grown tensors' autograd history keeps the recomputed segment's saved
       tensors alive (every layer of the segment but the last, and the last one's norm and QKV input)
       until the cache is freed after backward. Hugging Face's own ``gradient_checkpointing_enable``
-      switches the cache off in training."""
+      switches the cache off in training.
+    * The tail: backward recomputes the segments last to first, so the first segment (the last one recomputed)
+      is where all of that is alive at once, and there its last layer's backward runs with every tensor the
+      recomputation saved for it (the retained set counts only its norm and QKV input): while its MLP's backward
+      runs, the whole layer and the MLP's gradient work; then, while its attention's backward runs, the attention's
+      share and the attention's gradient work (the math path's two (b, heads, s, s) gradients). The larger of the
+      two; the fake-mode trace of the checkpointed Llama steps peaks there (the recomputed layer's probabilities
+      beside those the cache retains), with the segment's layers' gradients not yet made."""
     if m.hf is None or train.framework != "pytorch" or not m.hf.use_cache:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     x = dims(m, par, train)
     sb = x.s * x.b
     kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
@@ -302,14 +442,34 @@ def kv_cache_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes,
     per_layer = sb * kv_local * (k_bytes + by.act)
     cache = n_layers * per_layer
     if k is None:
-        return cache, 0.0
+        return cache, 0.0, 0.0
     segments = -(-n_layers // k)
     pre_kv = sb * x.h * (by.resid + by.act + (4 if m.norm == "rmsnorm" else 0)) / x.t_sp
-    # a recomputed layer's attention takes the grown cache's keys and values (twice the sequence): it
-    # keeps them besides what the forward kept (repeated to every query head on the math path)
-    longer = 2 * sb * ((x.a * x.d / x.t) if attention_path(m, train) == "math" else kv_local) * by.act
+    # a recomputed layer's attention takes the grown cache's keys and values (twice the sequence). The math path
+    # repeats them to every query head and keeps those copies besides what the forward kept. Without autocast a
+    # fused kernel saves the grown cache's tensors themselves (counted in the cache) instead of the layer's own
+    # keys and values, which the recomputation then frees (the fake-mode trace of llama-mha-b4-ckpt2-bf16 keeps
+    # only the grown ones); under autocast a copy of the grown keys and values is kept beside them (the trace of
+    # the amp-bf16 checkpointed Llama and GPT-2 steps: 2-3% lower without it)
+    if attention_path(m, train) == "math":
+        longer = 2 * sb * (x.a * x.d / x.t) * by.act
+    elif by.autocast:
+        longer = 2 * sb * kv_local * by.act
+    else:
+        longer = -2 * sb * kv_local * by.act
     retained = (n_layers - segments) * (la.full + longer) + segments * pre_kv + 2 * cache
-    return cache, retained
+    terms = layer_terms(m, par, train, by)
+    mlp = sum(v for name, v, _ in terms if name.startswith(_MLP_TERMS))
+    n_f = 2 if not m.gated_mlp else 3
+    mlp_work = n_f * sb * x.f / x.t * by.act + 2 * sb * x.h * by.resid / x.t_sp
+    attn_work = (2 * (x.a / x.t) * x.s * x.s * x.b * by.act if attention_path(m, train) == "math"
+                 else 2 * sb * x.h * by.resid / x.t_sp)
+    tail = la.full + longer - pre_kv + max(mlp_work, attn_work - mlp)
+    return cache, retained, tail
+
+
+# the terms of layer_terms that belong to the MLP's half of a layer (freed once its backward has run)
+_MLP_TERMS = ("norm 2 input", "MLP", "gelu_new", "ReLU")
 
 
 @dataclass(frozen=True)
@@ -327,13 +487,30 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
     backward allocates the gradient of nll_loss and of log_softmax (two more fp32 copies).
     Megatron's fused vocab-parallel cross-entropy keeps one fp32 copy and works in place."""
     x = dims(m, par, train)
-    n = x.s * x.b * x.V / x.tv
+    # a ViT classifies each image once ([CLS]): b x labels logits
+    n = (x.b if m.hf is not None and m.hf.patch else x.s * x.b) * x.V / x.tv
     a = by.act
     kept = n * a if train.keep_logits else 0
     if train.framework == "megatron":
         held = n * 4 + kept
         fwd = n * a + n * 4
         bwd = n * 4 + n * a + kept
+        return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
+    if m.hf is not None and m.hf.decoder_layers and by.autocast:
+        # BART adds its float32 final_logits_bias buffer to the 16-bit logits (modeling_bart.py,
+        # BartForConditionalGeneration.forward): type promotion makes the logits float32, and the loss runs on them
+        held = n * 4 + kept
+        return LogitsBytes(held=int(held), forward_peak=int(2 * n * 4), backward_peak=int(held + 2 * n * 4),
+                           output=int(n * 4))
+    if m.hf is not None and (m.hf.mlm_head or m.hf.decoder_layers):
+        # BertForMaskedLM's (and BartForConditionalGeneration's) CrossEntropyLoss reads the logits as they are (no
+        # .float(), unlike ForCausalLMLoss): log_softmax keeps its output in the logits' dtype. Under autocast only
+        # nll_loss is a float32 op: it casts log_softmax's output to float32 and keeps that copy until its backward,
+        # whose gradient is float32
+        # (the fake-mode trace of bert-base-mlm-b32-amp-bf16, which matches the H200)
+        held = n * a + (n * 4 if by.autocast else 0) + kept
+        fwd = 2 * n * a + (n * 4 if by.autocast else 0)
+        bwd = held + (n * 4 if by.autocast else 2 * n * a)
         return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
     upcast = n * 4 if a != 4 else 0
     held = n * 4 + kept

@@ -3,8 +3,9 @@
 
 The field names follow the configs of the families below (as ``transformers`` writes them);
 anything else with the common names (``num_hidden_layers``, ``hidden_size``,
-``num_attention_heads``, ``vocab_size``) is read the Llama way. Mixture-of-experts configs are
-refused: the analytical model has no experts (the tracer handles them).
+``num_attention_heads``, ``vocab_size``) is read the Llama way. Mixtral and Qwen2-MoE mixtures of experts,
+BERT / RoBERTa encoders, BART and ViT are read with their own traits (``HfTraits``); other mixture-of-experts
+configs and other encoder-decoders are refused in one line (the tracer handles them).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from labkit.core.errors import LabkitError
 from labkit.memory.estimate.spec import HfTraits, ModelSpec
 
 # families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
-               "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
+_LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2_moe", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
+               "olmo", "olmo2", "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# mixture-of-experts model types the estimator reads (transformers' grouped_mm experts, integrations/moe.py)
+_MOE_TYPES = {"mixtral", "qwen2_moe"}
 
 
 def load_hf_config(source: str | Path) -> dict[str, Any]:
@@ -70,17 +73,20 @@ def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: str | None = None,
                         layers: int | None = None, hidden: int | None = None) -> ModelSpec:
-    """The ModelSpec of a decoder-only LM config; ``layers``/``hidden`` override the file."""
+    """The ModelSpec of a transformers config (decoder-only LMs, Mixtral / Qwen2-MoE, BERT / RoBERTa, BART, ViT);
+    ``layers``/``hidden`` override the file."""
     if not isinstance(cfg, dict):
         raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
     mt = str(cfg.get("model_type") or "")
     for k in _MOE_KEYS:
-        if cfg.get(k):
-            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}); the analytical model "
-                              "has no experts: use `labkit measure --hf-config` (the tracer) instead")
-    if cfg.get("is_encoder_decoder"):
-        raise LabkitError(f"hf config {mt}: an encoder-decoder model; the analytical model covers decoder-only "
-                          "LMs: use `labkit measure --hf-config` (the tracer) instead")
+        dense_layers = cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) != 1
+        if cfg.get(k) and (mt not in _MOE_TYPES or dense_layers):
+            raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}) the analytical model does "
+                              f"not read (it reads {', '.join(sorted(_MOE_TYPES))} with every layer sparse): use "
+                              "`labkit measure --hf-config` (the tracer) instead")
+    if cfg.get("is_encoder_decoder") and mt != "bart":
+        raise LabkitError(f"hf config {mt}: an encoder-decoder model other than BART; the analytical model does not "
+                          "read it: use `labkit measure --hf-config` (the tracer) instead")
     name = name or cfg.get("_name_or_path") or mt or "hf-config"
     tied = bool(cfg.get("tie_word_embeddings", True))
     if mt == "gpt2":
@@ -94,6 +100,35 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     heads=_int(cfg, "num_attention_heads"), vocab=_int(cfg, "vocab_size"),
                     seq=seq or _int(cfg, "max_position_embeddings", default=2048), ffn=_int(cfg, "ffn_dim"),
                     norm="layernorm", bias=True, learned_pos_emb=True, tied_embeddings=tied)
+    elif mt in _ENCODERS:
+        # BERT-like encoders (modeling_bert.py): post-norm LayerNorm layers with biased linears, learned position
+        # embeddings, the masked-LM head's decoder tied to the word embeddings
+        spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"),
+                    heads=_int(cfg, "num_attention_heads"), vocab=_int(cfg, "vocab_size"),
+                    seq=seq or _int(cfg, "max_position_embeddings", default=512),
+                    ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm", bias=True,
+                    learned_pos_emb=True, tied_embeddings=tied)
+    elif mt == "bart":
+        # BART (Lewis et al. 2019, arXiv:1910.13461; modeling_bart.py): post-norm encoder and decoder stacks of
+        # BERT's layer, the decoder's with a cross-attention block; read as one stack of both, the decoder last
+        enc, dec = _int(cfg, "encoder_layers"), _int(cfg, "decoder_layers")
+        if (cfg.get("encoder_attention_heads") != cfg.get("decoder_attention_heads")
+                or cfg.get("encoder_ffn_dim") != cfg.get("decoder_ffn_dim")):
+            raise LabkitError(f"hf config {mt}: encoder and decoder of different widths; the analytical model reads "
+                              "BART's stacks as one: use `labkit measure --hf-config` (the tracer) instead")
+        spec = dict(layers=enc + dec, hidden=_int(cfg, "d_model"), heads=_int(cfg, "encoder_attention_heads"),
+                    vocab=_int(cfg, "vocab_size"), seq=seq or _int(cfg, "max_position_embeddings", default=1024),
+                    ffn=_int(cfg, "encoder_ffn_dim"), norm="layernorm", bias=True, learned_pos_emb=True,
+                    tied_embeddings=tied)
+    elif mt == "vit":
+        # ViT (Dosovitskiy et al. 2020, arXiv:2010.11929; modeling_vit.py): pre-norm LayerNorm layers over the
+        # patches and a [CLS] token, the classifier on [CLS]: seq is patches + 1, vocab the number of labels
+        side, patch = _int(cfg, "image_size", default=224), _int(cfg, "patch_size", default=16)
+        labels = cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2
+        spec = dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"),
+                    heads=_int(cfg, "num_attention_heads"), vocab=int(labels), seq=(side // patch) ** 2 + 1,
+                    ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm",
+                    bias=bool(cfg.get("qkv_bias", True)), learned_pos_emb=True, tied_embeddings=False)
     elif mt in ("gpt_neox", "bloom", "falcon", "gptj", "phi"):
         heads = _int(cfg, "num_attention_heads", "n_head")
         kv = None
@@ -135,10 +170,13 @@ def _float(cfg: dict, *keys: str) -> float:
     return 0.0
 
 
+# encoder-only models the estimator reads (BERT's layout); DeBERTa's disentangled attention is not among them
+_ENCODERS = ("bert", "roberta")
+
 # model types whose attention projects queries, keys and values with three linears (the others fuse them:
 # GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
 # whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
-_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt"}
+_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt", "vit", "bart"} | set(_ENCODERS)
 _SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
 
 # model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
@@ -170,9 +208,35 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
     return HfTraits(model_type=mt, act=act, attn_impl="eager" if impl == "eager" else "sdpa",
                     attn_dropout=_float(cfg, "attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
                     hidden_dropout=_float(cfg, "resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"),
-                    embd_dropout=_float(cfg, "embd_pdrop", "embed_dropout"),
-                    use_cache=bool(cfg.get("use_cache", True)),
+                    # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings)
+                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS
+                                               else ("dropout",) if mt == "bart" else ("embd_pdrop", "embed_dropout"))),
+                    # an encoder builds no KV cache (BertModel: only a decoder, is_decoder=True, does)
+                    # BartForConditionalGeneration turns the cache off when given labels
+                    use_cache=bool(cfg.get("use_cache", True)) and mt not in ("vit", "bart") and (mt not in _ENCODERS
+                                                                                   or bool(cfg.get("is_decoder"))),
+                    mlm_head=mt in _ENCODERS,
+                    patch=int(cfg.get("patch_size") or 16) if mt == "vit" else 0,
+                    channels=int(cfg.get("num_channels") or 3),
+                    decoder_layers=int(cfg.get("decoder_layers") or 0) if mt == "bart" else 0,
+                    # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows (its offset of 2)
+                    positions=int(cfg.get("max_position_embeddings") or 1024) + 2 if mt == "bart" else 0,
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
                     attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,
-                    parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)))
+                    parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)),
+                    **moe_traits(cfg, mt))
+
+
+def moe_traits(cfg: dict[str, Any], mt: str) -> dict[str, int]:
+    """Mixtral's (modeling_mixtral.py: ``num_local_experts`` experts of ``intermediate_size``) and Qwen2-MoE's
+    (modeling_qwen2_moe.py: ``num_experts`` of ``moe_intermediate_size``, a shared expert of
+    ``shared_expert_intermediate_size``) experts; empty for a dense model."""
+    if mt not in _MOE_TYPES:
+        return {}
+    if mt == "mixtral":
+        return dict(experts=int(cfg.get("num_local_experts") or 8), top_k=int(cfg.get("num_experts_per_tok") or 2),
+                    expert_ffn=int(cfg.get("intermediate_size") or 14336))
+    return dict(experts=int(cfg.get("num_experts") or 60), top_k=int(cfg.get("num_experts_per_tok") or 4),
+                expert_ffn=int(cfg.get("moe_intermediate_size") or 1408),
+                shared_ffn=int(cfg.get("shared_expert_intermediate_size") or 0))

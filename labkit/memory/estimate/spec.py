@@ -42,6 +42,43 @@ class HfTraits:
     attn_in_linears: int = 1             # linears reading the attention's normed input (q, k, v apart: 3)
     mlp_in_linears: int = 1              # linears reading the MLP's normed input (gate and up apart: 2)
     parallel_residual: bool = False      # attention and MLP both read the layer's input (GPT-NeoX)
+    mlm_head: bool = False               # an encoder's masked-LM head (BERT, RoBERTa): dense, activation, LayerNorm,
+                                         # then the tied decoder; its loss reads the logits in their own dtype
+    patch: int = 0                       # a ViT (modeling_vit.py): the patch side of its convolutional embedding (the
+                                         # model's seq is then patches + 1, its vocab the classifier's labels); 0: text
+    channels: int = 3                    # the image's channels (ViT)
+    decoder_layers: int = 0              # an encoder-decoder (BART): the last decoder_layers of the model's layers
+                                         # also cross-attend to the encoder's output; 0: one stack
+    positions: int = 0                   # BART: rows of each stack's learned position table
+    experts: int = 0                     # a mixture-of-experts MLP (Mixtral, Qwen2-MoE): routed experts, 0: dense
+    top_k: int = 0                       # experts per token
+    expert_ffn: int = 0                  # one expert's intermediate size
+    shared_ffn: int = 0                  # Qwen2-MoE's shared expert's intermediate size (0: none)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685) as peft
+    applies it: a frozen 16-bit base, rank-``rank`` adapters ``lora_B(lora_A(x))`` on ``targets`` attention
+    projections of every layer (q, k, v and o: 4), the optimizer over the adapters only. ``adapter_bytes``: 4 where
+    peft keeps the adapters in float32 (``get_peft_model(..., autocast_adapter_dtype=True)``, its default, on a
+    model already cast to bfloat16), 2 where they are bfloat16 (``autocast_adapter_dtype=False``, or the model cast
+    after ``get_peft_model``)."""
+
+    rank: int = 16
+    targets: int = 4
+    adapter_bytes: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise LabkitError(f"LoRA rank must be a positive integer, got {self.rank!r}")
+        if self.targets not in (1, 2, 3, 4):
+            raise LabkitError(f"LoRA targets: 1 to 4 attention projections (q, k, v, o), got {self.targets!r}")
+        if self.adapter_bytes not in (2, 4):
+            raise LabkitError(f"LoRA adapter bytes: 2 (bfloat16) or 4 (float32), got {self.adapter_bytes!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise LabkitError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass(frozen=True)
@@ -157,6 +194,8 @@ class TrainSpec:
     fp32_grad_accum: bool = False        # Megatron's fp32 main grads (18 B/param with Adam)
     keep_logits: bool = False            # the training loop holds the logits through backward
     framework: str = "pytorch"           # pytorch: nn.Module + SDPA + DTensor; megatron: the paper's layout
+    lora: LoraSpec | None = None         # LoRA adapters on a frozen 16-bit base (precision bf16 or amp-bf16)
+    padded: bool = False                 # the batch has padding in its attention mask (SDPA is given the mask)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -238,6 +277,19 @@ def validate(model: ModelSpec, par: ParallelSpec, train: TrainSpec) -> None:
                           f"= {train.micro_batch * par.dp}")
     if par.shard_size is not None and (par.shard_size < 1 or (par.dp * par.cp) % par.shard_size):
         raise LabkitError(f"shard size {par.shard_size} does not divide the data-parallel group dp x cp = {par.dp * par.cp}")
+    if model.hf is not None and model.hf.decoder_layers and (par.pp > 1 or par.tp > 1):
+        raise LabkitError(f"{model.name}: an encoder-decoder (BART) is read as one stack on one pipeline stage without "
+                          "tensor parallelism (tp=pp=1); trace other layouts with `labkit measure --script`")
+    if train.lora is not None:
+        if par.world > 1:
+            raise LabkitError("LoRA: the estimator models it on one GPU (tp=pp=dp=cp=1); trace a sharded LoRA job with "
+                              "`labkit measure --script`")
+        if train.precision not in ("bf16", "amp-bf16") or train.framework != "pytorch":
+            raise LabkitError(f"LoRA: a bfloat16 base (precision bf16 or amp-bf16, framework pytorch), got "
+                              f"{train.precision} ({train.framework})")
+        if model.hf is None or model.hf.attn_in_linears != 3 or model.norm != "rmsnorm":
+            raise LabkitError(f"LoRA: the estimator models adapters on separate q, k, v, o projections of a "
+                              f"Llama-like transformers model (RMSNorm); {model.name} is not one")
     if par.zero == 0 and par.shard_size is not None:
         raise LabkitError("a sharding group (hybrid shard) needs --zero >= 1")
 

@@ -62,7 +62,9 @@ class Bytes:
 
 
 def precision_bytes(train: TrainSpec) -> Bytes:
-    p = _PRECISION[train.precision]
+    # a LoRA base is bfloat16 throughout, under autocast too (no weight copies: its weights are 16-bit already);
+    # what autocast changes at the adapters is in activations.lora_layer_terms
+    p = _PRECISION["bf16" if train.lora is not None else train.precision]
     grad = 4 if train.fp32_grad_accum else p["grad"]
     state = p["state"]
     if train.optimizer in ("adamw", "adam"):
@@ -105,14 +107,46 @@ def layer_params(m: ModelSpec, tp: int = 1) -> tuple[int, int]:
     n_mlp = 3 if m.gated_mlp else 2
     mlp_w = n_mlp * h * f // tp
     mlp_b = b * ((n_mlp - 1) * f // tp + h)
+    if m.hf is not None and m.hf.experts:
+        # the router, E experts' gate_up and down weights, a shared expert with its sigmoid gate (Qwen2-MoE)
+        e = m.hf
+        shared = 3 * h * e.shared_ffn + h if e.shared_ffn else 0
+        mlp_w = (h * e.experts + e.experts * 3 * h * e.expert_ffn + shared) // tp
+        mlp_b = 0
     norm = (2 if m.norm == "layernorm" else 1) * h
     matmul = attn_w + mlp_w
     return matmul + attn_b + mlp_b + 2 * norm, matmul
 
 
+def lora_params(m: ModelSpec, train: TrainSpec) -> int:
+    """Adapter parameters of one layer: ``r (in + out)`` per adapted projection, q, k, v, o in that order."""
+    L = train.lora
+    if L is None:
+        return 0
+    q, kv = m.heads * m.d_head, m.kv * m.d_head
+    shapes = [(m.hidden, q), (m.hidden, kv), (m.hidden, kv), (q, m.hidden)][:L.targets]
+    return sum(L.rank * (i + o) for i, o in shapes)
+
+
+def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) -> ModelStates:
+    """The frozen 16-bit base and the adapters: gradients and the optimizer's states for the adapters only (peft
+    sets ``requires_grad=False`` on every base parameter; the optimizer is given the trainable ones)."""
+    n_a = lora_params(m, train) * pc.layers
+    ab = train.lora.adapter_bytes
+    states = {"adamw": 2, "adam": 2, "sgd": 1}.get(train.optimizer)
+    if states is None:
+        from labkit.core.errors import LabkitError
+
+        raise LabkitError(f"LoRA: the estimator models AdamW or SGD over the adapters, not {train.optimizer}")
+    return ModelStates(params=int(pc.total * by.weight + n_a * ab), grads=int(n_a * ab),
+                       optimizer=int(n_a * ab * states))
+
+
 def total_params(m: ModelSpec) -> int:
     """All parameters of the model (tied embeddings counted once)."""
     layer, _ = layer_params(m, 1)
+    if m.hf is not None and (m.hf.patch or m.hf.decoder_layers):
+        return m.layers * layer + stage_params(m, ParallelSpec(), 0).embedding + stage_params(m, ParallelSpec(), 0).head
     emb = m.vocab * m.hidden + (m.seq * m.hidden if m.learned_pos_emb else 0)
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
     head = 0 if m.tied_embeddings else m.vocab * m.hidden
@@ -128,6 +162,22 @@ def stage_params(m: ModelSpec, par: ParallelSpec, stage: int) -> ParamCounts:
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
     head = 0
     head_mm = 0
+    if m.hf is not None and m.hf.decoder_layers:
+        # BART (pp=1): the shared word embedding (tied to the LM head), each stack's position table and embedding
+        # LayerNorm, and the decoder layers' cross-attention (q, k, v, o with biases, its LayerNorm)
+        h = m.hidden
+        cross = m.hf.decoder_layers * (4 * h * h + 4 * h + 2 * h)
+        emb = m.vocab * h + 2 * m.hf.positions * h + 2 * 2 * h + cross
+        return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=0, head_matmul=m.vocab * h,
+                           layers=m.layers)
+    if m.hf is not None and m.hf.patch:
+        # ViT: the patch convolution (weight and bias) and the [CLS] token, the position table; the classifier
+        p = m.hf.patch
+        emb = (m.hf.channels * p * p * m.hidden + 2 * m.hidden + m.seq * m.hidden) if first else 0
+        if last:
+            head, head_mm = norm + m.vocab * m.hidden + m.vocab, m.vocab * m.hidden
+        return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=head, head_matmul=head_mm,
+                           layers=m.layers // par.pp)
     if last:
         head = norm
         head_mm = word

@@ -28,7 +28,8 @@ from labkit.core.vocab import Category, CategoryBytes, Phase
 from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
 from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec, micro_batches, validate
-from labkit.memory.estimate.states import ModelStates, model_states, precision_bytes, stage_params, total_params
+from labkit.memory.estimate.states import (ModelStates, lora_params, lora_states, model_states, precision_bytes,
+                                          stage_params, total_params)
 
 # The model's subsets of the lab's vocabulary (labkit.core.vocab): the categories it separates
 # ("context" holds the CUDA context and the libraries' workspaces) and the phases it has peaks for.
@@ -82,7 +83,7 @@ class Estimate:
 def _optimizer_temp(n_opt: float, train: TrainSpec, by) -> float:
     if train.optimizer not in ("adamw", "adam") or train.optimizer_impl == "fused" or train.framework == "megatron":
         return 0.0  # fused kernels (Megatron uses a fused Adam) update in place
-    elem = 4 if by.master else by.states / 2
+    elem = train.lora.adapter_bytes if train.lora else 4 if by.master else by.states / 2
     if train.optimizer_impl == "foreach":
         return n_opt * elem
     return 0.0  # for-loop: one parameter's temporary at a time (small next to the rest)
@@ -93,7 +94,7 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     by = by or precision_bytes(train)
     la = la or layer_activations(m, par, train, by)
     pc = stage_params(m, par, stage)
-    ms = model_states(pc.total, par, train, by)
+    ms = model_states(pc.total, par, train, by) if train.lora is None else lora_states(m, pc, train, by)
     if par.zero == 0 and par.dp * par.cp > 1 and train.framework == "pytorch" and par.ddp_bucket_view:
         ms = ModelStates(params=ms.params, grads=0, optimizer=ms.optimizer)  # grads live in the DDP buckets
     sa = stage_activations(m, par, train, by, stage, la)
@@ -133,7 +134,7 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
                    (k - 1) * held + n_micro * outs + (lg.backward_peak if lg else 0),
                    cb.persistent + cb.backward_start)
     # the LM head's weight gradient appears before the layers' backward (unsharded until ZeRO-2/3 reduce it)
-    head_grad = pc.head_matmul * by.grad if (last and (par.zero >= 2 or not g0)) else 0
+    head_grad = pc.head_matmul * by.grad if (last and (par.zero >= 2 or not g0) and train.lora is None) else 0
     bwd_layer = cat(ms.params + k * ac_held + ac_segment, g0 + head_grad,
                     k * A + kv + sa.recompute_work + sa.backward_work, (k - 1) * held + n_micro * outs,
                     cb.persistent + cb.backward)
@@ -141,9 +142,18 @@ def estimate_stage(m: ModelSpec, par: ParallelSpec, train: TrainSpec, stage: int
     bwd_end = cat(ms.params + (k - 1) * ac_held + (ac_segment if sa.cache_retained else 0), ms.grads,
                   (k - 1) * A + (sa.cache_retained or kv) + sa.backward_work, (k - 1) * held + n_micro * outs,
                   cb.persistent + cb.backward_end)
-    n_opt = pc.total / (par.shard_group if par.zero >= 1 else 1)
+    cands_bwd = [bwd_loss, bwd_layer, bwd_end]
+    if sa.tail:
+        # the first segment's last layer at its backward, the cache's retained set beside it (kv_cache_terms);
+        # the segment's layers and the embedding have no gradients yet
+        not_yet = sa.tail_layers * pc.layer + (pc.embedding if not m.tied_embeddings else pc.embedding - pc.head_matmul)
+        cands_bwd.append(cat(ms.params + (k - 1) * ac_held + ac_segment, ms.grads * (1 - not_yet / pc.total),
+                             (k - 1) * A + sa.cache_retained + sa.tail, (k - 1) * held + n_micro * outs,
+                             cb.persistent + cb.backward_end))
+    trained = pc.total if train.lora is None else lora_params(m, train) * pc.layers
+    n_opt = trained / (par.shard_group if par.zero >= 1 else 1)
     opt = cat(ms.params, ms.grads, 0, 0, cb.persistent + cb.optimizer, _optimizer_temp(n_opt, train, by))
-    cands = {"forward": fwd, "backward": max(bwd_loss, bwd_layer, bwd_end, key=lambda c: sum(c.values())), "optimizer": opt}
+    cands = {"forward": fwd, "backward": max(cands_bwd, key=lambda c: sum(c.values())), "optimizer": opt}
     phases = {p: int(sum(c.values())) for p, c in cands.items()}
     phase = max(PHASES, key=lambda p: phases[p])
     peak = CategoryBytes({kk: int(v) for kk, v in cands[phase].items()})
@@ -177,7 +187,8 @@ def estimate(model: ModelSpec, parallel: ParallelSpec | None = None, train: Trai
     which = _stages_to_compute(par) if all_stages else sorted({0, par.pp - 1})
     stages = [estimate_stage(model, par, train, s, oh, by, la) for s in which]
     worst = max(stages, key=lambda s: s.per_gpu_bytes["total"])
-    ms = model_states(worst.params_local, par, train, by)
+    ms = (model_states(worst.params_local, par, train, by) if train.lora is None
+          else lora_states(model, stage_params(model, par, worst.stage), train, by))
     notes = []
     if train.framework == "pytorch" and par.tp > 1 and not par.vocab_parallel:
         notes.append("embeddings and LM head replicated over tp: every TP rank computes the full logits")

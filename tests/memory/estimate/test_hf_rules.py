@@ -5,6 +5,8 @@ within 1-3%: tests/memory/trace/test_plain_validation.py). The whole table:
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from labkit.core.errors import LabkitError
@@ -23,6 +25,19 @@ PINNED = {
     "falcon-b4-fp32": "Falcon expands K/V itself: no math path",
     "llama-mha-b4-amp-bf16": "autocast: q, k, v, gate and up each cast the norm's output",
     "gpt-neox-b4-fp32": "parallel residual: both norms read the layer's input",
+    "llama-gqa-b8-ckpt2-fp32": "checkpointing with the KV cache: the first segment's last layer at its backward",
+    "llama-mha-b4-ckpt2-bf16": "a fused kernel recomputed on the grown cache keeps no keys and values of its own",
+    "tinyllama-b4-lora-bf16": "LoRA: frozen linears keep no inputs, float32 adapters cast their inputs each",
+    "tinyllama-b4-lora-cast-after-amp-bf16": "LoRA: bfloat16 adapters under autocast share their inputs",
+    "tinyllama-b4-lora-padded-bf16": "a padded batch: SDPA's mask, keys and values repeated to every head",
+    "tinyllama-b4-lora-drop-bf16": "LoRA dropout: each adapter's dropout output and mask",
+    "bert-base-mlm-b32-bf16": "BERT: post-norm layers, the MLM head, the loss in the logits' dtype",
+    "bert-base-mlm-b32-amp-bf16": "BERT under autocast: nll_loss keeps its float32 copy of log_softmax's output",
+    "vit-base-b64-fp32": "ViT: patches + [CLS] as the sequence, the images kept by the patch convolution",
+    "bart-base-b16-fp32": "BART: two stacks, the decoder's cross-attention, the loss in the logits' dtype",
+    "bart-base-b16-amp-bf16": "BART under autocast: the float32 final_logits_bias makes the logits float32",
+    "mixtral-b4-bf16": "MoE: grouped_mm's T x k rows (no routing assumption needed)",
+    "qwen2-moe-b4-bf16": "MoE with a shared expert and its sigmoid gate",
 }
 
 
@@ -35,8 +50,6 @@ def test_pinned_case_within_tolerance_of_the_h200(name):
 
 def test_rules_matter_without_them_the_estimate_is_low():
     """The same Llama case read without its transformers traits (the generic PyTorch layer) is >25% low."""
-    import dataclasses
-
     m, par, train = case_inputs(get_case("llama-gqa-b4-fp32"))
     assert attention_path(m, train) == "math"
     plain = estimate(dataclasses.replace(m, hf=None), par, train).peak_allocated
@@ -44,10 +57,20 @@ def test_rules_matter_without_them_the_estimate_is_low():
 
 
 def test_out_of_domain_cases_are_named_not_guessed():
-    with pytest.raises(LabkitError, match="LoRA"):
-        case_inputs(get_case("llama-gqa-b4-lora-bf16"))
-    with pytest.raises(LabkitError, match="masked-lm"):
-        case_inputs(get_case("bert-base-mlm-b32-fp32"))
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+
+    with pytest.raises(LabkitError, match="mixture-of-experts model .* the analytical model does not read"):
+        spec_from_hf_config({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_hidden_layers": 2,
+                             "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100})
+    with pytest.raises(LabkitError, match="T5's self-attention"):
+        case_inputs(get_case("t5-base-b16-fp32"))
+    m, par, train = case_inputs(get_case("bart-base-b16-fp32"))
+    with pytest.raises(LabkitError, match="recomputation of an encoder-decoder"):
+        estimate(m, par, dataclasses.replace(train, recompute="full"))
+    with pytest.raises(LabkitError, match="one stack on one pipeline stage"):
+        estimate(m, dataclasses.replace(par, pp=2), train)
+    with pytest.raises(LabkitError, match="DeBERTa"):
+        case_inputs(get_case("deberta-v2-mlm-b16-fp32"))
 
 
 def test_the_stated_error_is_what_the_recordings_give():
@@ -62,6 +85,10 @@ def test_the_stated_error_is_what_the_recordings_give():
     cases = s["reference"]["cases"] + s["held-out"]["cases"]
     n, total = map(int, re.search(r"within 5% of the H200 on (\d+) of (\d+)", ESTIMATOR_ERROR).groups())
     assert (within, cases) == (n, total)
+    # both splits apart: the rules were written against reference cases, the held-out ones check them (95 and 50
+    # cases when this was written, every one within 5%)
+    for split, least in (("reference", 95), ("held-out", 50)):
+        assert s[split]["cases"] >= least and s[split]["within"] == s[split]["cases"], (split, s[split])
     worst = max(s["reference"]["worst_pct"], s["held-out"]["worst_pct"])
     assert worst <= float(re.search(r"worst (\d+)%", ESTIMATOR_ERROR).group(1)) + 0.5
 
@@ -111,3 +138,47 @@ def test_autocast_copies_one_input_per_linear():
     v, m, train = extra("llama-mha-b4-amp-bf16")
     assert v == 3 * train.micro_batch * train.seq * m.hidden * 2
     assert extra("gpt2-b8-amp-bf16")[0] == 0 and extra("llama-gqa-b4-fp32")[0] == 0
+
+
+def test_lora_states_are_the_adapters_and_a_frozen_base():
+    """LoRA: the base's weights in bfloat16, gradients and AdamW's two states for the adapters only (float32 by
+    peft's default); a LoRA job sharded or on a float32 base is refused in one line."""
+    from labkit.memory.estimate import ParallelSpec
+    from labkit.memory.estimate.spec import LoraSpec
+    from labkit.memory.estimate.states import lora_params, total_params
+
+    m, par, train = case_inputs(get_case("tinyllama-b4-lora-bf16"))
+    e = estimate(m, par, train)
+    n_a = lora_params(m, train) * m.layers
+    assert n_a == m.layers * 16 * (2 * (m.hidden + m.heads * m.d_head) + 2 * (m.hidden + m.kv * m.d_head))
+    assert e.model_states["gradients"] == 4 * n_a and e.model_states["optimizer_state"] == 8 * n_a
+    assert e.model_states["parameters"] == 2 * total_params(m) + 4 * n_a
+    with pytest.raises(LabkitError, match="one GPU"):
+        estimate(m, ParallelSpec(dp=2), train)
+    with pytest.raises(LabkitError, match="bfloat16 base"):
+        estimate(m, par, dataclasses.replace(train, precision="fp32"))
+    with pytest.raises(LabkitError, match="rank"):
+        LoraSpec(rank=0)
+
+
+def test_vit_reads_its_patches_as_the_sequence():
+    """A ViT config: 224 / 16 = 14 x 14 patches and [CLS] (197 tokens), the classifier's labels as the vocabulary."""
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+    from labkit.workloads.corpus import hf_config
+
+    case = get_case("vit-base-b64-fp32")
+    m = spec_from_hf_config(hf_config(case).to_dict())
+    assert (m.seq, m.vocab, m.hf.patch, m.hf.use_cache) == (197, 1000, 16, False)
+
+
+def test_bart_vit_and_mixtral_parameters_are_transformers_own():
+    """The estimator's parameter count of BART, ViT and Mixtral configs is the built transformers model's, to the
+    one."""
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+    from labkit.memory.estimate.states import total_params
+    from labkit.workloads.corpus import build_model, hf_config, tiny
+
+    for name in ("bart-base-b16-fp32", "vit-base-b64-fp32", "mixtral-b4-bf16"):
+        small = tiny(get_case(name))
+        built = sum(p.numel() for p in build_model(small).parameters())
+        assert total_params(spec_from_hf_config(hf_config(small).to_dict())) == built, name
