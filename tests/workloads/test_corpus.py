@@ -49,8 +49,8 @@ def test_corpus_covers_the_families_and_policies():
     # the third batch: the convolution rules on models they were not made from, predicted before recording
     third = {"regnet_y_3_2gf", "regnet_x_800mf"}
     assert third <= archs
-    pred = load_measurement(Path(__file__).resolve().parents[2] / "data/measurements/measure/predicted__issue27_batch3.json",
-                            kind="fake_predictions")
+    path = Path(__file__).resolve().parents[2] / "data/measurements/measure/predicted__issue27_batch3.json"
+    pred = load_measurement(path, kind="fake_predictions")
     rows = {r["name"]: r for r in pred["data"]["cases"]}
     batch = [c for c in CASES if c.arch in third or c.name in ("tv-r2plus1d_18-b16-fp32", "tv-mc3_18-b8-fp32")]
     assert sorted(rows) == sorted(c.name for c in batch) and len(batch) == 5

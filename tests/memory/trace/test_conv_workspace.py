@@ -347,8 +347,8 @@ def _regnet_y_step_allocs() -> list[int]:
     import gzip
     import json
 
-    doc = json.loads(gzip.decompress((measure_dir() / "alloc_stream" / "stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz")
-                                     .read_bytes()))
+    path = measure_dir() / "alloc_stream" / "stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()))
     marks, alloc = dict(doc["marks"]), doc["actions"].index("alloc")
     return [s for a, _, s, _, t, _ in doc["trace"] if a == alloc and marks["step2"] <= t < marks["step3"]]
 
@@ -399,8 +399,8 @@ def test_a_float32_1x1_with_21_output_channels_copies_both_for_its_weight_gradie
     import gzip
     import json
 
-    doc = json.loads(gzip.decompress((measure_dir() / "alloc_stream" / "stream__hand-unet-b8-s512-fp32__cold.json.gz")
-                                     .read_bytes()))
+    path = measure_dir() / "alloc_stream" / "stream__hand-unet-b8-s512-fp32__cold.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()))
     marks, alloc = dict(doc["marks"]), doc["actions"].index("alloc")
     sizes = [s for a, _, s, _, t, _ in doc["trace"] if a == alloc and marks["step2"] <= t < marks["step3"]]
     shapes = ((8, 64, 512, 512), (21, 64, 1, 1), (8, 21, 512, 512), (1, 1), (0, 0), (1, 1), 1, torch.float32)

@@ -109,19 +109,19 @@ whose input is 49 MiB at batch 16, takes both). 2-D stride-1 forwards take both 
 384 MiB at batch 8). MC3-18 (its layers 2-4 are 1x3x3 convolutions, ``tv-mc3_18-b16-fp32``): reserved -15.1% ->
 -0.6%.
 
-**Grouped convolutions** (RegNet's, 24 channels per group) take NHWC copies whose every group has its channels padded to a
-power of two (24 -> 32: 4/3 of the unpadded copies). In RegNet-Y 1.6GF's cold allocation stream at batch 128 in
-float32 (``alloc_stream/stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz``) each of its eight grouped geometries'
-forward and backward-data workspace is the padded size (4 of 8 are the unpadded one, as the same blocks of other
-passes); the weight gradients take the padded copies in 3 of 8 (the unpadded in 4). The larger forward workspaces
-leave larger segments, which the backward reuses: the predicted reserved bytes move from +9.5% to +2.1%
-(``tv-regnet_y_1_6gf-b128-fp32``). On the grid (``conv_workspace_more__h200.json``, three RegNet geometries at batch
-8, 16 and 128) the heuristics pick the padded engine for half the forward and backward-data passes (9 of 18 each),
-mostly at batch 16 and more, and the unpadded one for most weight gradients, so the rule is within 10% on 21 of 54
-grid passes (29 without the padding): an engine choice the source does not fix. ResNeXt's 4 or 8 channels per
-group are powers of two and unpadded, as measured (``grouped3x3-g32-256-28``). A 2-D **strided 1x1 with fewer than
-64 input channels** (:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's first two shortcuts) takes none in any pass in the
-same stream.
+**Grouped convolutions** (RegNet's, 24 channels per group) take NHWC copies whose every group has its channels
+padded to a power of two (24 -> 32: 4/3 of the unpadded copies). In RegNet-Y 1.6GF's cold allocation stream at batch
+128 in float32 (``alloc_stream/stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz``) a block of the padded size is
+taken for the forward and the input gradient of each of its eight grouped geometries (one of the unpadded size for 4
+of the 8, counting blocks of the same size in other passes); for the weight gradients the padded size appears for 3
+of 8, the unpadded one for 4. The larger forward workspaces leave larger segments, which the backward reuses: the
+predicted reserved bytes move from +9.5% to +2.1% (``tv-regnet_y_1_6gf-b128-fp32``). On the grid
+(``conv_workspace_more__h200.json``, three RegNet geometries at batch 8, 16 and 128) the heuristics pick the padded
+engine for half the forward and backward-data passes (9 of 18 each), mostly at batch 16 and more, and the unpadded
+one for most weight gradients, so the rule is within 10% on 21 of 54 grid passes (29 without the padding): an engine
+choice the source does not fix. ResNeXt's 4 or 8 channels per group are powers of two and unpadded, as measured
+(``grouped3x3-g32-256-28``). A 2-D **strided 1x1 with fewer than 64 input channels**
+(:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's first two shortcuts) takes none in any pass in the same stream.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
@@ -306,7 +306,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     if dtype == torch.float32 and cout % FP32_STEM_WGRAD_PAD:
         # a float32 1x1 whose output channels are not a multiple of 4 (a segmentation head's 21 classes): its weight
         # gradient copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
-        return n * (cin * math.prod(x_shape[2:]) + _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])) * es, None
+        padded_out = _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])
+        return n * (cin * math.prod(x_shape[2:]) + padded_out) * es, None
     partials = n * math.prod(w_shape) * 4
     return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k), None
 
