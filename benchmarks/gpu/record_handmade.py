@@ -13,11 +13,16 @@
 3. **More convolution workspaces** (``--part conv2``, not in the default parts): the same for the geometries the
    rules guess at in the corpus (``CONV_GEOMETRIES_2``: a UNet's top-level merge and its 3-channel stride-1 first
    convolution, R(2+1)D's factored 3-D convolutions, RegNet-Y's grouped ones) at batch 8, 16 and 128.
+4. **The rules' open questions** (``--part conv3``, not in the default parts): ``CONV_GEOMETRIES_3`` at batch 16
+   and 64: grouped 3x3 convolutions of 8, 16, 24 and 48 channels per group (are the groups' channels padded to a
+   power of two?), 1x1 convolutions with odd and even output channel counts (21, 19, 58: which take the NHWC
+   copies for the weight gradient?), and strided 1x1 shortcuts of 32 to 96 input channels (where does the
+   no-workspace kernel stop?).
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2,conv3] [--smoke]
 
 Writes (after every row: a run cut short keeps what finished) ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``),
-``DIR/conv_workspace_3d_transposed.json`` and ``DIR/conv_workspace_more.json`` (kind
+``DIR/conv_workspace_3d_transposed.json``, ``DIR/conv_workspace_more.json`` and ``DIR/conv_workspace_rules.json`` (kind
 ``conv_workspace``) and ``DIR/log.txt``. ``--smoke``: one shape of each on the CPU (no memory figures), to
 check the script.
 """
@@ -76,7 +81,27 @@ CONV_GEOMETRIES_2: tuple = (
     ("regnet-g5-3x3s2-120-56", 120, 120, (56, 56), (3, 3), (2, 2), (1, 1), False, 5),
 )
 CONV_BATCHES_2 = (8, 16, 128)
-CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "r2p1d-3x1x1-144to64", "regnet-g5-3x3s2-120-56")
+# ``--part conv3`` (issue 27, third batch): the open questions of the rules in fake/conv_workspace.py
+CONV_GEOMETRIES_3: tuple = (
+    ("g-w8-3x3-64-56", 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), False, 8),
+    ("g-w16-3x3-128-28", 128, 128, (28, 28), (3, 3), (1, 1), (1, 1), False, 8),
+    ("g-w16-3x3s2-64-112", 64, 64, (112, 112), (3, 3), (2, 2), (1, 1), False, 4),
+    ("g-w24-3x3-96-28", 96, 96, (28, 28), (3, 3), (1, 1), (1, 1), False, 4),
+    ("g-w24-3x3s2-72-56", 72, 72, (56, 56), (3, 3), (2, 2), (1, 1), False, 3),
+    ("g-w48-3x3-192-28", 192, 192, (28, 28), (3, 3), (1, 1), (1, 1), False, 4),
+    ("1x1-64to21-256", 64, 21, (256, 256), (1, 1), (1, 1), (0, 0), False),
+    ("1x1-64to19-128", 64, 19, (128, 128), (1, 1), (1, 1), (0, 0), False),
+    ("1x1-256to21-64", 256, 21, (64, 64), (1, 1), (1, 1), (0, 0), False),
+    ("1x1-64to58-56", 64, 58, (56, 56), (1, 1), (1, 1), (0, 0), False),
+    ("1x1-58to58-28", 58, 58, (28, 28), (1, 1), (1, 1), (0, 0), False),
+    ("1x1s2-32to64-112", 32, 64, (112, 112), (1, 1), (2, 2), (0, 0), False),
+    ("1x1s2-48to96-56", 48, 96, (56, 56), (1, 1), (2, 2), (0, 0), False),
+    ("1x1s2-64to128-56", 64, 128, (56, 56), (1, 1), (2, 2), (0, 0), False),
+    ("1x1s2-96to192-56", 96, 192, (56, 56), (1, 1), (2, 2), (0, 0), False),
+)
+CONV_BATCHES_3 = (16, 64)
+CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "r2p1d-3x1x1-144to64", "regnet-g5-3x3s2-120-56", "g-w24-3x3-96-28",
+              "1x1-64to21-256")
 CONV_BATCHES = (8, 16)
 
 
@@ -212,12 +237,12 @@ def _conv_doc(device: str, smoke: bool, rows: list) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2")
+    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2, conv3")
     ap.add_argument("--smoke", action="store_true", help="one shape of each on the CPU (checks the script)")
     args = ap.parse_args(argv)
     parts = set(args.part.split(","))
-    if parts - {"rnn", "conv", "conv2"}:
-        ap.error(f"--part {args.part!r}: the parts are rnn, conv and conv2")
+    if parts - {"rnn", "conv", "conv2", "conv3"}:
+        ap.error(f"--part {args.part!r}: the parts are rnn, conv, conv2 and conv3")
     args.out.mkdir(parents=True, exist_ok=True)
     import record_plain
 
@@ -239,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             conv_section(device, args.smoke, lambda doc: write_measurement(
                 args.out / "conv_workspace_more.json", "conv_workspace", doc, provenance=prov), CONV_GEOMETRIES_2,
                 CONV_BATCHES_2)
+        if "conv3" in parts:
+            conv_section(device, args.smoke, lambda doc: write_measurement(
+                args.out / "conv_workspace_rules.json", "conv_workspace", doc, provenance=prov), CONV_GEOMETRIES_3,
+                CONV_BATCHES_3)
         log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")

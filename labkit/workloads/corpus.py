@@ -563,7 +563,8 @@ def _built_by_hand_3() -> list[Case]:
     (RegNet-X 800MF, a power of two: no padding), narrow strided 1x1 shortcuts (every RegNet's first), float32 3-D
     convolutions at stride 1 (R(2+1)D, MC3 at another batch)."""
     c: list[Case] = []
-    for arch, b, p in (("regnet_y_3_2gf", 64, "fp32"), ("regnet_y_3_2gf", 64, "amp-bf16"), ("regnet_x_800mf", 128, "fp32")):
+    for arch, b, p in (("regnet_y_3_2gf", 64, "fp32"), ("regnet_y_3_2gf", 64, "amp-bf16"),
+                       ("regnet_x_800mf", 128, "fp32")):
         c.append(Case(f"tv-{arch}-b{b}-{p}", "torchvision", arch, "image-classification", {}, b, 224, p))
     c.append(Case("tv-r2plus1d_18-b16-fp32", "torchvision", "video.r2plus1d_18", "video-classification", {}, 16,
                   112, "fp32"))

@@ -49,8 +49,8 @@ def test_corpus_covers_the_families_and_policies():
     # the third batch: the convolution rules on models they were not made from, predicted before recording
     third = {"regnet_y_3_2gf", "regnet_x_800mf"}
     assert third <= archs
-    pred = load_measurement(Path(__file__).resolve().parents[2] / "data/measurements/measure/predicted__issue27_batch3.json",
-                            kind="fake_predictions")
+    path = Path(__file__).resolve().parents[2] / "data/measurements/measure/predicted__issue27_batch3.json"
+    pred = load_measurement(path, kind="fake_predictions")
     rows = {r["name"]: r for r in pred["data"]["cases"]}
     batch = [c for c in CASES if c.arch in third or c.name in ("tv-r2plus1d_18-b16-fp32", "tv-mc3_18-b8-fp32")]
     assert sorted(rows) == sorted(c.name for c in batch) and len(batch) == 5
@@ -222,14 +222,17 @@ def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
 
 
 def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
-    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke", "--part", "rnn,conv,conv2"]) == 0
+    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke", "--part",
+                                                "rnn,conv,conv2,conv3"]) == 0
     rnn = load_measurement(tmp_path / "rnn_cudnn.json", kind="cudnn_rnn")["data"]["rows"]
     conv = load_measurement(tmp_path / "conv_workspace_3d_transposed.json", kind="conv_workspace")["data"]["rows"]
     more = load_measurement(tmp_path / "conv_workspace_more.json", kind="conv_workspace")["data"]["rows"]
-    assert len(rnn) == 2 and len(conv) == 2 and len(more) == 2, (rnn, conv, more)
-    assert not any("error" in r for r in rnn + conv + more), (rnn, conv, more)
+    rules = load_measurement(tmp_path / "conv_workspace_rules.json", kind="conv_workspace")["data"]["rows"]
+    assert len(rnn) == 2 and len(conv) == 2 and len(more) == 2 and len(rules) == 2, (rnn, conv, more, rules)
+    assert not any("error" in r for r in rnn + conv + more + rules), (rnn, conv, more, rules)
     assert {r["transposed"] for r in conv} == {True, False}
     assert {len(r["input_shape"]) for r in more} == {4, 5} and {r["groups"] for r in more} == {1, 5}
+    assert {r["groups"] for r in rules} == {1, 4}
 
 
 def test_a_padded_batch_masks_its_last_eighth():

@@ -92,6 +92,16 @@ at batch 16 in bf16 and of the 3x3x3 512->512 in float32 (4.5-6.75 MiB, none in 
 reserved -20% -> +2.4% and -17% -> +2.3%. R(2+1)D's float32 1x7x7/2 stem (45 channels) takes no forward workspace
 (the rule: its NDHWC copies) and 8% more than the rule for its weight gradient; its bf16 passes are the rule's.
 
+**A float32 1x1 with an odd number of output channels** (a segmentation head's 21 classes) takes, for its weight
+gradient, the NHWC copies of its input and of its output with the channels padded to 4 (as a float32 stem pads its
+input's), not the per-sample partials: the reference UNet's classifier (1x1 64->21 at 512x512, batch 8, float32)
+took 704.73 MiB there in its cold H200 stream (``alloc_stream/stream__hand-unet-b8-s512-fp32__cold.json.gz``; the
+rule: 704.0; padded to 22 it would be 688), and no workspace forward or for its input gradient. Both UNet fp32 cases
+(``hand-unet-b8-s512-fp32``, reference, and ``hand-unet-b16-s256-fp32``, held out): peak -2.9% and -2.8% -> 0.0%,
+reserved -7.5% and -7.2% -> -0.2% and 0.0%. Even counts keep the partials: with the rule applied to every count not
+a multiple of 4, ShuffleNet's 58-channel 1x1s would move its recorded reserved (reference
+``tv-shufflenet_v2_x1_0-b256-fp32``, -0.9%) to +4.3%. Of the odd counts only 21 is measured.
+
 **Float32 3-D forwards at stride 1** take the input's NDHWC copy and the weight only, not the output's, once the
 input's copy is :data:`FP32_STRIDED_INPUT_ONLY` or more, as the non-overlapping strided forwards above
 (``conv_workspace_3d_transposed__h200.json`` and ``conv_workspace_more__h200.json``, ``record_handmade.py --part
@@ -101,19 +111,19 @@ whose input is 49 MiB at batch 16, takes both). 2-D stride-1 forwards take both 
 384 MiB at batch 8). MC3-18 (its layers 2-4 are 1x3x3 convolutions, ``tv-mc3_18-b16-fp32``): reserved -15.1% ->
 -0.6%.
 
-**Grouped convolutions** (RegNet's, 24 channels per group) take NHWC copies whose every group has its channels padded to a
-power of two (24 -> 32: 4/3 of the unpadded copies). In RegNet-Y 1.6GF's cold allocation stream at batch 128 in
-float32 (``alloc_stream/stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz``) each of its eight grouped geometries'
-forward and backward-data workspace is the padded size (4 of 8 are the unpadded one, as the same blocks of other
-passes); the weight gradients take the padded copies in 3 of 8 (the unpadded in 4). The larger forward workspaces
-leave larger segments, which the backward reuses: the predicted reserved bytes move from +9.5% to +2.1%
-(``tv-regnet_y_1_6gf-b128-fp32``). On the grid (``conv_workspace_more__h200.json``, three RegNet geometries at batch
-8, 16 and 128) the heuristics pick the padded engine for half the forward and backward-data passes (9 of 18 each),
-mostly at batch 16 and more, and the unpadded one for most weight gradients, so the rule is within 10% on 21 of 54
-grid passes (29 without the padding): an engine choice the source does not fix. ResNeXt's 4 or 8 channels per
-group are powers of two and unpadded, as measured (``grouped3x3-g32-256-28``). A 2-D **strided 1x1 with fewer than
-64 input channels** (:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's first two shortcuts) takes none in any pass in the
-same stream.
+**Grouped convolutions** (RegNet's, 24 channels per group) take NHWC copies whose every group has its channels
+padded to a power of two (24 -> 32: 4/3 of the unpadded copies). In RegNet-Y 1.6GF's cold allocation stream at batch
+128 in float32 (``alloc_stream/stream__tv-regnet_y_1_6gf-b128-fp32__cold.json.gz``) a block of the padded size is
+taken for the forward and the input gradient of each of its eight grouped geometries (one of the unpadded size for 4
+of the 8, counting blocks of the same size in other passes); for the weight gradients the padded size appears for 3
+of 8, the unpadded one for 4. The larger forward workspaces leave larger segments, which the backward reuses: the
+predicted reserved bytes move from +9.5% to +2.1% (``tv-regnet_y_1_6gf-b128-fp32``). On the grid
+(``conv_workspace_more__h200.json``, three RegNet geometries at batch 8, 16 and 128) the heuristics pick the padded
+engine for half the forward and backward-data passes (9 of 18 each), mostly at batch 16 and more, and the unpadded
+one for most weight gradients, so the rule is within 10% on 21 of 54 grid passes (29 without the padding): an engine
+choice the source does not fix. ResNeXt's 4 or 8 channels per group are powers of two and unpadded, as measured
+(``grouped3x3-g32-256-28``). A 2-D **strided 1x1 with fewer than 64 input channels**
+(:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's first two shortcuts) takes none in any pass in the same stream.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
@@ -295,6 +305,11 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
         return 0, None
+    if dtype == torch.float32 and cout % 2:
+        # a float32 1x1 with an odd number of output channels (a segmentation head's 21 classes): its weight gradient
+        # copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
+        padded_out = _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])
+        return n * (cin * math.prod(x_shape[2:]) + padded_out) * es, None
     partials = n * math.prod(w_shape) * 4
     return min(partials, nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k), None
 
