@@ -64,6 +64,7 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.core.facts import Facts
+from labkit.memory.trace.fake.healthy_values import HealthyValues
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake.constants import known_value
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
@@ -310,6 +311,7 @@ class CudaEmulator:
         self.assumptions: list[str] = []
         self.modules = ModuleStack()
         self.routing = RoutingOracle(MoeRouting.parse(moe_routing), self.modules, self.assume)
+        self.healthy = HealthyValues()            # NaN / infinity checks, answered as for finite values
 
     # -- autocast ----------------------------------------------------------------------------
     def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
@@ -374,6 +376,7 @@ class CudaEmulator:
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         self.routing.observe(func, args, kwargs, out)
+        self.healthy.observe(func, args, kwargs, out)
         if not self.target.emulate_kernels:
             return
         name = getattr(func, "__name__", str(func))
@@ -606,6 +609,10 @@ class CudaEmulator:
         if known is not None:
             return known
         where = self.modules.where()
+        healthy = self.healthy.value(x)
+        if healthy is not None:
+            self.assume(f"a NaN/infinity check ({where}) read as {healthy}: the run's values are finite")
+            return healthy
         if x.dtype == torch.bool:
             self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
             return False
@@ -661,7 +668,8 @@ def _all_ones_padding(batch: Any) -> bool:
 
 
 @contextlib.contextmanager
-def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
+def data_dependent_choices(batch: Any = None,
+                           padding_of: Callable[[Any], bool | None] | None = None) -> Iterator[list[str]]:
     """Answer the data-dependent questions libraries ask, which fake tensors cannot answer.
 
     Hugging Face ``transformers`` (``masking_utils``), under fake tensors ("tracing"), neither checks
@@ -672,6 +680,13 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
     values. Fake mode answers "one sequence per row" for the packing question (the case when the
     model makes its own position ids) and, when every ``attention_mask`` of the user's batch is all
     ones (read before the batch is faked), "nothing is masked", as the GPU run would find.
+
+    ``padding_of`` (a user's script, whose batches are not known in advance): given the mask a model
+    passed to transformers' mask builder (``_preprocess_mask_arguments``, which every
+    ``create_*_mask`` calls first), True when its values are known to mask something, False when
+    known to mask nothing, None when unknown. Where it answers True, the check answers "the mask is
+    needed" (as the GPU finds for that batch: a padding mask that masks a token is never skipped)
+    and the explicit mask is built; otherwise "nothing is masked", as for ``batch``.
     Yields the list of choices made (for the report).
     """
     import sys
@@ -698,6 +713,17 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
 
         undo.append((mu, "find_packed_sequence_indices", original))
         mu.find_packed_sequence_indices = unpacked
+    padded: list[bool | None] = [None]    # padding_of's verdict on the mask the model passed last
+    if mu is not None and padding_of is not None and hasattr(mu, "_preprocess_mask_arguments"):
+        preprocess = mu._preprocess_mask_arguments
+
+        def judged(*a: Any, **k: Any) -> Any:
+            mask = k["attention_mask"] if "attention_mask" in k else (a[2] if len(a) > 2 else None)
+            padded[0] = padding_of(mask) if isinstance(mask, torch.Tensor) else None
+            return preprocess(*a, **k)
+
+        undo.append((mu, "_preprocess_mask_arguments", preprocess))
+        mu._preprocess_mask_arguments = judged
     if mu is not None and _all_ones_padding(batch):
         for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
             fn = getattr(mu, name, None)
@@ -705,6 +731,12 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
                 continue
 
             def no_padding(padding_mask: Any, *a: Any, _fn: Callable = fn, **k: Any) -> Any:
+                if padding_mask is not None and is_fake(padding_mask) and padded[0] is not None:
+                    choice = ("hf-padding (the attention_mask read on the host masks tokens)" if padded[0] else
+                              "hf-no-padding (the attention_mask read on the host masks nothing)")
+                    if choice not in made:
+                        made.append(choice)
+                    return False if padded[0] else _fn(None, *a, **k)   # a mask that masks: never skipped
                 if padding_mask is not None and is_fake(padding_mask):
                     if "hf-no-padding (the batch's attention_mask is all ones)" not in made:
                         made.append("hf-no-padding (the batch's attention_mask is all ones)")
