@@ -43,7 +43,7 @@ from labkit.memory.trace.storage import Roles
 #: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
 #: anything and the mask's values are unknown (made on the GPU, or too large to be real on the host): nothing
 #: (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an explicit mask on
-#: the GPU. A mask copied from the host is read there (GpuTracker.has_zero). Said in the report's notes.
+#: the GPU. A mask copied from the host is read there (GpuTracker.host_values). Said in the report's notes.
 _UNPADDED = {"attention_mask": torch.ones(1)}
 
 
@@ -281,7 +281,7 @@ class FakeGPU:
             # unless the mask's values were read on the host (the library is imported first when it is
             # installed: the script imports it later)
             _import_masking_utils()
-            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED, padding_of=self.tracker.has_zero))
+            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED, host_values=self.tracker.host_values))
             st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())

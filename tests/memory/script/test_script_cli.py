@@ -174,13 +174,17 @@ HF_MASK = textwrap.dedent('''
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
-                      num_key_value_heads=2, vocab_size=256)
+                      num_key_value_heads=2, vocab_size=256, use_cache=False)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda()
     ids = torch.randint(1, 256, (4, 128))
     mask = torch.ones_like(ids)
     if sys.argv[1] == "padded":
         mask[1:, 96:] = 0
     batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    if sys.argv[1] in ("packed", "positions"):          # no mask: position ids, restarting per document or not
+        del batch["attention_mask"]
+        pos = torch.arange(128).repeat(4, 1)
+        batch["position_ids"] = torch.cat([pos[:, :48], pos[:, :80]], 1) if sys.argv[1] == "packed" else pos
     batch = {k: v.to("cuda") for k, v in batch.items()}
     if sys.argv[1] == "gpu-mask":
         batch["attention_mask"] = torch.ones(4, 128, dtype=torch.long, device="cuda")
@@ -188,21 +192,26 @@ HF_MASK = textwrap.dedent('''
 ''')
 
 
-def test_a_scripts_attention_mask_is_read_on_the_host(tmp_path):
+def test_a_scripts_attention_mask_and_positions_are_read_on_the_host(tmp_path):
     """transformers skips the explicit attention mask only when the padding mask masks nothing (masking_utils'
-    ``_ignore_causal_mask_sdpa``); a padded batch keeps a (batch, 1, seq, seq) mask and, without enable_gqa,
-    repeats K and V to every query head. A mask copied from the host is read there (recorded on the H200:
-    ``lora-padded_batch`` of data/measurements/script/lora.json); one made on the GPU is assumed to mask nothing."""
+    ``_ignore_causal_mask_sdpa``) and no row packs several documents (``find_packed_sequence_indices``); a padded
+    or packed batch keeps a (batch, 1, seq, seq) mask and, without enable_gqa, repeats K and V to every query head.
+    A mask or position ids copied from the host are read there (recorded on the H200: ``lora-padded_batch`` of
+    data/measurements/script/lora.json); a mask made on the GPU is assumed to mask nothing."""
     from labkit.memory.script.run import run_script
 
     p = tmp_path / "hf_mask.py"
     p.write_text(HF_MASK)
-    rep = {kind: run_script(str(p), [kind], banner=False) for kind in ("ones", "padded", "gpu-mask")}
+    rep = {kind: run_script(str(p), [kind], banner=False)
+           for kind in ("ones", "padded", "gpu-mask", "packed", "positions")}
     notes = {kind: " ".join(n for n in r.notes if "mask checks" in n) for kind, r in rep.items()}
     assert "hf-padding (the attention_mask read on the host masks tokens)" in notes["padded"]
     assert "hf-no-padding (the attention_mask read on the host masks nothing)" in notes["ones"]
     assert "assumed: the batches are not padded" in notes["gpu-mask"]
+    assert "hf-packed-sequences (position ids read on the host)" in notes["packed"]
+    assert "hf-unpacked-sequences (position ids read on the host)" in notes["positions"]
     assert rep["padded"].peak_bytes > rep["ones"].peak_bytes
+    assert rep["packed"].peak_bytes > rep["positions"].peak_bytes
     assert rep["gpu-mask"].peak_bytes == rep["ones"].peak_bytes
 
 

@@ -669,7 +669,7 @@ def _all_ones_padding(batch: Any) -> bool:
 
 @contextlib.contextmanager
 def data_dependent_choices(batch: Any = None,
-                           padding_of: Callable[[Any], bool | None] | None = None) -> Iterator[list[str]]:
+                           host_values: Callable[[Any], torch.Tensor | None] | None = None) -> Iterator[list[str]]:
     """Answer the data-dependent questions libraries ask, which fake tensors cannot answer.
 
     Hugging Face ``transformers`` (``masking_utils``), under fake tensors ("tracing"), neither checks
@@ -681,12 +681,13 @@ def data_dependent_choices(batch: Any = None,
     model makes its own position ids) and, when every ``attention_mask`` of the user's batch is all
     ones (read before the batch is faked), "nothing is masked", as the GPU run would find.
 
-    ``padding_of`` (a user's script, whose batches are not known in advance): given the mask a model
-    passed to transformers' mask builder (``_preprocess_mask_arguments``, which every
-    ``create_*_mask`` calls first), True when its values are known to mask something, False when
-    known to mask nothing, None when unknown. Where it answers True, the check answers "the mask is
-    needed" (as the GPU finds for that batch: a padding mask that masks a token is never skipped)
-    and the explicit mask is built; otherwise "nothing is masked", as for ``batch``.
+    ``host_values`` (a user's script, whose batches are not known in advance): given a fake GPU tensor,
+    the real host values it was copied from, or None. Where the mask a model passes to transformers'
+    mask builder (``_preprocess_mask_arguments``, which every ``create_*_mask`` calls first) has known
+    values, the padding check answers from them: a mask with a 0 is needed (the explicit mask is
+    built, as the GPU finds for that batch), one without is skipped; unknown values: "nothing is
+    masked", as for ``batch``. Position ids with known values answer the packing question from them
+    (``find_packed_sequence_indices`` run on the host values: packed rows get the block mask).
     Yields the list of choices made (for the report).
     """
     import sys
@@ -704,22 +705,30 @@ def data_dependent_choices(batch: Any = None,
     if mu is not None and hasattr(mu, "find_packed_sequence_indices"):
         original = mu.find_packed_sequence_indices
 
-        def unpacked(position_ids: torch.Tensor) -> Any:
+        def unpacked(position_ids: torch.Tensor, _original: Callable = original) -> Any:
             if is_fake(position_ids):
-                if "hf-unpacked-sequences" not in made:
-                    made.append("hf-unpacked-sequences")
+                known = host_values(position_ids) if host_values is not None else None
+                if known is not None and _original(known) is not None:
+                    if "hf-packed-sequences (position ids read on the host)" not in made:
+                        made.append("hf-packed-sequences (position ids read on the host)")
+                    return _original(position_ids)      # its "is anything packed" read answers False: packed
+                choice = ("hf-unpacked-sequences (position ids read on the host)" if known is not None
+                          else "hf-unpacked-sequences")
+                if choice not in made:
+                    made.append(choice)
                 return None
-            return original(position_ids)
+            return _original(position_ids)
 
         undo.append((mu, "find_packed_sequence_indices", original))
         mu.find_packed_sequence_indices = unpacked
-    padded: list[bool | None] = [None]    # padding_of's verdict on the mask the model passed last
-    if mu is not None and padding_of is not None and hasattr(mu, "_preprocess_mask_arguments"):
+    padded: list[bool | None] = [None]    # whether the mask the model passed last masks a token (host values)
+    if mu is not None and host_values is not None and hasattr(mu, "_preprocess_mask_arguments"):
         preprocess = mu._preprocess_mask_arguments
 
         def judged(*a: Any, **k: Any) -> Any:
             mask = k["attention_mask"] if "attention_mask" in k else (a[2] if len(a) > 2 else None)
-            padded[0] = padding_of(mask) if isinstance(mask, torch.Tensor) else None
+            known = host_values(mask) if isinstance(mask, torch.Tensor) else None
+            padded[0] = None if known is None else bool((known == 0).any())
             return preprocess(*a, **k)
 
         undo.append((mu, "_preprocess_mask_arguments", preprocess))
