@@ -281,7 +281,8 @@ class FakeGPU:
             # unless the mask's values were read on the host (the library is imported first when it is
             # installed: the script imports it later)
             _import_masking_utils()
-            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED, host_values=self.tracker.host_values))
+            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED,
+                                                                       host_values=self.tracker.host_values))
             st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())

@@ -64,12 +64,12 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.core.facts import Facts
-from labkit.memory.trace.fake.healthy_values import HealthyValues
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake.constants import known_value
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
+from labkit.memory.trace.fake.healthy_values import HealthyValues
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200
 
