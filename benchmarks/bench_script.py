@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_script.py --validate [--only NAME] [--jobs 2]
     PYTHONPATH=. python benchmarks/bench_script.py --ranks [--only NAME]
+    PYTHONPATH=. python benchmarks/bench_script.py --lora [--only NAME]
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/llama7b_bf16.py
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/ranks/fsdp2_llama7b.py --nproc-per-node 8
 
@@ -11,7 +12,8 @@ ends) predicted from ``labkit measure --script PATH --json``, each in its own ne
 reference and held-out scripts apart (a third held out by a hash of the name: ``labkit.workloads.corpus``'s
 rule); targets: peak within 3%, reserved within 10%, each in under 2 minutes. ``--ranks``: the rank cases of
 ``ranks__fake_pg.json`` (a rank, 0 unless the case names another, of a world-N launch on a fake process group, on
-the H200 and here).
+the H200 and here). ``--lora``: the peft LoRA scripts of ``lora.json`` (``data/scripts/lora/``: a TinyLlama-sized
+bf16 base, each script differing from the issue-27 loop in one thing; recorded by ``record_scripts.py --lora``).
 ``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
 the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
 of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).
@@ -105,6 +107,7 @@ def main() -> int:
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--validate", action="store_true")
     g.add_argument("--ranks", action="store_true")
+    g.add_argument("--lora", action="store_true")
     g.add_argument("--script")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=2)
@@ -125,7 +128,7 @@ def main() -> int:
               f"{wall:.1f} s wall (target < {SECONDS_TARGET:.0f} s: {'OK' if ok else 'MISSED'}), at most "
               f"{rss / 1e9:.2f} GB resident (the labkit process); {os.cpu_count()} CPUs here")
         return 0 if ok else 1
-    name = "ranks__fake_pg.json" if a.ranks else "scripts.json"
+    name = "ranks__fake_pg.json" if a.ranks else "lora.json" if a.lora else "scripts.json"
     doc = json.loads((ROOT / "data" / "measurements" / "script" / name).read_text())
     prov = doc["provenance"]
     print(f"recorded on {prov['gpu_name']}, {prov['date'][:10]} (torch {prov['torch']}, transformers "

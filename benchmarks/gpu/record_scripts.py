@@ -16,7 +16,7 @@ LoRA cases (``--lora``, issue 27): peft LoRA scripts of ``data/scripts/lora/`` o
 each a user's own loop that differs from the others in one thing (the batch, the loss, the attention, the
 way the model is built or loaded); run only with ``--lora``.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR[,SUBSTR...]] [--smoke]
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --lora --no-scripts --no-ranks --jobs 3
 
 Writes ``DIR/scripts.json``, ``DIR/ranks.json`` and (``--lora``) ``DIR/lora.json`` (``kind`` ``script_peaks``;
@@ -188,7 +188,7 @@ def main() -> int:
     if a.lora:
         groups.append(("lora", [(n, s, ar, 0) for n, s, ar in LORA_CASES]))
     for kind, cases in groups:
-        cases = [c for c in cases if a.only in c[0]]
+        cases = [c for c in cases if any(part in c[0] for part in a.only.split(","))]
         if a.smoke:
             cases = cases[:1]
         rows: list[dict | None] = [None] * len(cases)

@@ -1,6 +1,6 @@
 """peft LoRA (r=16 on q/k/v/o) on a TinyLlama-sized bf16 base (.to(torch.bfloat16) before get_peft_model) trained
-by the Hugging Face Trainer with bf16=True (or not: --no-bf16-flag) and no gradient checkpointing; the optimizer is the Trainer's default
-(fused AdamW over the trainable parameters where torch has it)."""
+by the Hugging Face Trainer with bf16=True (or not: --no-bf16-flag) and no gradient checkpointing; the optimizer
+is the Trainer's default (fused AdamW over the trainable parameters where torch has it)."""
 import argparse
 import tempfile
 
@@ -34,7 +34,7 @@ lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=["q_pro
                   task_type="CAUSAL_LM")
 model = get_peft_model(base, lora)
 targs = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.batch, max_steps=args.steps,
-                          bf16=not args.no_bf16_flag, learning_rate=2e-4, report_to=[], save_strategy="no", logging_strategy="no",
-                          dataloader_num_workers=0, disable_tqdm=True)
+                          bf16=not args.no_bf16_flag, learning_rate=2e-4, report_to=[], save_strategy="no",
+                          logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True)
 Trainer(model=model, args=targs, train_dataset=Tokens()).train()
 print("done")

@@ -41,8 +41,9 @@ from labkit.memory.trace.storage import Roles
 
 
 #: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
-#: anything: nothing (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an
-#: explicit mask on the GPU. Said in the report's notes when it was asked.
+#: anything and the mask's values are unknown (made on the GPU, or too large to be real on the host): nothing
+#: (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an explicit mask on
+#: the GPU. A mask copied from the host is read there (GpuTracker.host_values). Said in the report's notes.
 _UNPADDED = {"attention_mask": torch.ones(1)}
 
 
@@ -276,10 +277,12 @@ class FakeGPU:
         st = self._stack = contextlib.ExitStack()
         try:
             st.enter_context(_quiet_fake_tensor_warnings())
-            # transformers' mask checks, answered as measure_step answers them for a batch without padding (the
-            # library is imported first when it is installed: the script imports it later)
+            # transformers' mask checks, answered as measure_step answers them for a batch without padding,
+            # unless the mask's values were read on the host (the library is imported first when it is
+            # installed: the script imports it later)
             _import_masking_utils()
-            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED))
+            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED,
+                                                                       host_values=self.tracker.host_values))
             st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())

@@ -102,6 +102,25 @@ class GpuTracker(StorageTracker):
 
         self._emptied: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # GPU storages resized to 0
         self.on_alloc: Any = None               # called after each tracked op (the live allocator)
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._host: WeakIdKeyDictionary = WeakIdKeyDictionary()   # GPU tensor -> the host values it was copied from
+
+    def _remember_values(self, src: Any, out: Any) -> None:
+        """A real (small) host tensor of integers or booleans copied to the GPU: its values, kept on the host
+        for the data-dependent questions fake mode later answers from them (:meth:`host_values`)."""
+        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+
+        if (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and not is_fake(src)
+                and not src.is_floating_point() and not src.is_complex()):
+            with unset_fake_temporarily():
+                self._host[out] = src.detach().clone()
+
+    def host_values(self, t: Any) -> torch.Tensor | None:
+        """The values of GPU tensor ``t`` where it was copied from real host values (an attention mask, position
+        ids), as a real host tensor; None when they are unknown (made on the GPU, or a host tensor too large to
+        be real: :data:`REAL_HOST_NUMEL`)."""
+        return self._host.get(t)
 
     def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
         before = self._next_id
@@ -165,6 +184,8 @@ class GpuTracker(StorageTracker):
             out = super().__torch_dispatch__(func, types, args, kwargs)
         finally:
             p.internal -= 1
+        if func is torch.ops.aten._to_copy.default:
+            self._remember_values(args[0], out)
         if self.on_alloc is not None:
             self.on_alloc()
         return out

@@ -1,5 +1,6 @@
 """``labkit measure --script``: a user's script, unmodified, in its own process; its refusals; the ranks of a
-torchrun launch; and the recorded H200 truth for two scripts small enough to run here in seconds."""
+torchrun launch; the recorded H200 truth for two scripts small enough to run here in seconds and for the first
+step of a TinyLlama-sized padded LoRA batch; how a script's attention mask is read."""
 
 import json
 import textwrap
@@ -166,3 +167,61 @@ def test_pipeline_stages_of_a_launch(run_cli, tmp_path):
     p.write_text(PP_NO_SHAPES)
     r = run_cli("measure", "--script", str(p), "--nproc-per-node", "2")
     assert r.returncode == 2 and "give PipelineStage input_args= and output_args=" in r.stderr
+
+
+HF_MASK = textwrap.dedent('''
+    import sys
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=256, use_cache=False)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda()
+    ids = torch.randint(1, 256, (4, 128))
+    mask = torch.ones_like(ids)
+    if sys.argv[1] == "padded":
+        mask[1:, 96:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    if sys.argv[1] in ("packed", "positions"):          # no mask: position ids, restarting per document or not
+        del batch["attention_mask"]
+        pos = torch.arange(128).repeat(4, 1)
+        batch["position_ids"] = torch.cat([pos[:, :48], pos[:, :80]], 1) if sys.argv[1] == "packed" else pos
+    batch = {k: v.to("cuda") for k, v in batch.items()}
+    if sys.argv[1] == "gpu-mask":
+        batch["attention_mask"] = torch.ones(4, 128, dtype=torch.long, device="cuda")
+    model(**batch).loss.backward()
+''')
+
+
+def test_a_scripts_attention_mask_and_positions_are_read_on_the_host(tmp_path):
+    """transformers skips the explicit attention mask only when the padding mask masks nothing (masking_utils'
+    ``_ignore_causal_mask_sdpa``) and no row packs several documents (``find_packed_sequence_indices``); a padded
+    or packed batch keeps a (batch, 1, seq, seq) mask and, without enable_gqa, repeats K and V to every query head.
+    A mask or position ids copied from the host are read there (recorded on the H200: ``lora-padded_batch`` of
+    data/measurements/script/lora.json); a mask made on the GPU is assumed to mask nothing."""
+    from labkit.memory.script.run import run_script
+
+    p = tmp_path / "hf_mask.py"
+    p.write_text(HF_MASK)
+    rep = {kind: run_script(str(p), [kind], banner=False)
+           for kind in ("ones", "padded", "gpu-mask", "packed", "positions")}
+    notes = {kind: " ".join(n for n in r.notes if "mask checks" in n) for kind, r in rep.items()}
+    assert "hf-padding (the attention_mask read on the host masks tokens)" in notes["padded"]
+    assert "hf-no-padding (the attention_mask read on the host masks nothing)" in notes["ones"]
+    assert "assumed: the batches are not padded" in notes["gpu-mask"]
+    assert "hf-packed-sequences (position ids read on the host)" in notes["packed"]
+    assert "hf-unpacked-sequences (position ids read on the host)" in notes["positions"]
+    assert rep["padded"].peak_bytes > rep["ones"].peak_bytes
+    assert rep["packed"].peak_bytes > rep["positions"].peak_bytes
+    assert rep["gpu-mask"].peak_bytes == rep["ones"].peak_bytes
+
+
+def test_recorded_lora_padded_batch(run_cli):
+    """Issue 27's padded LoRA batch (TinyLlama-sized, recorded on the H200 in a fresh process,
+    data/measurements/script/lora.json): its first optimizer step's peak to the byte (the step-1 figure keeps
+    the test to one step; bench_script.py --lora compares every case's whole run). Before the mask was read on
+    the host it was 6.0% low."""
+    rec = _recorded("lora.json", "lora-padded_batch")
+    script = REPO / "data" / "scripts" / rec["script"]
+    r = run_cli("measure", "--script", str(script), "--steps", "1", "--json", "--", *rec["args"], timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["peak_bytes"] == rec["step_cumulative_peaks"][0]

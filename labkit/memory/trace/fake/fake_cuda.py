@@ -69,6 +69,7 @@ from labkit.memory.trace.fake.constants import known_value
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
+from labkit.memory.trace.fake.healthy_values import HealthyValues
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200
 
@@ -322,6 +323,7 @@ class CudaEmulator:
         self.assumptions: list[str] = []
         self.modules = ModuleStack()
         self.routing = RoutingOracle(MoeRouting.parse(moe_routing), self.modules, self.assume)
+        self.healthy = HealthyValues()            # NaN / infinity checks, answered as for finite values
 
     # -- autocast ----------------------------------------------------------------------------
     def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
@@ -386,6 +388,7 @@ class CudaEmulator:
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, tracker: Any) -> None:
         self.routing.observe(func, args, kwargs, out)
+        self.healthy.observe(func, args, kwargs, out)
         if not self.target.emulate_kernels:
             return
         name = getattr(func, "__name__", str(func))
@@ -618,6 +621,10 @@ class CudaEmulator:
         if known is not None:
             return known
         where = self.modules.where()
+        healthy = self.healthy.value(x)
+        if healthy is not None:
+            self.assume(f"a NaN/infinity check ({where}) read as {healthy}: the run's values are finite")
+            return healthy
         if x.dtype == torch.bool:
             self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
             return False
@@ -673,7 +680,8 @@ def _all_ones_padding(batch: Any) -> bool:
 
 
 @contextlib.contextmanager
-def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
+def data_dependent_choices(batch: Any = None,
+                           host_values: Callable[[Any], torch.Tensor | None] | None = None) -> Iterator[list[str]]:
     """Answer the data-dependent questions libraries ask, which fake tensors cannot answer.
 
     Hugging Face ``transformers`` (``masking_utils``), under fake tensors ("tracing"), neither checks
@@ -684,6 +692,14 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
     values. Fake mode answers "one sequence per row" for the packing question (the case when the
     model makes its own position ids) and, when every ``attention_mask`` of the user's batch is all
     ones (read before the batch is faked), "nothing is masked", as the GPU run would find.
+
+    ``host_values`` (a user's script, whose batches are not known in advance): given a fake GPU tensor,
+    the real host values it was copied from, or None. Where the mask a model passes to transformers'
+    mask builder (``_preprocess_mask_arguments``, which every ``create_*_mask`` calls first) has known
+    values, the padding check answers from them: a mask with a 0 is needed (the explicit mask is
+    built, as the GPU finds for that batch), one without is skipped; unknown values: "nothing is
+    masked", as for ``batch``. Position ids with known values answer the packing question from them
+    (``find_packed_sequence_indices`` run on the host values: packed rows get the block mask).
     Yields the list of choices made (for the report).
     """
     import sys
@@ -701,15 +717,34 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
     if mu is not None and hasattr(mu, "find_packed_sequence_indices"):
         original = mu.find_packed_sequence_indices
 
-        def unpacked(position_ids: torch.Tensor) -> Any:
+        def unpacked(position_ids: torch.Tensor, _original: Callable = original) -> Any:
             if is_fake(position_ids):
-                if "hf-unpacked-sequences" not in made:
-                    made.append("hf-unpacked-sequences")
+                known = host_values(position_ids) if host_values is not None else None
+                if known is not None and _original(known) is not None:
+                    if "hf-packed-sequences (position ids read on the host)" not in made:
+                        made.append("hf-packed-sequences (position ids read on the host)")
+                    return _original(position_ids)      # its "is anything packed" read answers False: packed
+                choice = ("hf-unpacked-sequences (position ids read on the host)" if known is not None
+                          else "hf-unpacked-sequences")
+                if choice not in made:
+                    made.append(choice)
                 return None
-            return original(position_ids)
+            return _original(position_ids)
 
         undo.append((mu, "find_packed_sequence_indices", original))
         mu.find_packed_sequence_indices = unpacked
+    padded: list[bool | None] = [None]    # whether the mask the model passed last masks a token (host values)
+    if mu is not None and host_values is not None and hasattr(mu, "_preprocess_mask_arguments"):
+        preprocess = mu._preprocess_mask_arguments
+
+        def judged(*a: Any, **k: Any) -> Any:
+            mask = k["attention_mask"] if "attention_mask" in k else (a[2] if len(a) > 2 else None)
+            known = host_values(mask) if isinstance(mask, torch.Tensor) else None
+            padded[0] = None if known is None else bool((known == 0).any())
+            return preprocess(*a, **k)
+
+        undo.append((mu, "_preprocess_mask_arguments", preprocess))
+        mu._preprocess_mask_arguments = judged
     if mu is not None and _all_ones_padding(batch):
         for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
             fn = getattr(mu, name, None)
@@ -717,6 +752,12 @@ def data_dependent_choices(batch: Any = None) -> Iterator[list[str]]:
                 continue
 
             def no_padding(padding_mask: Any, *a: Any, _fn: Callable = fn, **k: Any) -> Any:
+                if padding_mask is not None and is_fake(padding_mask) and padded[0] is not None:
+                    choice = ("hf-padding (the attention_mask read on the host masks tokens)" if padded[0] else
+                              "hf-no-padding (the attention_mask read on the host masks nothing)")
+                    if choice not in made:
+                        made.append(choice)
+                    return False if padded[0] else _fn(None, *a, **k)   # a mask that masks: never skipped
                 if padding_mask is not None and is_fake(padding_mask):
                     if "hf-no-padding (the batch's attention_mask is all ones)" not in made:
                         made.append("hf-no-padding (the batch's attention_mask is all ones)")

@@ -1,0 +1,87 @@
+"""The answer a NaN or infinity check gets in a healthy run, for a boolean read from fake tensors.
+
+Fake tensors have no values, so a boolean a program reads from one (``bool(t)``, ``t.item()``) needs an answer.
+Training scripts read booleans mostly to guard a step against overflow: ``if not torch.isfinite(loss):
+continue``, ``if torch.isnan(loss).any(): raise``, ``if torch.isinf(grad_norm): skip``. The run whose memory
+fake mode predicts is one whose values are finite (a step that overflows is not the one a user sizes), so such
+a check answers as it does for finite values. Without this rule every such boolean read False: a script that
+skips its step ``if not torch.isfinite(loss)`` ran no backward and no optimizer step on the fake GPU.
+
+:class:`HealthyValues` follows each boolean through the ops these checks are made of, as the dispatcher sees
+them (below autograd):
+
+* ``torch.isfinite`` is not an op of its own: PyTorch's ``aten/src/ATen/native/TensorCompare.cpp``
+  (``isfinite``) returns ``(self == self) * (self.abs() != infinity)`` for floating tensors, so the parts are
+  ``eq.Tensor(x, x)`` (True: a finite value equals itself), ``ne.Scalar(x, +-inf or nan)`` (True),
+  ``eq.Scalar(x, +-inf or nan)`` (False), and their product;
+* ``isnan``, ``isinf``, ``isposinf``, ``isneginf``: False;
+* ``mul``/``bitwise_and``/``logical_and`` (and), ``bitwise_or``/``logical_or`` (or), ``bitwise_not``/
+  ``logical_not`` (not), ``all``/``any``, copies and views of a followed boolean: the same rule on its value.
+
+Every element of a followed boolean has the same value, which is what ``all``/``any`` and a read return.
+A boolean not made this way is not followed (:meth:`value` answers None).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+_NEVER = frozenset({"isnan", "isinf", "isposinf", "isneginf"})
+_AND = frozenset({"mul", "bitwise_and", "logical_and"})
+_OR = frozenset({"bitwise_or", "logical_or"})
+_NOT = frozenset({"bitwise_not", "logical_not"})
+_SAME = frozenset({"all", "any", "_to_copy", "clone", "alias", "view", "reshape", "squeeze", "unsqueeze", "expand",
+                   "detach", "lift_fresh"})
+
+
+def _non_finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)
+
+
+class HealthyValues:
+    """Boolean tensors whose value in a run with finite values is known (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._value: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def value(self, t: Any) -> bool | None:
+        return self._value.get(t) if isinstance(t, torch.Tensor) else None
+
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+            return
+        base = getattr(func, "__name__", str(func)).split(".")[0]
+        v = self._rule(base, args)
+        if v is not None:
+            self._value[out] = v
+
+    def _rule(self, base: str, args: tuple) -> bool | None:
+        x = args[0] if args else None
+        if base == "isfinite":
+            return True
+        if base in _NEVER:
+            return False
+        if base in ("eq", "ne") and len(args) > 1:
+            y = args[1]
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                if y is x:                                  # a finite value equals itself (NaN does not)
+                    return base == "eq"
+                if _non_finite(y):                          # a finite value is neither inf nor NaN
+                    return base == "ne"
+            return None
+        known = [self.value(a) for a in args if isinstance(a, torch.Tensor)]
+        if not known or any(k is None for k in known):
+            return None
+        if base in _AND:
+            return all(known)
+        if base in _OR:
+            return any(known)
+        if base in _NOT:
+            return not known[0]
+        if base in _SAME:
+            return known[0]
+        return None
