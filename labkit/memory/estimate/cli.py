@@ -232,9 +232,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, cluster_from_topology, explain, nic_400g,
-                                                nvswitch_nvlink4, plan,
-                                                uniform_cluster)
+    from labkit.core import step_tracer
+    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, cluster_from_topology, explain, headline,
+                                                nic_400g, nvswitch_nvlink4, plan, uniform_cluster)
 
     model = _model(args)
     if args.global_batch is None:
@@ -261,13 +261,33 @@ def run_plan(args: argparse.Namespace) -> int:
         cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, per_node, mem,
                              nvswitch_nvlink4("NVLink4-class through NVSwitch"), nic_400g(),
                              achievable_flops=flops)
+    # the activation layout advise uses (transformers' rules), so that both verbs headline one per-GPU peak
+    framework = args.framework or "pytorch"
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
-                  framework=args.framework or "megatron", rate=rate)
+                  framework=framework, rate=rate)
+    head = None
+    if result.best is not None:
+        traced = None
+        trace = step_tracer.tracer()
+        same_model = not (args.gated or args.untied or any(getattr(args, d) is not None for d in DIMS
+                                                            if d not in ("layers", "hidden", "seq")))
+        if args.hf_config and trace is not None and same_model:   # the same traced step advise headlines
+            best = result.best
+            traced = trace(args.hf_config, layers=args.layers, hidden=args.hidden, seq=model.seq,
+                           micro_batch=best.micro_batch, precision=args.precision, optimizer=args.optimizer,
+                           recompute=best.recompute)
+        head = headline(model, result.best, cl, global_batch=args.global_batch, precision=args.precision,
+                        optimizer=args.optimizer, framework=framework, traced=traced)
     if args.json:
-        print(dumps(result))
+        print(dumps({**dataclasses.asdict(result), "headline": head}))
         return 0
     print(f"{model.name} on {cl.name}, global batch {args.global_batch}: {result.considered} layouts, {result.fitting} fit "
           f"(model, not a measurement)")
+    if head is not None:
+        print(f"best layout {result.best.label}: per-GPU peak {fmt_bytes(head.peak_bytes)} allocated "
+              f"({head.peak_source}; the estimator: {fmt_bytes(head.estimator_peak_bytes)}); step time "
+              f"{head.step_s * 1e3:.1f} ms ({head.step_source}; the FLOPs model: {head.flops_step_s * 1e3:.1f} ms)")
+        print("the layouts, ranked by the FLOPs model with the estimator's memory:")
     for line in explain(result):
         print(line)
     print("assumptions: " + "; ".join(result.assumptions))
