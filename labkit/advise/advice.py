@@ -19,11 +19,10 @@ from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
 from labkit.advise.settings import ALLOC_CANDIDATES, BucketChoice, choose_alloc_conf, choose_buckets
 from labkit.memory.estimate.rates import measured_rates
 from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
-from labkit.memory.estimate.planner import TracedStep, headline
+from labkit.memory.estimate.planner import SEARCHED_MICRO_BATCHES as MICRO_BATCHES, TracedStep, headline
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
 
-MICRO_BATCHES = (1, 2, 4, 8, 16)
 RECOMPUTE = ("none", "selective", "full")
 
 

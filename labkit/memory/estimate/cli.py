@@ -233,8 +233,8 @@ def run(args: argparse.Namespace) -> int:
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
     from labkit.core import step_tracer
-    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, cluster_from_topology, explain, headline,
-                                                nic_400g, nvswitch_nvlink4, plan, uniform_cluster)
+    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, SEARCHED_MICRO_BATCHES, cluster_from_topology,
+                                                explain, headline, nic_400g, nvswitch_nvlink4, plan, uniform_cluster)
 
     model = _model(args)
     if args.global_batch is None:
@@ -264,7 +264,7 @@ def run_plan(args: argparse.Namespace) -> int:
     # the activation layout advise uses (transformers' rules), so that both verbs headline one per-GPU peak
     framework = args.framework or "pytorch"
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
-                  framework=framework, rate=rate)
+                  framework=framework, rate=rate, micro_batches=SEARCHED_MICRO_BATCHES)
     head = None
     if result.best is not None:
         traced = None

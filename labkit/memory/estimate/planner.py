@@ -126,6 +126,9 @@ def cluster_from_topology(topo, *, nodes: int = 1, gpu_memory_bytes: int | None 
                    source=f"topology: {getattr(topo, 'source', None) or 'given'}; inter-node {inter.name}")
 
 
+# The micro-batches `labkit advise` and `labkit estimate --plan` both search (one best layout for one job).
+SEARCHED_MICRO_BATCHES = (1, 2, 4, 8, 16)
+
 PLAN_MAX_GPUS = 1 << 20   # 1,048,576 GPUs: beyond any cluster built; larger counts are refused
 
 
@@ -494,5 +497,5 @@ def h100_cluster(gpus: int = 64, gpus_per_node: int = 8) -> Cluster:
 
 
 __all__ = ["Candidate", "Cluster", "DEFAULT_ACHIEVABLE_FLOPS", "LinkSpec", "Plan", "StepTime", "cluster_from_topology",
-           "Headline", "TracedStep", "explain", "h100_cluster", "headline", "traced_headline", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time",
+           "Headline", "SEARCHED_MICRO_BATCHES", "TracedStep", "explain", "h100_cluster", "headline", "traced_headline", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time",
            "training_flops_per_token", "uniform_cluster"]
