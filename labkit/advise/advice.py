@@ -202,10 +202,18 @@ def traced_step(hf_config: str, *, layers: int | None, hidden: int | None, seq: 
     rep = _trace(ModelSource(hf_config=hf_config, layers=layers, hidden=hidden),
                  Job(seq=seq, global_batch=micro_batch, micro_batch=micro_batch, precision=precision,
                      optimizer=optimizer, recompute=recompute), micro_batch, recompute)
+    return _traced(rep, micro_batch, recompute)
+
+
+def _traced(rep, micro_batch: int, recompute: str) -> TracedStep | None:
     if rep is None:
         return None
     rl = getattr(rep, "roofline", None)
-    return TracedStep(micro_batch, recompute, rep.peak_bytes, rl["step_s"] if rl else None, rl["source"] if rl else "")
+    if not rl:
+        return TracedStep(micro_batch, recompute, rep.peak_bytes, None, "")
+    opt = rl["per_phase"].get("optimizer", {})
+    return TracedStep(micro_batch, recompute, rep.peak_bytes, rl["step_s"], rl["source"],
+                      max(opt.get("gpu_s", 0.0), opt.get("host_s", 0.0)))
 
 
 def _command(machine: Machine, ranks: int, env: dict[str, str]) -> str:
@@ -258,9 +266,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
     alloc = choose_alloc_conf(None)
     want_trace = trace if trace is not None else bool(model.hf_config)
     rep = _trace(model, job, best.micro_batch, best.recompute) if want_trace else None
-    rl = getattr(rep, "roofline", None)
-    traced = None if rep is None else TracedStep(best.micro_batch, best.recompute, rep.peak_bytes,
-                                                 rl["step_s"] if rl else None, rl["source"] if rl else "")
+    traced = _traced(rep, best.micro_batch, best.recompute)
     # the same call `labkit estimate --plan` makes for its best layout
     head = headline(spec, best, machine.cluster, global_batch=job.global_batch, seq=job.seq, precision=job.precision,
                     optimizer=job.optimizer, framework="pytorch", traced=traced)

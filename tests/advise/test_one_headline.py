@@ -62,3 +62,19 @@ def test_untraced_7b_over_8_gpus_one_answer(capsys):
     head = _agree(adv, doc)
     assert head["step_s"] == head["flops_step_s"] and "not traced" in head["step_source"]
     assert "measured error" in head["peak_source"]
+
+
+def test_traced_step_scaled_to_the_layout():
+    """Forward and backward once per micro-batch and split over tp x pp; the optimizer once, sharded by ZeRO."""
+    from labkit.memory.estimate import ParallelSpec, TrainSpec
+    from labkit.memory.estimate.planner import TracedStep, h200_cluster, step_time
+    from labkit.memory.estimate.presets import get_preset
+
+    m = get_preset("llama2-7b")
+    traced = TracedStep(1, "none", 1, step_s=1.0, source="test", optimizer_s=0.2)
+    train = TrainSpec(micro_batch=1, seq=4096)
+    t = step_time(m, ParallelSpec(dp=8, zero=3), train, h200_cluster(8), 4, traced=traced)
+    assert t.compute_s == pytest.approx(0.8 * 4 + 0.2 / 8)
+    t = step_time(m, ParallelSpec(tp=2, dp=4), train, h200_cluster(8), 4, traced=traced)
+    assert t.compute_s == pytest.approx((0.8 * 4 + 0.2) / 2)
+    assert step_time(m, ParallelSpec(), train, h200_cluster(1), 1, traced=traced).total_s == pytest.approx(1.0)

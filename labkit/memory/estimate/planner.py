@@ -191,14 +191,16 @@ def training_flops_per_token(m: ModelSpec, seq: int, recompute: "Recompute | str
 
 
 def step_time(m: ModelSpec, par: ParallelSpec, train: TrainSpec, cluster: Cluster, n_micro: int,
-              unsharded_step_s: float | None = None) -> StepTime:
-    """The step time of one layout. ``unsharded_step_s``: one unsharded micro-batch of the real model
-    priced op by op (advise's fake-mode trace, :func:`traced_step_time`); the compute is then that
-    time x micro-batches / (tp x pp) instead of FLOPs / ``cluster.achievable_flops``."""
+              traced: "TracedStep | None" = None) -> StepTime:
+    """The step time of one layout. ``traced``: one unsharded step of the real model priced op by op
+    (advise's fake-mode trace); the compute is then its forward and backward x micro-batches / (tp x pp)
+    plus its optimizer step once / (tp x pp, x dp under ZeRO), instead of FLOPs / ``cluster.achievable_flops``."""
     seq = train.seq or m.seq
     tokens = train.micro_batch * n_micro * seq  # per data-parallel replica
-    if unsharded_step_s is not None:
-        compute = unsharded_step_s * n_micro / (par.tp * par.pp)
+    if traced is not None and traced.step_s is not None:
+        opt = min(traced.optimizer_s, traced.step_s)
+        shard = par.tp * par.pp * (par.dp if par.zero else 1)
+        compute = (traced.step_s - opt) * n_micro / (par.tp * par.pp) + opt / shard
     else:
         flops = training_flops_per_token(m, seq, train.recompute) * tokens / (par.tp * par.pp)
         compute = flops / cluster.achievable_flops
@@ -396,6 +398,7 @@ class TracedStep:
     peak_bytes: int
     step_s: float | None
     source: str                    # where the step time comes from (the kernel recordings)
+    optimizer_s: float = 0.0       # the optimizer phase's part of step_s (its GPU or host time, the longer)
 
 
 @dataclass
@@ -437,11 +440,12 @@ def headline(model: ModelSpec, best: Candidate, cluster: Cluster, *, global_batc
     if traced.step_s is None:
         return Headline(peak, how, est.peak_allocated, best.step_time_s, "model: training FLOPs / the compute rate + "
                         "alpha-beta communication (the traced step was not priced)", best.step_time_s, best.time)
-    t = step_time(model, par, train, cluster, best.micro_batches, unsharded_step_s=traced.step_s)
+    t = step_time(model, par, train, cluster, best.micro_batches, traced=traced)
     single = best.tp * best.pp * best.dp == 1 and best.micro_batches == 1
     src = (f"model: the traced step priced op by op ({traced.source})" if single else
-           f"model: the traced unsharded micro-batch priced op by op ({traced.source}), x {best.micro_batches} "
-           f"micro-batches / (tp x pp = {best.tp * best.pp}), + alpha-beta communication")
+           f"model: the traced unsharded step priced op by op ({traced.source}): forward and backward x "
+           f"{best.micro_batches} micro-batches, the optimizer once, / the layout's sharding, + alpha-beta "
+           "communication")
     return Headline(peak, how, est.peak_allocated, t.total_s, src, best.step_time_s, t)
 
 
