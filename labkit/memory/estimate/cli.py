@@ -273,9 +273,13 @@ def run_plan(args: argparse.Namespace) -> int:
                                                             if d not in ("layers", "hidden", "seq")))
         if args.hf_config and trace is not None and same_model:   # the same traced step advise headlines
             best = result.best
-            traced = trace(args.hf_config, layers=args.layers, hidden=args.hidden, seq=model.seq,
-                           micro_batch=best.micro_batch, precision=args.precision, optimizer=args.optimizer,
-                           recompute=best.recompute)
+            try:
+                traced = trace(args.hf_config, layers=args.layers, hidden=args.hidden, seq=model.seq,
+                               micro_batch=best.micro_batch, precision=args.precision, optimizer=args.optimizer,
+                               recompute=best.recompute)
+            except LabkitError as exc:   # the plan still answers, from the estimator, and says why
+                result.assumptions.append(f"the model could not be traced ({exc}): the estimator's peak and the "
+                                          "FLOPs model's step time")
         head = headline(model, result.best, cl, global_batch=args.global_batch, precision=args.precision,
                         optimizer=args.optimizer, framework=framework, traced=traced)
     if args.json:
