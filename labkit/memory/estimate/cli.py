@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-flash", action="store_true", help="math attention (keeps the s x s scores)")
     t.add_argument("--keep-logits", action="store_true", help="the training loop holds the logits through backward")
     t.add_argument("--framework", choices=("pytorch", "megatron"),
-                   help="activation layout: pytorch (default for an estimate) or megatron (default for --plan)")
+                   help="activation layout: pytorch (default, as advise) or megatron")
     q = p.add_argument_group("parallelism")
     for d in ("tp", "pp", "dp", "cp"):
         q.add_argument(f"--{d}", type=positive_int, help="default 1")
