@@ -59,6 +59,8 @@ class Advice:
     evidence: list[Evidence]
     smallest_fitting_gpus: int | None = None
     dominant: str | None = None           # what dominates memory when nothing fits
+    # the best layout by the FLOPs model the layouts are ranked by (runners_up' step times are on that model)
+    ranking_step_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -327,7 +329,7 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                   runners, why_not, placement,
                   alloc.conf,
                   buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best.tp * best.pp * best.dp, env), env, evidence,
-                  notes=notes)
+                  notes=notes, ranking_step_time_s=head.flops_step_s)
 
 
 def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: list[Evidence], notes: list[str]) -> Advice:

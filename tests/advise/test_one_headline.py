@@ -51,6 +51,9 @@ def test_traced_job_one_answer(capsys, tiny_gpt2, gpus, global_batch):
         assert "labkit.memory.trace" in head["peak_source"] and head["peak_bytes"] != head["estimator_peak_bytes"]
     # the op-by-op price, not the FLOPs model's: a tiny model's step is bound by kernel launches and the host
     assert head["step_s"] > 2 * head["flops_step_s"]
+    # the runners-up stay on the model they were ranked by, beside the best's figure on it
+    assert adv.ranking_step_time_s == pytest.approx(head["flops_step_s"])
+    assert all(r["step_time_s"] >= adv.ranking_step_time_s for r in adv.runners_up)
 
 
 def test_untraced_7b_over_8_gpus_one_answer(capsys):
