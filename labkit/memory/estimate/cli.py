@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import dumps
+from labkit.core.serialize import dumps, to_jsonable
 from labkit.core.spec import add_flags, filled
 from labkit.core.table import render
 from labkit.core.units import GB, GiB, fmt_bytes
@@ -283,7 +283,7 @@ def run_plan(args: argparse.Namespace) -> int:
         head = headline(model, result.best, cl, global_batch=args.global_batch, precision=args.precision,
                         optimizer=args.optimizer, framework=framework, traced=traced)
     if args.json:
-        print(dumps({**dataclasses.asdict(result), "headline": head}))
+        print(dumps({**to_jsonable(result), "headline": head}))
         return 0
     print(f"{model.name} on {cl.name}, global batch {args.global_batch}: {result.considered} layouts, {result.fitting} fit "
           f"(model, not a measurement)")
