@@ -289,7 +289,9 @@ def run_plan(args: argparse.Namespace) -> int:
           f"(model, not a measurement)")
     if head is not None:
         print(f"best layout {result.best.label}: per-GPU peak {fmt_bytes(head.peak_bytes)} allocated "
-              f"({head.peak_source}; the estimator: {fmt_bytes(head.estimator_peak_bytes)}); step time "
+              f"({head.peak_source}; the estimator: {fmt_bytes(head.estimator_peak_bytes)}"
+              + (f", {head.estimator_error:+.1%} vs the trace on the unsharded step" if head.estimator_error is not None
+                 else "") + "); step time "
               f"{head.step_s * 1e3:.1f} ms ({head.step_source}"
               + (f"; the FLOPs model: {head.flops_step_s * 1e3:.1f} ms)" if head.step_s != head.flops_step_s else ")"))
         print("the layouts, ranked by the FLOPs model with the estimator's memory:")

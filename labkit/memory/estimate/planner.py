@@ -413,6 +413,7 @@ class Headline:
     step_source: str
     flops_step_s: float            # the FLOPs-model figure the layouts were ranked by
     time: StepTime
+    estimator_error: float | None = None   # the estimator vs the trace on the unsharded step (0.05: 5% high)
 
 
 def headline(model: ModelSpec, best: Candidate, cluster: Cluster, *, global_batch: int, seq: int | None = None,
@@ -437,16 +438,17 @@ def headline(model: ModelSpec, best: Candidate, cluster: Cluster, *, global_batc
                           f"{best.label}'s")
     one = estimate(model, ParallelSpec(), replace(train, global_batch=None), all_stages=False)
     peak, how = traced_headline(est.peak_allocated, one.peak_allocated, traced.peak_bytes, best)
+    err = one.peak_allocated / traced.peak_bytes - 1 if traced.peak_bytes else None
     if traced.step_s is None:
         return Headline(peak, how, est.peak_allocated, best.step_time_s, "model: training FLOPs / the compute rate + "
-                        "alpha-beta communication (the traced step was not priced)", best.step_time_s, best.time)
+                        "alpha-beta communication (the traced step was not priced)", best.step_time_s, best.time, err)
     t = step_time(model, par, train, cluster, best.micro_batches, traced=traced)
     single = best.tp * best.pp * best.dp == 1 and best.micro_batches == 1
     src = (f"model: the traced step priced op by op ({traced.source})" if single else
            f"model: the traced unsharded step priced op by op ({traced.source}): forward and backward x "
            f"{best.micro_batches} micro-batches, the optimizer once, / the layout's sharding, + alpha-beta "
            "communication")
-    return Headline(peak, how, est.peak_allocated, t.total_s, src, best.step_time_s, t)
+    return Headline(peak, how, est.peak_allocated, t.total_s, src, best.step_time_s, t, err)
 
 
 def traced_headline(est_layout: int, est_single: int, traced_single: int, best: Candidate) -> tuple[int, str]:
