@@ -5,7 +5,10 @@ a factory), ``Job`` (sequence, batch, precision, optimizer) and ``MachineSource`
 sample, or GPU count and memory). See :mod:`labkit.advise.advice` for where each number comes from.
 """
 
-from labkit.advise.advice import Advice, Evidence, advise
+from labkit.advise.advice import Advice, Evidence, advise, traced_step
 from labkit.advise.request import Job, MachineSource, ModelSource
+from labkit.core import step_tracer
+
+step_tracer.offer(traced_step)   # `labkit estimate --plan` headlines the same traced step
 
 __all__ = ["Advice", "Evidence", "Job", "MachineSource", "ModelSource", "advise"]

@@ -19,10 +19,10 @@ from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
 from labkit.advise.settings import ALLOC_CANDIDATES, BucketChoice, choose_alloc_conf, choose_buckets
 from labkit.memory.estimate.rates import measured_rates
 from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
+from labkit.memory.estimate.planner import SEARCHED_MICRO_BATCHES as MICRO_BATCHES, TracedStep, headline
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
 
-MICRO_BATCHES = (1, 2, 4, 8, 16)
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -59,6 +59,8 @@ class Advice:
     evidence: list[Evidence]
     smallest_fitting_gpus: int | None = None
     dominant: str | None = None           # what dominates memory when nothing fits
+    # the best layout by the FLOPs model the layouts are ranked by (runners_up' step times are on that model)
+    ranking_step_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -194,6 +196,28 @@ def _trace(model: ModelSource, job: Job, micro_batch: int, recompute: str) -> An
     return trace_step(model, job, micro_batch=micro_batch, recompute=recompute, alloc_confs=ALLOC_CANDIDATES)
 
 
+def traced_step(hf_config: str, *, layers: int | None, hidden: int | None, seq: int, micro_batch: int, precision: str,
+                optimizer: str, recompute: str) -> TracedStep | None:
+    """One unsharded step of a Hugging Face model at this micro-batch and recompute, traced in fake
+    mode and priced op by op: what advise headlines, offered to ``labkit estimate --plan``
+    (:mod:`labkit.core.step_tracer`)."""
+    rep = _trace(ModelSource(hf_config=hf_config, layers=layers, hidden=hidden),
+                 Job(seq=seq, global_batch=micro_batch, micro_batch=micro_batch, precision=precision,
+                     optimizer=optimizer, recompute=recompute), micro_batch, recompute)
+    return _traced(rep, micro_batch, recompute)
+
+
+def _traced(rep, micro_batch: int, recompute: str) -> TracedStep | None:
+    if rep is None:
+        return None
+    rl = getattr(rep, "roofline", None)
+    if not rl:
+        return TracedStep(micro_batch, recompute, rep.peak_bytes, None, "")
+    opt = rl["per_phase"].get("optimizer", {})
+    return TracedStep(micro_batch, recompute, rep.peak_bytes, rl["step_s"], rl["source"],
+                      max(opt.get("gpu_s", 0.0), opt.get("host_s", 0.0)))
+
+
 def _command(machine: Machine, ranks: int, env: dict[str, str]) -> str:
     per_node = min(machine.gpus_per_node, ranks)
     envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -212,8 +236,9 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
     spec = _spec(model, job.seq)
     evidence: list[Evidence] = []
     notes = list(machine.notes)
-    notes.append("step time is a model (FLOPs / matmul rate + alpha-beta communication); multi-GPU time stays a "
-                 "model until multi-GPU recordings exist")
+    notes.append("step time is a model (the traced step priced op by op where the model is traced, else FLOPs / "
+                 "matmul rate; + alpha-beta communication); multi-GPU time stays a model until multi-GPU recordings "
+                 "exist")
     if spec is None:
         return _advise_factory(model, job, machine, evidence, notes)
     ranked, rejected, examples, rates, usable = _plan(spec, machine, job)
@@ -240,46 +265,41 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                  "model: labkit.memory.estimate.planner"),
     ]
     reserved = est.peak_reserved
-    headline, traced = est.peak_allocated, False
-    step_time = best.step_time_s
     alloc = choose_alloc_conf(None)
     want_trace = trace if trace is not None else bool(model.hf_config)
-    if want_trace:
-        rep = _trace(model, job, best.micro_batch, best.recompute)
-        if rep is not None:
-            alloc = choose_alloc_conf(getattr(rep, "reserved_by_conf", None))
-            evidence.append(Evidence("fake-mode peak of one unsharded step (tp=pp=dp=1)", fmt_bytes(rep.peak_bytes), "",
-                                     "model: labkit.memory.trace fake-cuda (the same call as `labkit measure`)"))
-            one = estimate(spec, ParallelSpec(), dataclasses.replace(train, global_batch=None))
-            err = (one.peak_allocated / rep.peak_bytes - 1) * 100
-            evidence.append(Evidence("estimator for the same unsharded step", fmt_bytes(one.peak_allocated),
-                                     f"({err:+.1f}% vs the trace)", "model: labkit.memory.estimate"))
-            headline, how = traced_headline(est.peak_allocated, one.peak_allocated, rep.peak_bytes, best)
-            traced = True
-            evidence[0] = Evidence("per-GPU peak allocated (most loaded GPU)", fmt_bytes(headline), "", how)
-            evidence.insert(1, Evidence("estimator's per-GPU peak for this layout", fmt_bytes(est.peak_allocated),
-                                        f"(its measured error on this model's unsharded step: {err:+.1f}%)",
-                                        "model: labkit.memory.estimate (the same call as `labkit estimate`)"))
-            if headline > usable:
-                notes.append(f"the traced per-GPU peak {fmt_bytes(headline)} is above the usable "
-                             f"{fmt_bytes(usable)}: the layout the estimator chose may not fit; give --micro-batch "
-                             "or --recompute to try a smaller step")
-            rl = getattr(rep, "roofline", None)
-            if rl:
-                single = best.tp * best.pp * best.dp == 1 and best.micro_batches == 1
-                evidence.append(Evidence("op-by-op step time of that unsharded step on the target GPU",
-                                         round(rl["step_s"] * 1e3, 1), "ms", f"model: {rl['source']}"
-                                         + ("; used as the step time" if single else "")))
-                if single:
-                    step_time = rl["step_s"]
-            picked = alloc.replay.get(alloc.conf) if alloc.replay else None
-            if picked and picked.get("peak_allocated"):
-                ratio = picked["reserved_peak"] / picked["peak_allocated"]
-                reserved = int(headline * ratio)
-                evidence.append(Evidence("reserved / allocated in the replay under the chosen setting", round(ratio, 3),
-                                         "", alloc.source))
+    rep = _trace(model, job, best.micro_batch, best.recompute) if want_trace else None
+    traced = _traced(rep, best.micro_batch, best.recompute)
+    # the same call `labkit estimate --plan` makes for its best layout
+    head = headline(spec, best, machine.cluster, global_batch=job.global_batch, seq=job.seq, precision=job.precision,
+                    optimizer=job.optimizer, framework="pytorch", traced=traced)
+    step_time = head.step_s
+    evidence[0] = Evidence("per-GPU peak allocated (most loaded GPU)", fmt_bytes(head.peak_bytes), "", head.peak_source)
+    evidence.insert(1, Evidence("step time", round(step_time * 1e3, 1), "ms", head.step_source))
+    if rep is not None:
+        alloc = choose_alloc_conf(getattr(rep, "reserved_by_conf", None))
+        evidence.append(Evidence("fake-mode peak of one unsharded step (tp=pp=dp=1)", fmt_bytes(rep.peak_bytes), "",
+                                 "model: labkit.memory.trace fake-cuda (the same call as `labkit measure`)"))
+        one = estimate(spec, ParallelSpec(), dataclasses.replace(train, global_batch=None))
+        err = (one.peak_allocated / rep.peak_bytes - 1) * 100
+        evidence.append(Evidence("estimator for the same unsharded step", fmt_bytes(one.peak_allocated),
+                                 f"({err:+.1f}% vs the trace)", "model: labkit.memory.estimate"))
+        evidence.insert(2, Evidence("estimator's per-GPU peak for this layout", fmt_bytes(est.peak_allocated),
+                                    f"(its measured error on this model's unsharded step: {err:+.1f}%)",
+                                    "model: labkit.memory.estimate (the same call as `labkit estimate`)"))
+        evidence.insert(3, Evidence("step time by the FLOPs model (what the layouts are ranked by)",
+                                    round(head.flops_step_s * 1e3, 1), "ms", "model: labkit.memory.estimate.planner"))
+        if head.peak_bytes > usable:
+            notes.append(f"the traced per-GPU peak {fmt_bytes(head.peak_bytes)} is above the usable "
+                         f"{fmt_bytes(usable)}: the layout the estimator chose may not fit; give --micro-batch "
+                         "or --recompute to try a smaller step")
+        picked = alloc.replay.get(alloc.conf) if alloc.replay else None
+        if picked and picked.get("peak_allocated"):
+            ratio = picked["reserved_peak"] / picked["peak_allocated"]
+            reserved = int(head.peak_bytes * ratio)
+            evidence.append(Evidence("reserved / allocated in the replay under the chosen setting", round(ratio, 3),
+                                     "", alloc.source))
     evidence.append(Evidence("allocator setting", alloc.conf or "(default)", "", alloc.reason))
-    backward_s = (best.time.compute_s * 2 / 3) if best.time else 0.0
+    backward_s = head.time.compute_s * 2 / 3
     buckets: BucketChoice = choose_buckets(spec, best, job, machine.cluster, backward_s)
     if buckets.bucket_cap_mb is not None:
         evidence.append(Evidence("DDP bucket_cap_mb", buckets.bucket_cap_mb, "MiB", f"{buckets.source}: {buckets.reason}"))
@@ -301,30 +321,15 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
            "micro_batches": best.micro_batches, "recompute": best.recompute, "sp": best.sp,
            "fsdp": best.zero == 3}
     runners = [{"label": c.label, "step_time_s": c.step_time_s, "total_bytes": c.total_bytes} for c in ranked[1:4]]
-    if not traced:
+    if rep is None:
         notes.append(f"per-GPU peak from the estimator (the model was not traced); its measured error: "
                      f"{ESTIMATOR_ERROR}")
-    return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, headline, reserved,
-                  est.total + headline - est.peak_allocated, usable, step_time, job.global_batch * job.seq / step_time,
+    return Advice(spec.name, machine.name, machine.gpus, machine.nodes, True, lay, head.peak_bytes, reserved,
+                  est.total + head.peak_bytes - est.peak_allocated, usable, step_time, job.global_batch * job.seq / step_time,
                   runners, why_not, placement,
                   alloc.conf,
                   buckets.bucket_cap_mb, buckets.gradient_as_bucket_view, _command(machine, best.tp * best.pp * best.dp, env), env, evidence,
-                  notes=notes)
-
-
-def traced_headline(est_layout: int, est_single: int, traced_single: int, best) -> tuple[int, str]:
-    """The per-GPU peak advise headlines when the model was traced: the trace itself for one GPU
-    (tp=pp=dp=1); for data-parallel layouts (tp=pp=1, DDP or ZeRO) the estimator's figure for the layout
-    plus what it missed on the traced unsharded step (the missed bytes are activations and temporaries,
-    which data parallelism and ZeRO do not shard); for tensor and pipeline parallelism the estimator's."""
-    if best.tp == best.pp == best.dp == 1 and best.micro_batches == 1:
-        return traced_single, "model: labkit.memory.trace fake-cuda, this very step (the same call as `labkit measure`)"
-    if best.tp == best.pp == 1:
-        return (est_layout + traced_single - est_single,
-                "model: the estimator for this layout plus what it missed on the traced unsharded step "
-                "(labkit.memory.trace fake-cuda); per-rank traces of sharded layouts are not built yet")
-    return est_layout, ("model: labkit.memory.estimate (tensor/pipeline layouts are not traced per rank yet); "
-                        "its error on the unsharded step is the next line")
+                  notes=notes, ranking_step_time_s=head.flops_step_s)
 
 
 def _advise_factory(model: ModelSource, job: Job, machine: Machine, evidence: list[Evidence], notes: list[str]) -> Advice:

@@ -105,8 +105,8 @@ def layouts(adv) -> Section:
 
     sec = Section("The advised layout and the runners-up", source="model")
     if adv.runners_up:
-        slower = adv.runners_up[0]["step_time_s"] / adv.step_time_s - 1
-        sec.claim("The nearest runner-up is slower by", round(100 * slower, 1), "%")
+        slower = adv.runners_up[0]["step_time_s"] / (adv.ranking_step_time_s or adv.step_time_s) - 1
+        sec.claim("The nearest runner-up is slower by", round(100 * slower, 1), "%")   # by the ranking's model
     return sec.figure(layouts_figure(adv))
 
 

@@ -376,11 +376,13 @@ def explorer(s: Setup, model_name: str) -> Section:
 def planner(s: Setup, planner_model: str, nodes: int, topology_sample: str, global_batch: int) -> Section:
     """The planner's ranked layouts for a cluster of nodes shaped like a topology sample."""
     from labkit.memory.estimate.planner import cluster_from_topology, explain, plan
+    from labkit.memory.estimate.rates import measured_rates
 
     cl = cluster_from_topology(topology_sample, nodes=nodes, gpu_memory_bytes=s.capacity)
     pm = get_preset(planner_model)
     gb = max(global_batch, cl.gpus)
-    p = plan(pm, cl, gb, precision="bf16-mixed")
+    # the compute rate `labkit estimate --plan` and `labkit advise` charge (one rate for one GPU)
+    p = plan(pm, cl, gb, precision="bf16-mixed", rate=measured_rates(pm, "bf16-mixed", pm.seq))
     src = f"model; sample: {topology_sample}"
     sec = Section(f"The planner's answer: {pm.name} on {cl.gpus} GPUs ({nodes} x {topology_sample})", source=src)
     sec.claim(f"Layouts considered (global batch {gb}, {s.gpu_memory_gib:g} GiB per GPU)", p.considered)

@@ -14,7 +14,9 @@ def layouts_figure(adv, title: str = "Step time of the layouts that fit (model)"
     best = (f"tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} ZeRO-{lay['zero']} mb={lay['micro_batch']} "
             f"recompute={lay['recompute']}")
     labels = [best] + [r["label"] for r in adv.runners_up]
-    ms = [adv.step_time_s * 1e3] + [r["step_time_s"] * 1e3 for r in adv.runners_up]
+    # the layouts as ranked: each by the FLOPs model (advise's headline step time may be the op-by-op one)
+    ms = [(getattr(adv, "ranking_step_time_s", None) or adv.step_time_s) * 1e3] + [r["step_time_s"] * 1e3
+                                                                                for r in adv.runners_up]
     colours = ["#1b9e77"] + ["#7570b3"] * len(adv.runners_up)
     src = ColumnDataSource({"layout": labels, "ms": ms, "colour": colours})
     p = figure(y_range=list(reversed(labels)), height=90 + 40 * len(labels), width=760, title=title,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from labkit.advise.advice import ESTIMATOR_ERROR, advise, traced_headline
+from labkit.advise.advice import ESTIMATOR_ERROR, advise
+from labkit.memory.estimate.planner import traced_headline
 from labkit.advise.request import Job, MachineSource, ModelSource
 
 

@@ -113,12 +113,14 @@ def test_planner(s):
     sec = lesson.planner(s, "llama2-70b", 8, "h100_nv18_8gpu_dual_numa", 64)
     from labkit.memory.estimate.planner import cluster_from_topology, plan
     from labkit.memory.estimate.presets import get_preset
+    from labkit.memory.estimate.rates import measured_rates
 
-    p = plan(get_preset("llama2-70b"), cluster_from_topology("h100_nv18_8gpu_dual_numa", nodes=8,
-                                                           gpu_memory_bytes=s.capacity), 64, precision="bf16-mixed")
+    m = get_preset("llama2-70b")
+    p = plan(m, cluster_from_topology("h100_nv18_8gpu_dual_numa", nodes=8, gpu_memory_bytes=s.capacity), 64,
+             precision="bf16-mixed", rate=measured_rates(m, "bf16-mixed", m.seq))
     assert sec.value("planner_best_layout") == p.best.label
     assert sec.value("planner_best_step_s") == pytest.approx(p.best.step_time_s, abs=1e-3)
-    assert sec.rows and sec.notes[-1].startswith("Assumptions")
+    assert sec.rows and sec.notes[-1].startswith("Assumptions") and "matmul rate" in sec.notes[-1]
 
 
 def test_estimator_vs_trace_one_gpu_names_the_rules():

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import dumps
+from labkit.core.serialize import dumps, to_jsonable
 from labkit.core.spec import add_flags, filled
 from labkit.core.table import render
 from labkit.core.units import GB, GiB, fmt_bytes
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-flash", action="store_true", help="math attention (keeps the s x s scores)")
     t.add_argument("--keep-logits", action="store_true", help="the training loop holds the logits through backward")
     t.add_argument("--framework", choices=("pytorch", "megatron"),
-                   help="activation layout: pytorch (default for an estimate) or megatron (default for --plan)")
+                   help="activation layout: pytorch (default, as advise) or megatron")
     q = p.add_argument_group("parallelism")
     for d in ("tp", "pp", "dp", "cp"):
         q.add_argument(f"--{d}", type=positive_int, help="default 1")
@@ -232,9 +232,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from labkit.core.units import parse_bytes
-    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, cluster_from_topology, explain, nic_400g,
-                                                nvswitch_nvlink4, plan,
-                                                uniform_cluster)
+    from labkit.core import step_tracer
+    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, SEARCHED_MICRO_BATCHES, cluster_from_topology,
+                                                explain, headline, nic_400g, nvswitch_nvlink4, plan, uniform_cluster)
 
     model = _model(args)
     if args.global_batch is None:
@@ -261,13 +261,40 @@ def run_plan(args: argparse.Namespace) -> int:
         cl = uniform_cluster(f"{args.gpus} GPUs", args.gpus, per_node, mem,
                              nvswitch_nvlink4("NVLink4-class through NVSwitch"), nic_400g(),
                              achievable_flops=flops)
+    # the activation layout advise uses (transformers' rules), so that both verbs headline one per-GPU peak
+    framework = args.framework or "pytorch"
     result = plan(model, cl, args.global_batch, precision=args.precision, optimizer=args.optimizer, margin=args.margin,
-                  framework=args.framework or "megatron", rate=rate)
+                  framework=framework, rate=rate, micro_batches=SEARCHED_MICRO_BATCHES)
+    head = None
+    if result.best is not None:
+        traced = None
+        trace = step_tracer.tracer()
+        same_model = not (args.gated or args.untied or any(getattr(args, d) is not None for d in DIMS
+                                                            if d not in ("layers", "hidden", "seq")))
+        if args.hf_config and trace is not None and same_model:   # the same traced step advise headlines
+            best = result.best
+            try:
+                traced = trace(args.hf_config, layers=args.layers, hidden=args.hidden, seq=model.seq,
+                               micro_batch=best.micro_batch, precision=args.precision, optimizer=args.optimizer,
+                               recompute=best.recompute)
+            except LabkitError as exc:   # the plan still answers, from the estimator, and says why
+                result.assumptions.append(f"the model could not be traced ({exc}): the estimator's peak and the "
+                                          "FLOPs model's step time")
+        head = headline(model, result.best, cl, global_batch=args.global_batch, precision=args.precision,
+                        optimizer=args.optimizer, framework=framework, traced=traced)
     if args.json:
-        print(dumps(result))
+        print(dumps({**to_jsonable(result), "headline": head}))
         return 0
     print(f"{model.name} on {cl.name}, global batch {args.global_batch}: {result.considered} layouts, {result.fitting} fit "
           f"(model, not a measurement)")
+    if head is not None:
+        print(f"best layout {result.best.label}: per-GPU peak {fmt_bytes(head.peak_bytes)} allocated "
+              f"({head.peak_source}; the estimator: {fmt_bytes(head.estimator_peak_bytes)}"
+              + (f", {head.estimator_error:+.1%} vs the trace on the unsharded step" if head.estimator_error is not None
+                 else "") + "); step time "
+              f"{head.step_s * 1e3:.1f} ms ({head.step_source}"
+              + (f"; the FLOPs model: {head.flops_step_s * 1e3:.1f} ms)" if head.step_s != head.flops_step_s else ")"))
+        print("the layouts, ranked by the FLOPs model with the estimator's memory:")
     for line in explain(result):
         print(line)
     print("assumptions: " + "; ".join(result.assumptions))

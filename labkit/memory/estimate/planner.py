@@ -126,6 +126,9 @@ def cluster_from_topology(topo, *, nodes: int = 1, gpu_memory_bytes: int | None 
                    source=f"topology: {getattr(topo, 'source', None) or 'given'}; inter-node {inter.name}")
 
 
+# The micro-batches `labkit advise` and `labkit estimate --plan` both search (one best layout for one job).
+SEARCHED_MICRO_BATCHES = (1, 2, 4, 8, 16)
+
 PLAN_MAX_GPUS = 1 << 20   # 1,048,576 GPUs: beyond any cluster built; larger counts are refused
 
 
@@ -187,11 +190,20 @@ def training_flops_per_token(m: ModelSpec, seq: int, recompute: "Recompute | str
     return total
 
 
-def step_time(m: ModelSpec, par: ParallelSpec, train: TrainSpec, cluster: Cluster, n_micro: int) -> StepTime:
+def step_time(m: ModelSpec, par: ParallelSpec, train: TrainSpec, cluster: Cluster, n_micro: int,
+              traced: "TracedStep | None" = None) -> StepTime:
+    """The step time of one layout. ``traced``: one unsharded step of the real model priced op by op
+    (advise's fake-mode trace); the compute is then its forward and backward x micro-batches / (tp x pp)
+    plus its optimizer step once / (tp x pp, x dp under ZeRO), instead of FLOPs / ``cluster.achievable_flops``."""
     seq = train.seq or m.seq
     tokens = train.micro_batch * n_micro * seq  # per data-parallel replica
-    flops = training_flops_per_token(m, seq, train.recompute) * tokens / (par.tp * par.pp)
-    compute = flops / cluster.achievable_flops
+    if traced is not None and traced.step_s is not None:
+        opt = min(traced.optimizer_s, traced.step_s)
+        shard = par.tp * par.pp * (par.dp if par.zero else 1)
+        compute = (traced.step_s - opt) * n_micro / (par.tp * par.pp) + opt / shard
+    else:
+        flops = training_flops_per_token(m, seq, train.recompute) * tokens / (par.tp * par.pp)
+        compute = flops / cluster.achievable_flops
     bubble = compute * (par.pp - 1) / (par.v * n_micro) if par.pp > 1 else 0.0
     act = 2 if train.precision != "fp32" else 4
     # TP: 4 all-reduce-sized collectives of s*b*h per layer and micro-batch (fwd 2, bwd 2), on the node's link
@@ -374,6 +386,86 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, seq: int | No
                 examples=examples, assumptions=assumptions)
 
 
+# ------------------------------------------------------------------ one headline for both verbs
+
+@dataclass
+class TracedStep:
+    """One unsharded step (tp=pp=dp=1) of the real model at a candidate's micro-batch and recompute,
+    run in fake mode: its peak, and that step priced op by op on the target GPU (None: not priced)."""
+
+    micro_batch: int
+    recompute: str
+    peak_bytes: int
+    step_s: float | None
+    source: str                    # where the step time comes from (the kernel recordings)
+    optimizer_s: float = 0.0       # the optimizer phase's part of step_s (its GPU or host time, the longer)
+
+
+@dataclass
+class Headline:
+    """The per-GPU peak and step time ``labkit advise`` and ``labkit estimate --plan`` both print for
+    a plan's best layout, each with its source."""
+
+    peak_bytes: int
+    peak_source: str
+    estimator_peak_bytes: int
+    step_s: float
+    step_source: str
+    flops_step_s: float            # the FLOPs-model figure the layouts were ranked by
+    time: StepTime
+    estimator_error: float | None = None   # the estimator vs the trace on the unsharded step (0.05: 5% high)
+
+
+def headline(model: ModelSpec, best: Candidate, cluster: Cluster, *, global_batch: int, seq: int | None = None,
+             precision: str = default("precision"), optimizer: str = default("optimizer"), framework: str = "pytorch",
+             traced: TracedStep | None = None) -> Headline:
+    """The best layout's per-GPU peak and step time: from the trace of the real model where there is
+    one (:func:`traced_headline`; the step priced op by op and scaled to the layout by
+    :func:`step_time`), else the estimator and the FLOPs model."""
+    if best.time is None or best.step_time_s is None:
+        raise LabkitError(f"{best.label}: not a fitting candidate")
+    par = ParallelSpec(tp=best.tp, pp=best.pp, dp=best.dp, zero=best.zero, sp=best.sp)
+    train = TrainSpec(micro_batch=best.micro_batch, global_batch=global_batch, seq=seq, precision=precision,
+                      optimizer=optimizer, recompute=best.recompute, framework=framework)
+    est = estimate(model, par, train, all_stages=False)
+    if traced is None:
+        return Headline(est.peak_allocated, f"model: labkit.memory.estimate; its measured error: {ESTIMATOR_ERROR}",
+                        est.peak_allocated, best.step_time_s,
+                        "model: training FLOPs / the compute rate + alpha-beta communication (labkit.memory.estimate."
+                        "planner; the model was not traced)", best.step_time_s, best.time)
+    if (traced.micro_batch, str(traced.recompute)) != (best.micro_batch, str(best.recompute)):
+        raise LabkitError(f"the traced step (micro-batch {traced.micro_batch}, recompute {traced.recompute}) is not "
+                          f"{best.label}'s")
+    one = estimate(model, ParallelSpec(), replace(train, global_batch=None), all_stages=False)
+    peak, how = traced_headline(est.peak_allocated, one.peak_allocated, traced.peak_bytes, best)
+    err = one.peak_allocated / traced.peak_bytes - 1 if traced.peak_bytes else None
+    if traced.step_s is None:
+        return Headline(peak, how, est.peak_allocated, best.step_time_s, "model: training FLOPs / the compute rate + "
+                        "alpha-beta communication (the traced step was not priced)", best.step_time_s, best.time, err)
+    t = step_time(model, par, train, cluster, best.micro_batches, traced=traced)
+    single = best.tp * best.pp * best.dp == 1 and best.micro_batches == 1
+    src = (f"model: the traced step priced op by op ({traced.source})" if single else
+           f"model: the traced unsharded step priced op by op ({traced.source}): forward and backward x "
+           f"{best.micro_batches} micro-batches, the optimizer once, / the layout's sharding, + alpha-beta "
+           "communication")
+    return Headline(peak, how, est.peak_allocated, t.total_s, src, best.step_time_s, t, err)
+
+
+def traced_headline(est_layout: int, est_single: int, traced_single: int, best: Candidate) -> tuple[int, str]:
+    """The per-GPU peak headlined when the model was traced: the trace itself for one GPU
+    (tp=pp=dp=1); for data-parallel layouts (tp=pp=1, DDP or ZeRO) the estimator's figure for the layout
+    plus what it missed on the traced unsharded step (the missed bytes are activations and temporaries,
+    which data parallelism and ZeRO do not shard); for tensor and pipeline parallelism the estimator's."""
+    if best.tp == best.pp == best.dp == 1 and best.micro_batches == 1:
+        return traced_single, "model: labkit.memory.trace fake-cuda, this very step (the same call as `labkit measure`)"
+    if best.tp == best.pp == 1:
+        return (est_layout + traced_single - est_single,
+                "model: the estimator for this layout plus what it missed on the traced unsharded step "
+                "(labkit.memory.trace fake-cuda); per-rank traces of sharded layouts are not built yet")
+    return est_layout, ("model: labkit.memory.estimate (tensor/pipeline layouts are not traced per rank yet); "
+                        "its error on the unsharded step is beside it")
+
+
 def explain(p: Plan, top: int = 3) -> list[str]:
     """Sentences: the top choices and what holds them back, and why the others were rejected."""
     lines: list[str] = []
@@ -411,5 +503,5 @@ def h100_cluster(gpus: int = 64, gpus_per_node: int = 8) -> Cluster:
 
 
 __all__ = ["Candidate", "Cluster", "DEFAULT_ACHIEVABLE_FLOPS", "LinkSpec", "Plan", "StepTime", "cluster_from_topology",
-           "explain", "h100_cluster", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time",
+           "Headline", "SEARCHED_MICRO_BATCHES", "TracedStep", "explain", "h100_cluster", "headline", "traced_headline", "h200_cluster", "nic_400g", "nvswitch_nvlink4", "plan", "step_time",
            "training_flops_per_token", "uniform_cluster"]

@@ -98,7 +98,8 @@ def test_presets_match_published_counts():
 def test_plan_verb(capsys):
     rc, out, _ = run(capsys, "--plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64",
                      "--topology", "h100_nv18_8gpu_dual_numa", "--gpu-memory", "80GiB")
-    assert rc == 0 and out.splitlines()[1].startswith("1. tp=") and "rejected" in out
+    lines = out.splitlines()
+    assert rc == 0 and lines[1].startswith("best layout tp=") and lines[3].startswith("1. tp=") and "rejected" in out
     rc, out, _ = run(capsys, "--plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", "--json")
     doc = json.loads(out)
     assert doc["fitting"] >= len(doc["ranked"]) > 0
