@@ -1,6 +1,6 @@
 """``labkit measure --script``: a user's script, unmodified, in its own process; its refusals; the ranks of a
 torchrun launch; the recorded H200 truth for two scripts small enough to run here in seconds and for the first
-step of a TinyLlama-sized padded LoRA batch; how a script's attention mask is read."""
+step of a TinyLlama-sized padded LoRA batch; how a script's attention mask and position ids are read."""
 
 import json
 import textwrap
