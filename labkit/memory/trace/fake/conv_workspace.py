@@ -188,6 +188,11 @@ FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
 # its copies forward; the grid's 1x1/2 256->512 takes them in every pass). bf16 takes the copies at these widths.
 STRIDED_1X1_MIN_CHANNELS = 64
 
+# a float32 stride-1 1x1 from at most this many input channels to an odd number of output channels copies both to NHWC
+# for its weight gradient (the UNet's 64->21 in its stream, 64->21 and 64->19 at batch 16 in conv_workspace_rules;
+# 256->21 keeps the per-sample partials: see the module docstring)
+ODD_1X1_MAX_CHANNELS = 64
+
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
 # between 49 and 196 pixels, taken at the measured point
@@ -318,7 +323,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
         return 0, None
-    if dtype == torch.float32 and cout % 2 and cin <= STRIDED_1X1_MIN_CHANNELS:
+    if dtype == torch.float32 and cout % 2 and cin <= ODD_1X1_MAX_CHANNELS:
         # a float32 1x1 from at most 64 channels to an odd number (a segmentation head's 21 classes): its weight
         # gradient copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
         padded_out = _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])
