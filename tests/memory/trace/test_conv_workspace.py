@@ -409,10 +409,40 @@ def test_a_float32_1x1_with_21_output_channels_copies_both_for_its_weight_gradie
     i = sizes.index(8 * 64 * 512 * 512 * 4, sizes.index(8 * 21 * 512 * 512 * 4))    # the input gradient
     assert sizes[i + 1] == 21 * 64 * 4 and 0 <= sizes[i + 2] - ws <= MiB
     assert conv_workspace_bytes("forward", *shapes)[0] == conv_workspace_bytes("backward_data", *shapes)[0] == 0
-    # 16-bit and even channel counts keep the per-sample partials (ShuffleNet's 58-channel 1x1s: see the module doc)
+    # 16-bit, even channel counts and wider inputs keep the per-sample partials (ShuffleNet's 58-channel 1x1s; 256->21)
+    assert conv_workspace_bytes("backward_filter", (8, 256, 64, 64), (21, 256, 1, 1), (8, 21, 64, 64),
+                                *shapes[3:])[0] == 8 * 21 * 256 * 4
     assert conv_workspace_bytes("backward_filter", *shapes[:-1], torch.bfloat16)[0] == 8 * 21 * 64 * 4
     assert conv_workspace_bytes("backward_filter", (8, 64, 512, 512), (58, 64, 1, 1), (8, 58, 512, 512),
                                 *shapes[3:])[0] == 8 * 58 * 64 * 4
+
+
+def _rules_rows():
+    doc = load_measurement(measure_dir() / "conv_workspace_rules__h200.json", kind="conv_workspace")
+    return doc["data"]["rows"]
+
+
+@pytest.mark.parametrize("kind, dtype, passes, within", [
+    ("grouped", "fp32", 36, 23), ("grouped", "bf16", 36, 30),    # 8/16 per group unpadded; 24/48 padded or not
+    ("1x1", "fp32", 30, 28), ("1x1", "bf16", 30, 30),            # odd output channels from 64: the copies
+    ("1x1s2", "fp32", 24, 20), ("1x1s2", "bf16", 24, 19),        # narrow float32 shortcuts: none
+])
+def test_the_rules_open_questions_as_the_h200_answered_them(kind, dtype, passes, within):
+    """record_handmade.py --part conv3 (conv_workspace_rules__h200.json, batch 16 and 64), recorded after the rules
+    were committed: grouped 3x3 convolutions of 8-48 channels per group, 1x1s to 21, 19 and 58 channels, strided 1x1
+    shortcuts from 32-96 channels (module docstring: which passes the rules miss)."""
+    def pick(r):
+        g = r["geometry"]
+        return r["dtype"] == dtype and ((kind == "grouped" and r["groups"] > 1) or g.startswith(kind + "-"))
+
+    rows = [r for r in _rules_rows() if pick(r)]
+    res = [(_nd_rule(r, p), _measured(r, p)) for r in rows for p in ("forward", "backward_data", "backward_filter")]
+    assert len(res) == passes and not any("error" in r for r in rows)
+    assert sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res) >= within
+    if kind == "grouped":       # powers of two per group take the unpadded copies forward, to the kilobyte
+        for r in rows:
+            if r["geometry"].startswith(("g-w8", "g-w16")):
+                assert abs(_nd_rule(r, "forward") - _measured(r, "forward")) <= 1024, r["geometry"]
 
 
 @pytest.mark.parametrize("name", ["tv-resnet18-b256-fp32", "tv-r3d_18-b16-amp-bf16", "tv-mc3_18-b16-fp32",

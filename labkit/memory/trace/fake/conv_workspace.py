@@ -92,7 +92,7 @@ at batch 16 in bf16 and of the 3x3x3 512->512 in float32 (4.5-6.75 MiB, none in 
 reserved -20% -> +2.4% and -17% -> +2.3%. R(2+1)D's float32 1x7x7/2 stem (45 channels) takes no forward workspace
 (the rule: its NDHWC copies) and 8% more than the rule for its weight gradient; its bf16 passes are the rule's.
 
-**A float32 1x1 with an odd number of output channels** (a segmentation head's 21 classes) takes, for its weight
+**A float32 1x1 from at most 64 channels to an odd number** (a segmentation head's 21 classes) takes, for its weight
 gradient, the NHWC copies of its input and of its output with the channels padded to 4 (as a float32 stem pads its
 input's), not the per-sample partials: the reference UNet's classifier (1x1 64->21 at 512x512, batch 8, float32)
 took 704.73 MiB there in its cold H200 stream (``alloc_stream/stream__hand-unet-b8-s512-fp32__cold.json.gz``; the
@@ -100,7 +100,12 @@ rule: 704.0; padded to 22 it would be 688), and no workspace forward or for its 
 (``hand-unet-b8-s512-fp32``, reference, and ``hand-unet-b16-s256-fp32``, held out): peak -2.9% and -2.8% -> 0.0%,
 reserved -7.5% and -7.2% -> -0.2% and 0.0%. Even counts keep the partials: with the rule applied to every count not
 a multiple of 4, ShuffleNet's 58-channel 1x1s would move its recorded reserved (reference
-``tv-shufflenet_v2_x1_0-b256-fp32``, -0.9%) to +4.3%. Of the odd counts only 21 is measured.
+``tv-shufflenet_v2_x1_0-b256-fp32``, -0.9%) to +4.3%. Of the odd counts only 21 is measured. Measured since
+(``conv_workspace_rules__h200.json``, ``record_handmade.py --part conv3``, batch 16 and 64): 64->21 at 256x256 and
+64->19 at 128x128 take the copies at batch 16 (352.7 and 84.6 MiB; the rule 352.0 and 84.0) and the partials at
+batch 64 (the rule: the copies); 256->21 at 64x64 takes the partials at both (so the rule stops at 64 input
+channels); 58 output channels take the partials at both: the rule is within 10% on 28 of 30 float32 1x1 passes (26
+before these refinements).
 
 **Float32 3-D forwards at stride 1** take the input's NDHWC copy and the weight only, not the output's, once the
 input's copy is :data:`FP32_STRIDED_INPUT_ONLY` or more, as the non-overlapping strided forwards above
@@ -122,8 +127,13 @@ predicted reserved bytes move from +9.5% to +2.1% (``tv-regnet_y_1_6gf-b128-fp32
 engine for half the forward and backward-data passes (9 of 18 each), mostly at batch 16 and more, and the unpadded
 one for most weight gradients, so the rule is within 10% on 21 of 54 grid passes (29 without the padding): an engine
 choice the source does not fix. ResNeXt's 4 or 8 channels per group are powers of two and unpadded, as measured
-(``grouped3x3-g32-256-28``). A 2-D **strided 1x1 with fewer than 64 input channels**
-(:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's first two shortcuts) takes none in any pass in the same stream.
+(``grouped3x3-g32-256-28``). Measured since at 8, 16, 24 and 48 channels per group
+(``conv_workspace_rules__h200.json``, batch 16 and 64): 8 and 16 (powers of two) unpadded in every pass, 24 and 48
+padded in some passes and not in others, as above; the rule is within 10% on 23 of 36 float32 and 30 of 36 bf16
+passes. A float32 2-D **strided 1x1 with fewer than 64 input channels** (:data:`STRIDED_1X1_MIN_CHANNELS`: RegNet's
+first two shortcuts) takes none in any pass in the same stream, and at 64 none forward or for its input gradient;
+bf16 ones take their copies (the rule: within 10% on 20 of 24 float32 and 19 of 24 bf16 strided 1x1 passes of the
+new grid, 16 and 14 before).
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
 ``cudnn.benchmark = True``.
@@ -170,11 +180,18 @@ FP32_STEM_SPLIT_K_COPIES = 120
 # R3D-18's 1x1x1/2 downsample at 8 and 16; 2x2/2 384->384 at 14x14 takes the output's at 18.4 MiB)
 FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
 
-# a 2-D strided 1x1 convolution (a downsample shortcut) with fewer input channels than this takes no workspace in
-# any pass (in situ on the H200, RegNet-Y 1.6GF's cold stream at batch 128 in float32: the 1x1/2 32->48 and 48->120
-# shortcuts take none, 120->336 and 336->888 take the NHWC copies; the grid's 1x1/2 256->512 and R3D-18's 1x1x1/2
-# 64->128 take them too): the heuristics' boundary lies between 48 and 64 channels, taken at the measured 64
+# a float32 2-D strided 1x1 convolution (a downsample shortcut) with fewer input channels than this takes no
+# workspace in any pass, and with this many none forward or for its input gradient (in situ on the H200, RegNet-Y
+# 1.6GF's cold stream at batch 128: the 1x1/2 32->48 and 48->120 shortcuts take none, 120->336 and 336->888 the NHWC
+# copies; conv_workspace_rules__h200.json at batch 16 and 64: 32->64 and 48->96 none (but 32->64's weight gradient at
+# batch 16, 37.7 MiB), 64->128 none forward or for the input gradient and its copies for the weight gradient, 96->192
+# its copies forward; the grid's 1x1/2 256->512 takes them in every pass). bf16 takes the copies at these widths.
 STRIDED_1X1_MIN_CHANNELS = 64
+
+# a float32 stride-1 1x1 from at most this many input channels to an odd number of output channels copies both to NHWC
+# for its weight gradient (the UNet's 64->21 in its stream, 64->21 and 64->19 at batch 16 in conv_workspace_rules;
+# 256->21 keeps the per-sample partials: see the module docstring)
+ODD_1X1_MAX_CHANNELS = 64
 
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
@@ -273,9 +290,10 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return _channels_last_depthwise(pass_, x_shape, w_shape, y_shape, dtype)
     if channels_last:
         return 0, ASSUMPTIONS["channels_last"]
-    if (cin < STRIDED_1X1_MIN_CHANNELS and len(x_shape) == 4 and all(k == 1 for k in w_shape[2:])
-            and any(st > 1 for st in stride) and not any(padding)):
-        return 0, None                                   # a narrow strided 1x1: a kernel without workspace
+    if (dtype == torch.float32 and len(x_shape) == 4 and all(k == 1 for k in w_shape[2:])
+            and any(st > 1 for st in stride) and not any(padding)
+            and (cin < STRIDED_1X1_MIN_CHANNELS or (cin == STRIDED_1X1_MIN_CHANNELS and pass_ != "backward_filter"))):
+        return 0, None                                   # a narrow float32 strided 1x1: a kernel without workspace
     if cin <= 3 and math.prod(w_shape[2:]) <= SMALL_STEM_TAPS and (
             pass_ == "forward" or (pass_ == "backward_filter" and dtype == torch.float32)):
         return 0, None                                   # a small-filter stem: a kernel without workspace
@@ -305,9 +323,9 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
         return 0, None
-    if dtype == torch.float32 and cout % 2:
-        # a float32 1x1 with an odd number of output channels (a segmentation head's 21 classes): its weight gradient
-        # copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
+    if dtype == torch.float32 and cout % 2 and cin <= ODD_1X1_MAX_CHANNELS:
+        # a float32 1x1 from at most 64 channels to an odd number (a segmentation head's 21 classes): its weight
+        # gradient copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
         padded_out = _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])
         return n * (cin * math.prod(x_shape[2:]) + padded_out) * es, None
     partials = n * math.prod(w_shape) * 4
