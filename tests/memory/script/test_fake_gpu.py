@@ -125,3 +125,41 @@ def test_phases_steps_autocast_and_inference_mode_cache():
 def test_bad_arguments():
     with pytest.raises(LabkitError, match="max_steps"):
         fake_gpu(max_steps=0)
+
+
+SAVE_ADAPTERS = '''
+import sys
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512)
+model = get_peft_model(LlamaForCausalLM(cfg).to(torch.bfloat16),
+                       LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")).cuda()
+ids = torch.randint(0, 512, (2, 32), device="cuda")
+model(input_ids=ids, labels=ids).loss.backward()
+model.save_pretrained(sys.argv[1])
+'''
+
+
+def test_a_script_that_saves_its_adapters_runs_and_writes_nothing(tmp_path):
+    """peft's save_pretrained (the usual last line of a LoRA script) writes with safetensors' save_file, bound
+    under another name at import: on the fake GPU it writes no tensors, says so, and the real functions are
+    back after the run, under every name that held them."""
+    import peft.peft_model
+    import safetensors.torch
+    import transformers.modeling_utils
+
+    from labkit.memory.script.run import run_script
+
+    real = safetensors.torch.save_file
+    script = tmp_path / "lora_save.py"
+    script.write_text(SAVE_ADAPTERS)
+    rep = run_script(str(script), [str(tmp_path / "adapters")], banner=False)
+    assert rep.peak_bytes > 0
+    assert any("save_file" in n and "nothing was written" in n for n in rep.notes), rep.notes
+    assert not list((tmp_path / "adapters").glob("*.safetensors"))
+    assert safetensors.torch.save_file is real
+    assert peft.peft_model.safe_save_file is real and transformers.modeling_utils.safe_save_file is real
+    safetensors.torch.save_file({"x": torch.ones(2)}, str(tmp_path / "real.safetensors"))  # a real save still writes
+    assert (tmp_path / "real.safetensors").stat().st_size > 0
