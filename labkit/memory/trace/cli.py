@@ -370,12 +370,12 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
 
 
 def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, Any]:
-    """The fake target for ``--process`` (fresh unless asked for warm or given the segments a process holds)."""
-    if args.device != "fake-cuda" or args.process == "warm" or state:
+    """The fake target for ``--process`` (warm where asked for or given the segments a process holds)."""
+    if args.device != "fake-cuda":
         return {}
     from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
-    return {"target": CudaTarget(warm_process=False)}
+    return {"target": CudaTarget(warm_process=args.process == "warm" or bool(state))}
 
 
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -421,11 +421,9 @@ def recorded_process(base_segments: list | None) -> dict[str, Any]:
     """The fake target for a recording's process: a recording that started with no segments at all ran in a
     fresh process, whose cuBLAS workspaces are allocated at the first matmuls, inside the step
     (``CudaTarget.warm_process`` False); one that started from segments, or says nothing, ran warm."""
-    if base_segments is None or base_segments:
-        return {}
     from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
-    return {"target": CudaTarget(warm_process=False)}
+    return {"target": CudaTarget(warm_process=base_segments is None or bool(base_segments))}
 
 
 # the first transformers release whose DynamicLayer gives the cached values their own dtype (5.23.0 and earlier:

@@ -64,6 +64,7 @@ from torch.overrides import TorchFunctionMode
 
 from labkit.core.errors import LabkitError
 from labkit.core.facts import Facts
+from labkit.core.spec import default
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake.constants import known_value
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
@@ -120,15 +121,17 @@ class CudaTarget:
     keyed by (handle, stream), freed only at exit. So a process that ran any matmul forward and
     backward before (a warm-up, an earlier model, the recorded plain loops' earlier cases: their
     ``base_allocated`` is these 64 MiB) holds both workspaces in segments of their own before the model
-    is built (True, the default); a fresh process allocates each at its thread's first matmul, the
-    autograd thread's from whatever block the cache has free at the first backward matmul (False).
+    is built (True); a fresh process allocates each at its thread's first matmul, the autograd thread's
+    from whatever block the cache has free at the first backward matmul (False). The default is
+    ``RunSpec.process``'s (:mod:`labkit.core.spec`), the one ``labkit measure --process`` has: fresh, as a
+    training script runs; a step measured in a notebook that ran matmuls before is warm.
     """
 
     name: str = H200["name"]
     allocator_rounding: int = H200["allocator_rounding"]          # every allocation rounds up to this
     cublas_workspace_bytes: int = H200["cublas_workspace_bytes"]  # per cuBLAS handle and stream
     cublas_handles: int = H200["cublas_handles"]                  # forward thread + autograd device thread
-    warm_process: bool = True                 # the cuBLAS workspaces exist before the model (see below)
+    warm_process: bool = default("process") == "warm"   # the cuBLAS workspaces exist before the model (see above)
     torch_version: str = H200["torch_version"]                    # the torch whose kernel choices are reproduced
     sm: tuple[int, int] = tuple(H200["sm"])                       # type: ignore[assignment]  # compute capability
     cudnn_version: int = H200["cudnn_version"]                    # cuDNN runtime (SDPA gates: sdpa_gates.json)
