@@ -17,6 +17,7 @@ import shutil
 import subprocess
 
 from labkit.core.errors import LabkitError
+from labkit.core.machine import pci_numa_node
 from labkit.topology.model import GPU, Topology, build
 from labkit.topology.ncclxml import cpulist
 
@@ -58,7 +59,6 @@ def nvml_topology(use_smi: bool = True) -> Topology:
         pynvml.nvmlInit()
     except Exception as exc:
         raise LabkitError(f"live topology: NVML unavailable ({exc}): no NVIDIA driver here; use --sample NAME or --file PATH") from None
-    from labkit.core.machine import pci_numa_node
 
     warnings: list[str] = []
     try:
