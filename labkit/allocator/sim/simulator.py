@@ -41,6 +41,7 @@ from labkit.allocator.sim.config import DEFAULT, NO_LIMIT, AllocatorConfig, allo
 from labkit.allocator.sim.driver_va import DriverVA
 from labkit.allocator.sim.inline import inline
 from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+from labkit.core.units import fmt_bytes
 
 kMinBlockSize = 512
 kSmallSize = 1048576
@@ -480,8 +481,6 @@ class CachingAllocatorSim:
 
     def _out_of_memory(self, orig_size: int, size: int, alloc_size: int, index: int) -> None:
         """malloc's failure branch: ``num_ooms`` and the OutOfMemoryError message's numbers."""
-        from labkit.core.units import fmt_bytes
-
         self.num_ooms += 1
         a = self.allocated_bytes[0]
         r = self.reserved_bytes[0]
