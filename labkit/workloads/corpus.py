@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
@@ -27,6 +28,7 @@ import torch.nn as nn
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import OptimizerSpec
 from labkit.workloads.harness import StepPolicy
+from labkit.workloads.hf import require_transformers
 
 Family = Literal["transformers", "torchvision", "handmade"]
 Task = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "segmentation", "video-classification",
@@ -172,8 +174,6 @@ def tiny(case: Case) -> Case:
 
 
 def require(module: str, extra: str) -> Any:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -181,8 +181,6 @@ def require(module: str, extra: str) -> Any:
 
 
 def hf_config(case: Case) -> Any:
-    from labkit.workloads.hf import require_transformers
-
     transformers = require_transformers()
     cfg = transformers.AutoConfig.for_model(case.arch, **case.overrides)
     if case.task == "image-classification" and "num_labels" in case.overrides:

@@ -34,6 +34,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import TRACEABLE_PRECISIONS, OptimizerSpec, Recompute, canonical
@@ -134,8 +135,6 @@ class _Segment(nn.Module):
             return out
 
     def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint
-
         if not torch.is_grad_enabled():
             return self._run(hidden, *args, **kwargs)
         return checkpoint(self._run, hidden, *args, use_reentrant=False, **kwargs)
@@ -168,8 +167,6 @@ class _CheckpointedCall(nn.Module):
             return self.inner(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint
-
         if not torch.is_grad_enabled():
             return self._run(*args, **kwargs)
         return checkpoint(self._run, *args, use_reentrant=False, **kwargs)
@@ -224,8 +221,6 @@ def apply_checkpointing(model: nn.Module, mode: str,
 
 
 def _make_checkpointed_core(core: Callable, autocast: Callable[[], ContextManager]) -> Callable:
-    from torch.utils.checkpoint import checkpoint
-
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         with autocast():
             return core(q, k, v)
