@@ -21,6 +21,11 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from IPython.display import HTML, display
+
+from labkit.report import record
+from labkit.viz.display import show, show_widget
+
 
 FIXED_SOURCES = ("recorded", "sample")  # sources whose numbers do not change from one run to the next
 LONG_TABLE_ROWS = 20  # a longer table shows its failures first and the whole table collapsed
@@ -122,7 +127,6 @@ class Section:
         such as a model's error, and is recorded)."""
         if self._recorded:
             return
-        from labkit.report import record
 
         for c in self.claims:
             if c.name is None or not c.source or (c.direction is None and c.source.startswith(FIXED_SOURCES)):
@@ -172,10 +176,6 @@ class Section:
         return "\n".join(out)
 
     def _ipython_display_(self) -> None:
-        from IPython.display import HTML, display
-
-        from labkit.viz.display import show, show_widget
-
         self.record()
         display(HTML(self.html()))
         for fig in self.figures:
