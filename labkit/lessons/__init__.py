@@ -10,8 +10,11 @@ Every notebook starts with :func:`setup`.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
+
+from labkit.viz.display import setup as viz_setup
 
 # Third-party messages that say nothing about the lesson, filtered by their text or module only.
 _QUIET_MESSAGES = (
@@ -34,7 +37,6 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message="fake mode's rules are for torch")
     for module in _QUIET_MODULES:
         warnings.filterwarnings("ignore", module=module)
-    import logging
 
     for name in ("transformers", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -42,7 +44,5 @@ def quiet_third_party() -> None:
 
 def setup() -> None:
     """What every notebook calls first: Bokeh inline (offline reports) and the third-party filters."""
-    from labkit.viz.display import setup as viz_setup
-
     quiet_third_party()
     viz_setup()
