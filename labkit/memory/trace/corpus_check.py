@@ -20,9 +20,11 @@ recorded plain loops on the H200.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import statistics
 import time
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -95,8 +97,6 @@ def _refusal(case: Any, exc: Exception, steps: int) -> str:
     can fail in the recomputation, which appends to the cache the forward filled (Gemma 2 under transformers 5.24:
     the recomputed keys no longer match the mask; real tensors fail the same way, so ``--device cpu`` is no way
     out): where the case runs with ``use_cache=False``, the line names that command instead."""
-    from dataclasses import replace
-
     from labkit.memory.trace.step import FakeModeUnsupported
     from labkit.workloads.corpus import predict
 
@@ -108,7 +108,6 @@ def _refusal(case: Any, exc: Exception, steps: int) -> str:
         predict(replace(case, overrides={**case.overrides, "use_cache": False}), steps=steps)
     except FakeModeUnsupported:
         return reason
-    import shlex
 
     import transformers
 
@@ -355,7 +354,6 @@ def recorded_rotary(model: Any, recorded_version: str | None) -> str:
     if (not recorded_version or _version(recorded_version) >= ROTARY_BY_MULTIPLY
             or _version(_installed_transformers()) < ROTARY_BY_MULTIPLY):
         return ""
-    import types
 
     patched = 0
     for m in model.modules():
