@@ -8,6 +8,7 @@ from typing import Any
 
 from labkit.advise.roofline import Roofline
 from labkit.core.errors import LabkitError
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
 from labkit.workloads import StepPolicy
 from labkit.workloads.hf import hf_lm_batch, require_transformers
 from labkit.workloads.user_model import load_factory
@@ -38,8 +39,6 @@ MAX_BATCH_BYTES = 1 << 30
 
 def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
     """The fake-mode report of one unsharded step, with ``.roofline``: that step priced op by op."""
-    from labkit.memory.trace.step import FakeCuda, Probes, measure_step
-
     if model.hf_config:
         from labkit.memory.estimate.hf_config import load_hf_config
 

@@ -13,9 +13,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
-from labkit.comm import fit, simulate
+from labkit.comm import fit, nominal, predict, simulate
 from labkit.comm.bench import row_from_time
 from labkit.comm.ddp import parse_bucket_sizes
+from labkit.comm.launch import run_ranks
 from labkit.comm.recorded import available, load
 from labkit.comm.tour import live_tour
 from labkit.core.errors import LabkitError
@@ -118,8 +119,6 @@ def live_plan(smoke: bool, backend: str, bucket_sizes_mb: str | Sequence[float])
 def live_run(machine: Machine, *, smoke: bool = False, workload: str = "tiny",
              bucket_sizes_mb: str | Sequence[float] = "0.05,0.2,1,25", trace_bucket_mb: float = 0.05) -> LiveRun:
     """One process group runs every live measurement (:func:`labkit.comm.tour.live_tour`)."""
-    from labkit.comm.launch import run_ranks
-
     p = live_plan(smoke, machine.backend, bucket_sizes_mb)
     fn = partial(live_tour, sizes=p["sizes"], bucket_sizes_mb=p["bucket_sizes_mb"], workload=workload,
                  steps=p["steps"], repeats=p["repeats"], trace_bucket_mb=trace_bucket_mb,
@@ -170,8 +169,6 @@ def bus_bandwidth(bench, source: str, *, link=None, published: dict[str, float] 
 
 def bus_bandwidth_model() -> Section:
     """The topology model's busbw for two NVLink4 GPUs (a model, not a measurement)."""
-    from labkit.comm import nominal, predict
-
     topo = load_topology(predict.DEFAULT_H200_STANDIN)
     ladder = [4 * KiB * 4**k for k in range(11)]
     rows = {op: [row_from_time(op, b, 2, predict.predict_us(topo, [0, 1], op, b) * 1e-6) for b in ladder]
@@ -230,8 +227,6 @@ def _fit_table(sec: Section, fits) -> None:
 
 def alpha_beta_recorded(folder: str | Path | None = None) -> Section:
     """The recorded all-reduce against the topology model, and the alpha-beta fit of the recording."""
-    from labkit.comm import predict
-
     rec = load("collectives", folder)
     if rec is None:
         return _missing("Model beside measurement: the alpha-beta fit", "collectives")

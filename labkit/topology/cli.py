@@ -8,7 +8,7 @@ from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 from labkit.core.units import parse_bytes
-from labkit.topology.load import list_samples, load_p2p_table
+from labkit.topology.load import list_samples, load_file, load_live, load_p2p_table, load_sample
 from labkit.topology.placement import Sizes, place
 
 
@@ -43,8 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args):
-    from labkit.topology.load import load_file, load_live, load_sample
-
     if args.file:
         return load_file(args.file, gpu_name=args.gpu_name)
     if args.sample:

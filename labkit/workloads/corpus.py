@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import OptimizerSpec
+from labkit.memory.trace.step import measure_step
 from labkit.workloads.harness import StepPolicy
 from labkit.workloads.hf import require_transformers
 
@@ -408,8 +409,6 @@ def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2,
     """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak.
     ``prepare(model)``, if given, runs on the built model before the step (e.g. the attention
     implementation a recording names); ``fake`` and ``probes`` as ``measure_step`` takes them."""
-    from labkit.memory.trace.step import measure_step
-
     def build() -> nn.Module:
         model = build_model(case)
         if prepare is not None:

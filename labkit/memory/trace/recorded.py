@@ -21,6 +21,7 @@ from labkit.core.paths import MEASUREMENTS_DIR
 from labkit.core.provenance import load_measurement
 from labkit.core.vocab import OptimizerSpec, Recompute, canonical
 from labkit.memory.trace.fake.fake_cuda import CudaTarget
+from labkit.memory.trace.step import FakeCuda, measure_step
 from labkit.workloads import StepPolicy
 
 # What the recording harness ran for each optimizer name before recordings stated the implementation
@@ -128,8 +129,6 @@ def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
 def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
     """Rerun a recorded case in fake mode (no GPU) and compare with its recorded peak. ``target``: default an
     H200 in a warm process, as the reference cases ran (one after another in one process, ``record_measure.py``)."""
-    from labkit.memory.trace.step import FakeCuda, measure_step
-
     target = target or CudaTarget(warm_process=True)
 
     factory, batch, kw = case_inputs(case)

@@ -17,6 +17,7 @@ import torch
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import Recompute
+from labkit.memory.trace.step import measure_step
 from labkit.workloads import StepPolicy, TrainStep, move_batch
 
 
@@ -76,8 +77,6 @@ def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: st
 def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *, device: str = "fake-cuda",
               kw: dict[str, Any] | None = None, time_steps: int = 0) -> list[SweepPoint]:
     """Measure (or, in fake mode, predict) each ``(precision, recompute)`` policy."""
-    from labkit.memory.trace.step import measure_step
-
     kw = kw or {}
     out = []
     for precision, ck in policies:
