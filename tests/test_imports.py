@@ -55,8 +55,8 @@ SAME_MEANING = {
     "allocator": "the allocator chapter (labkit.viz.allocator: its figures)",
     "env": "the env chapter (labkit.viz.env: its figures)",
     "advise": "the advise chapter (labkit.viz.advise: its figures; labkit.lessons.advise: notebook 06's sections)",
-    # lessons/<notebook>.py: the sections of that notebook, named after its chapter or topic
-    "server": "notebook 00's subject, this server (labkit.env.server; labkit.lessons.server: its sections)",
+    # lessons/<notebook>.py: the sections of that notebook, named after the notebook
+    "trace": "the training-step tracer (labkit.memory.trace; labkit.viz.trace: its figures)",
     "spec": "typed dataclasses describing a training configuration, one default per field (labkit.core.spec: a "
             "step and a run, whence every verb's shared flags; labkit.memory.estimate.spec: the analytical model's "
             "model, layout and recipe)",
@@ -70,12 +70,7 @@ KNOWN_CROSSINGS = {
 }
 
 # Names used twice with two meanings today: name -> the modules.
-KNOWN_NAME_CLASHES = {
-    # labkit.topology.measure: link measurements; labkit.viz.measure: figures of the measured-memory chapter
-    "measure": {"labkit.topology.measure", "labkit.viz.measure"},
-    # labkit.allocator.sim.trace: a program's allocation requests; labkit.memory.trace: the training-step tracer
-    "trace": {"labkit.allocator.sim.trace", "labkit.memory.trace"},
-}
+KNOWN_NAME_CLASHES: dict[str, set[str]] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from labkit.allocator.oom_message import OOMMessage, parse_oom_message
 from labkit.allocator.sim.replay import replay
-from labkit.allocator.sim.trace import compile_trace
+from labkit.allocator.sim.stream import compile_trace
 from labkit.allocator.snapshot import Snapshot, read_snapshot
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import DEFAULT_READ_LIMIT, parse_json, path_is, read_json

@@ -3,7 +3,8 @@
 A layer above the chapters, ``labkit.viz`` and ``labkit.report`` (imports point down): a lesson
 takes what a chapter computed, writes the claims beside their numbers (sentences computed from those
 numbers), picks the figure from ``labkit.viz`` and states any gap (a recording that is not there) as
-a note. One module per notebook chapter: ``server`` (00), ``topology`` (01), ``parallel_memory`` (02).
+a note. One module per notebook, named after it: ``this_server`` (00), ``topology`` (01), ``parallel_memory``
+(02) ...
 
 Every notebook starts with :func:`setup`.
 """

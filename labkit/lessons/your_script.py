@@ -11,7 +11,7 @@ from typing import Any
 from labkit.core.paths import DATA_DIR
 from labkit.core.units import GiB, fmt_bytes
 from labkit.memory.script.run import trace_launch, trace_script
-from labkit.viz.measure import predicted_vs_recorded
+from labkit.viz.trace import predicted_vs_recorded
 from labkit.viz.section import Section
 from labkit.workloads.corpus import split_of
 

@@ -9,7 +9,7 @@ import random
 
 from labkit.allocator.sim.config import parse_alloc_conf
 from labkit.allocator.sim.simulator import CachingAllocatorSim, run_ops
-from labkit.allocator.sim.trace import Trace, TraceBuilder
+from labkit.allocator.sim.stream import Trace, TraceBuilder
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

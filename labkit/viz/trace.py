@@ -1,5 +1,5 @@
-"""Bokeh figures for the measured-memory chapter (notebook 04). No computation here: the inputs
-are ``labkit.memory`` reports (or their recorded JSON rows) and already-computed numbers.
+"""Bokeh figures of the training-step tracer (``labkit.memory.trace``; notebooks 04 and 07). No computation
+here: the inputs are ``labkit.memory`` reports (or their recorded JSON rows) and already-computed numbers.
 
 Every figure takes a ``source`` string (``measured here``, ``recorded on <GPU>, <date>``, ``model``)
 and shows it in its title.
