@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import labkit.topology as T
 from labkit.advise.request import MachineSource
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
@@ -33,8 +34,6 @@ def resolve(src: MachineSource) -> Machine:
     notes: list[str] = []
     topo = None
     if src.live or src.file or src.sample:
-        import labkit.topology as T
-
         if src.live:
             topo, where = T.load_topology("live"), "measured here: NVML and nvidia-smi topo -m"
         elif src.file:

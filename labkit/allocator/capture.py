@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.allocator.doctor import diagnose
+from labkit.allocator.snapshot import read_snapshot
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import parse_json, path_is, read_text
 
@@ -279,8 +280,6 @@ def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True, w
     notes = []
     snap = None
     if cap.snapshot_path is not None:
-        from labkit.allocator.snapshot import read_snapshot
-
         try:
             snap = read_snapshot(cap.snapshot_path)
         except LabkitError as exc:  # judge from the rest, and say why the snapshot was left out

@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from labkit.allocator.capture import diagnose_capture
 from labkit.allocator.doctor import diagnose, format_diagnosis, load_stats_file
 from labkit.allocator.sim.replay import compare, load_trace, replay
 from labkit.allocator.snapshot import read_snapshot
@@ -172,8 +173,6 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run_doctor(args: argparse.Namespace) -> int:
     if args.capture:
-        from labkit.allocator.capture import diagnose_capture
-
         if args.oom_text or args.stats or args.snapshot:
             raise LabkitError("alloc doctor: --capture reads the folder's own message, statistics and snapshot; "
                               "give it alone")

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.comm.bench import make_call, slowest_rank
+from labkit.comm.ddp import percentile
 from labkit.core.errors import LabkitError
 from labkit.core.units import MiB
 
@@ -164,8 +165,6 @@ def _compute_fn(ctx, n: int):
 
 def _sync(ctx) -> None:
     if ctx.is_cuda:
-        import torch
-
         torch.cuda.synchronize()
 
 
@@ -269,7 +268,6 @@ def buffer_reuse(ctx, *, n_tensors: int = 64, nbytes: int = 64 * MiB, steps: int
             if i == 1 and ctx.is_cuda:
                 c0 = _alloc_counters()
         c1 = _alloc_counters() if ctx.is_cuda else (0, 0)
-        from labkit.comm.ddp import percentile
 
         ms = [t * 1e3 for t in times]
         res.rows.append(BufferRow(mode=mode, step_ms_median=statistics.median(ms),

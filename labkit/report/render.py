@@ -7,6 +7,7 @@ from pathlib import Path
 import jinja2
 import nbformat
 
+from labkit.core.units import fmt_bytes
 from labkit.report.compare import DEFAULT_TOLERANCE, regressions
 from labkit.report.history import identity_key, machine_identity
 
@@ -77,8 +78,6 @@ def notebook_html(ipynb: Path, out: Path) -> Path:
 
 def _fmt(v, unit: str = "") -> str:
     if unit in ("bytes", "B") and isinstance(v, (int, float)):
-        from labkit.core.units import fmt_bytes
-
         return fmt_bytes(v)
     if isinstance(v, float):
         return f"{v:.4g}"

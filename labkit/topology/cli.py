@@ -8,6 +8,7 @@ from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 from labkit.core.units import parse_bytes
+from labkit.topology.links import LEGEND
 from labkit.topology.load import list_samples, load_file, load_live, load_p2p_table, load_sample
 from labkit.topology.placement import Sizes, place
 
@@ -92,7 +93,6 @@ def run_topo(args: argparse.Namespace) -> int:
     labels = sorted({lab for r in topo.matrix for lab in r if lab != "X"})
     if labels:
         print("\nnominal per-direction bandwidth (model, GB/s = 1e9 B/s; " + topo.generation.family + "):")
-        from labkit.topology.links import LEGEND
 
         bw_rows = []
         for lab in labels:

@@ -7,6 +7,7 @@ calls ``labkit.memory.estimate()`` on each widget change and updates the plot's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import ipywidgets as W
@@ -144,7 +145,6 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
         if w["preset"].value == "custom":
             m = ModelSpec(**values)
         else:  # the boxes edit the preset's dimensions; the rest (gated MLP, KV heads, norms) stays the preset's
-            import dataclasses
 
             m = dataclasses.replace(get_preset(w["preset"].value), **values)
         par = ParallelSpec(tp=w["tp"].value, pp=w["pp"].value, dp=w["dp"].value, zero=w["zero"].value,

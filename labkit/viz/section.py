@@ -23,6 +23,8 @@ from typing import Any, Iterable, Sequence
 
 from IPython.display import HTML, display
 
+from labkit.core.table import render
+from labkit.core.units import fmt_bytes
 from labkit.report import record
 from labkit.viz.display import show, show_widget
 
@@ -47,8 +49,6 @@ class Claim:
     def value_text(self) -> str:
         v = self.value
         if self.unit in ("bytes", "B") and isinstance(v, (int, float)) and not isinstance(v, bool):
-            from labkit.core.units import fmt_bytes
-
             return fmt_bytes(v)
         if self.digits is not None and isinstance(v, (int, float)):
             v = f"{v:,.{self.digits}f}"
@@ -190,8 +190,6 @@ class Section:
         if self.source and any(c.source == self.source for c in self.claims):
             lines.append(f"  source: {self.source}")
         if self.headers:
-            from labkit.core.table import render
-
             lines.append(render(self.headers, self.rows))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import TRACEABLE_PRECISIONS, OptimizerSpec, Recompute, canonical
+from labkit.workloads.gpt import CausalSelfAttention
 
 # The two loops users write: ``plain`` (``loss = model(**batch).loss``: the output object, with the
 # logits, is freed before backward) and ``keep-output`` (``out = model(**batch); loss = out.loss``:
@@ -186,8 +187,6 @@ def apply_recompute(model: nn.Module, recompute: Recompute | str,
     if rc.kind == "none":
         return model
     if rc.kind == "selective":
-        from labkit.workloads.gpt import CausalSelfAttention
-
         n = 0
         for mod in model.modules():
             if isinstance(mod, CausalSelfAttention):

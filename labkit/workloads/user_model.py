@@ -4,6 +4,7 @@ user's code, and a batch of the asked shape."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import math
@@ -58,8 +59,6 @@ def config_source(spec: str, *, layers: int | None = None, hidden: int | None = 
         arch, overrides = spec, {}
     mapping = transformers.CONFIG_MAPPING
     if arch not in mapping:
-        import difflib
-
         near = difflib.get_close_matches(arch, list(mapping.keys()), n=3)
         raise LabkitError(f"--hf-config {spec!r}: not a file and not a transformers model type"
                           + (f" (did you mean {', '.join(near)}?)" if near else ""))

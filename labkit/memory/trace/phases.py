@@ -31,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes as format_bytes
 from labkit.core.vocab import CategoryBytes
+from labkit.memory.trace.storage import StorageTracker
 
 
 @dataclass
@@ -70,8 +71,6 @@ class PhaseSnapshots:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if self.use_tracker:
-            from labkit.memory.trace.storage import StorageTracker
-
             if self._tracker is None:
                 self._tracker = StorageTracker(device_type=torch.device(self.device).type,
                                                rounding=512 if self.device.startswith("cuda") else 1)
@@ -98,8 +97,6 @@ class PhaseSnapshots:
         if not self.use_tracker:
             return
         if self._tracker is None:
-            from labkit.memory.trace.storage import StorageTracker
-
             self._tracker = StorageTracker(device_type=torch.device(self.device).type,
                                            rounding=512 if self.device.startswith("cuda") else 1)
         self._tracker.track(list(tensors))

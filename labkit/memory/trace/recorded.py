@@ -22,7 +22,9 @@ from labkit.core.provenance import load_measurement
 from labkit.core.vocab import OptimizerSpec, Recompute, canonical
 from labkit.memory.trace.fake.fake_cuda import CudaTarget
 from labkit.memory.trace.step import FakeCuda, measure_step
-from labkit.workloads import StepPolicy
+from labkit.workloads import (
+    GPT, GPTConfig, HFGPT2Spec, StepPolicy, gpt_batch, gpt_call, gpt_loss, hf_gpt2_factory, hf_lm_batch,
+)
 
 # What the recording harness ran for each optimizer name before recordings stated the implementation
 # (its ``adamw`` was fused AdamW; SGD with momentum took PyTorch's default, foreach on CUDA).
@@ -113,14 +115,9 @@ def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
 def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
     """(model factory, CPU batch, extra measure_step kwargs) that rebuild a recorded case."""
     if case.model == "labkit-gpt":
-        from labkit.workloads import GPT, GPTConfig
-        from labkit.workloads import gpt_batch, gpt_call, gpt_loss
-
         cfg = GPTConfig(**case.config)
         return (lambda: GPT(cfg)), gpt_batch(cfg, case.batch), {"loss_fn": gpt_loss, "call": gpt_call}
     if case.model == "hf-gpt2":
-        from labkit.workloads import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
-
         spec = HFGPT2Spec(**case.config)
         return hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, case.batch, case.seq), {}
     raise LabkitError(f"recorded case {case.name!r}: unknown model kind {case.model!r}")
