@@ -17,9 +17,8 @@ from bokeh.plotting import figure
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
 from labkit.core.vocab import PRECISIONS
-from labkit.memory.estimate import (  # the model's memory categories (labkit.core.vocab)
-    CATEGORIES, ModelSpec, ParallelSpec, TrainSpec, estimate,
-)
+# CATEGORIES: the model's memory categories (labkit.core.vocab)
+from labkit.memory.estimate import CATEGORIES, ModelSpec, ParallelSpec, TrainSpec, estimate
 from labkit.memory.estimate.presets import get_preset, preset_names
 
 # jupyter_bokeh (3.3 s to import: python -X importtime, 2-core machine) where a widget is shown.
