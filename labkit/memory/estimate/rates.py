@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from labkit.core import paths
+from labkit.core.provenance import load_measurement
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 RATE_FILE = "advise/matmul_rates.json"
 
@@ -29,8 +33,6 @@ class Rate:
 
 @lru_cache(maxsize=1)
 def _recorded() -> tuple[dict, str] | None:
-    from labkit.core.provenance import load_measurement
-
     p = paths.DATA_DIR / "measurements" / RATE_FILE
     if not p.exists():
         return None
