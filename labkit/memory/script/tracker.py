@@ -13,11 +13,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import sysconfig
+import weakref
 from typing import Any, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.utils._pytree import tree_leaves
 
+import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
 from labkit.memory.trace.storage import StorageTracker
 
@@ -29,8 +33,6 @@ REAL_HOST_NUMEL = 1 << 16
 
 def _library_roots() -> tuple[str, ...]:
     """Folders whose frames are not the user's: the standard library, site-packages, labkit itself."""
-    import sysconfig
-
     roots = {os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         p = sysconfig.get_paths().get(key)
@@ -46,7 +48,6 @@ class Sites:
     def __init__(self, user_roots: tuple[str, ...] = ()) -> None:
         self.library = _library_roots()
         self.user_roots = tuple(os.path.abspath(r) for r in user_roots)
-        import labkit
 
         # torch's frames and labkit's own (the fake GPU's machinery) are never the place to look
         self.internal_roots = (os.path.dirname(os.path.abspath(torch.__file__)),
@@ -98,7 +99,6 @@ class GpuTracker(StorageTracker):
         self.placement = Placement(self)
         self.sites = sites
         self.site_of: dict[int, int] = {}       # storage id -> site id
-        import weakref
 
         self._emptied: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # GPU storages resized to 0
         self.on_alloc: Any = None               # called after each tracked op (the live allocator)
@@ -175,8 +175,6 @@ class GpuTracker(StorageTracker):
         then has its values, as on the GPU machine; large ones (a model built on the CPU before ``.cuda()``,
         a dataset) stay fake and cost no memory. A value read from a fake host tensor is a placeholder
         (:meth:`CudaEmulator._scalar_read`)."""
-        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
-
         leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if any(is_fake(x) for x in leaves):
             if func is torch.ops.aten._local_scalar_dense.default:
