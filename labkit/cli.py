@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
 
 from labkit import __version__
 from labkit.core.cliargs import Parser, flush_notes, one_line
@@ -46,8 +48,6 @@ def _bad_environment() -> str | None:
     """An environment variable that makes ``import torch.distributed`` raise (any verb may import it):
     torch accepts TORCH_DISTRIBUTED_DEBUG = OFF, INFO or DETAIL in any case (torch/distributed/__init__.py
     calls set_debug_level_from_env, which raises ValueError on anything else, the empty string too)."""
-    import os
-
     v = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
     if v is not None and v.upper() not in ("OFF", "INFO", "DETAIL"):
         return (f"TORCH_DISTRIBUTED_DEBUG={v[:40]!r} in the environment: torch accepts OFF, INFO or DETAIL "
@@ -56,8 +56,6 @@ def _bad_environment() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import warnings
-
     # fake mode's note that the installed torch is not its rules' torch is part of each report (emulation's
     # torch, a note line), not a warning on stderr beside a one-line error
     warnings.filterwarnings("ignore", message="fake mode's rules are for torch")

@@ -55,8 +55,8 @@ SAME_MEANING = {
     "allocator": "the allocator chapter (labkit.viz.allocator: its figures)",
     "env": "the env chapter (labkit.viz.env: its figures)",
     "advise": "the advise chapter (labkit.viz.advise: its figures; labkit.lessons.advise: notebook 06's sections)",
-    # lessons/<notebook>.py: the sections of that notebook, named after its chapter or topic
-    "server": "notebook 00's subject, this server (labkit.env.server; labkit.lessons.server: its sections)",
+    # lessons/<notebook>.py: the sections of that notebook, named after the notebook
+    "trace": "the training-step tracer (labkit.memory.trace; labkit.viz.trace: its figures)",
     "spec": "typed dataclasses describing a training configuration, one default per field (labkit.core.spec: a "
             "step and a run, whence every verb's shared flags; labkit.memory.estimate.spec: the analytical model's "
             "model, layout and recipe)",
@@ -70,12 +70,7 @@ KNOWN_CROSSINGS = {
 }
 
 # Names used twice with two meanings today: name -> the modules.
-KNOWN_NAME_CLASHES = {
-    # labkit.topology.measure: link measurements; labkit.viz.measure: figures of the measured-memory chapter
-    "measure": {"labkit.topology.measure", "labkit.viz.measure"},
-    # labkit.allocator.sim.trace: a program's allocation requests; labkit.memory.trace: the training-step tracer
-    "trace": {"labkit.allocator.sim.trace", "labkit.memory.trace"},
-}
+KNOWN_NAME_CLASHES: dict[str, set[str]] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -238,8 +233,8 @@ def test_the_graph_sees_the_imports_it_should():
     assert "labkit.memory.estimate" in g["labkit.memory.estimate.planner"]
     assert "labkit.topology.measure" in g["labkit.topology.recorded"]  # via labkit.topology.measure.results
     # a deferred import is not module-level
-    assert "labkit.topology" not in g["labkit.comm.predict"]
-    assert "labkit.topology" in _graph(module_level_only=False)["labkit.comm.predict"]
+    assert "labkit.workloads" not in g["labkit.memory.trace.cli"]
+    assert "labkit.workloads" in _graph(module_level_only=False)["labkit.memory.trace.cli"]
 
 
 def test_no_import_cycle_among_labkit_modules():

@@ -17,11 +17,17 @@ from typing import Any
 from labkit.advise.cluster import Machine, resolve
 from labkit.advise.request import MAX_GPUS, Job, MachineSource, ModelSource
 from labkit.advise.settings import ALLOC_CANDIDATES, BucketChoice, choose_alloc_conf, choose_buckets
+from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
 from labkit.memory.estimate.rates import measured_rates
 from labkit.memory.estimate.accuracy import ESTIMATOR_ERROR
 from labkit.memory.estimate.planner import SEARCHED_MICRO_BATCHES as MICRO_BATCHES, TracedStep, headline
+from labkit.memory.estimate.planner import plan, uniform_cluster
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
+from labkit.topology import Sizes, place
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -117,7 +123,6 @@ def _spec(model: ModelSource, seq: int):
 
 def _plan(spec, machine: Machine, job: Job):
     """The planner over the micro-batches, each with the measured matmul rate of its GEMMs."""
-    from labkit.memory.estimate.planner import plan
 
     mbs = (job.micro_batch,) if job.micro_batch else tuple(m for m in MICRO_BATCHES if job.global_batch % m == 0)
     rec = (job.recompute,) if job.recompute else RECOMPUTE
@@ -144,8 +149,6 @@ def _plan(spec, machine: Machine, job: Job):
 def _smallest_fit(spec, machine: Machine, job: Job) -> tuple[int | None, str | None]:
     """Double the GPU count (the same GPUs, in nodes of 8 once past one node) until a layout with
     ZeRO-3, micro-batch 1 and full recomputation fits; and what dominates at this size."""
-    from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
-    from labkit.memory.estimate.planner import plan, uniform_cluster
 
     # what dominates: the per-GPU breakdown of the most sharded layout at this size
     n = machine.gpus
@@ -181,7 +184,6 @@ def _naive_and_placement(machine: Machine, lay) -> dict[str, Any]:
         order = ",".join(str(i) for i in range(min(machine.gpus_per_node, lay.tp * lay.pp * lay.dp)))
         return {"cuda_visible_devices": order, "verdict": "no topology to place on: GPUs in index order",
                 "source": "none", "naive": None}
-    from labkit.topology import Sizes, place
 
     pl = place(machine.topology, lay.tp, lay.pp, lay.dp, sizes=Sizes())
     return {"cuda_visible_devices": pl.cuda_visible_devices, "tp_groups": pl.tp_groups, "dp_groups": pl.dp_groups,
@@ -250,7 +252,6 @@ def advise(model: ModelSource, job: Job, machine_src: MachineSource, *, trace: b
                       None, [], why, {}, "", None, False, "", {}, evidence, g, dom,
                       notes + [f"global batch {job.global_batch}, sequence {job.seq}, {job.precision}"])
     best = ranked[0]
-    from labkit.memory.estimate import ParallelSpec, TrainSpec, estimate
 
     par = ParallelSpec(tp=best.tp, pp=best.pp, dp=best.dp, zero=best.zero, sp=best.sp)
     train = TrainSpec(micro_batch=best.micro_batch, global_batch=job.global_batch, seq=job.seq,

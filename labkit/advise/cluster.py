@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import labkit.topology as T
 from labkit.advise.request import MachineSource
 from labkit.core.errors import LabkitError
 from labkit.core.units import fmt_bytes
+from labkit.memory.estimate.planner import cluster_from_topology, nic_400g, nvswitch_nvlink4, uniform_cluster
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 
 @dataclass
@@ -25,13 +30,10 @@ class Machine:
 
 
 def resolve(src: MachineSource) -> Machine:
-    from labkit.memory.estimate.planner import cluster_from_topology, nic_400g, nvswitch_nvlink4, uniform_cluster
 
     notes: list[str] = []
     topo = None
     if src.live or src.file or src.sample:
-        import labkit.topology as T
-
         if src.live:
             topo, where = T.load_topology("live"), "measured here: NVML and nvidia-smi topo -m"
         elif src.file:

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from labkit.advise.roofline import Roofline
 from labkit.core.errors import LabkitError
+from labkit.core.units import fmt_bytes
+from labkit.memory.estimate.hf_config import load_hf_config
+from labkit.memory.trace.step import FakeCuda, Probes, measure_step
+from labkit.workloads import StepPolicy
+from labkit.workloads.hf import hf_lm_batch, require_transformers
+from labkit.workloads.user_model import load_factory
 
 
 def hf_causal_lm_factory(cfg: dict[str, Any], layers: int | None = None, hidden: int | None = None):
     """A zero-argument builder of ``AutoModelForCausalLM.from_config`` for a config dict."""
-    from labkit.workloads.hf import require_transformers
-
     tr = require_transformers()
     cfg = dict(cfg)
     mt = cfg.pop("model_type", None)
@@ -36,23 +41,13 @@ MAX_BATCH_BYTES = 1 << 30
 
 def trace_step(model, job, *, micro_batch: int, recompute: str, alloc_confs: tuple[str, ...]):
     """The fake-mode report of one unsharded step, with ``.roofline``: that step priced op by op."""
-    from labkit.memory.trace.step import FakeCuda, Probes, measure_step
-    from labkit.workloads import StepPolicy
-    from labkit.workloads.user_model import load_factory
-    from labkit.workloads.hf import hf_lm_batch
-
     if model.hf_config:
-        from labkit.memory.estimate.hf_config import load_hf_config
-
         build, vocab = hf_causal_lm_factory(load_hf_config(model.hf_config), model.layers, model.hidden)
     else:
         build, vocab = load_factory(model.factory), 32000
-    from labkit.advise.roofline import Roofline
 
     precision = job.precision if job.precision in ("fp32", "amp-bf16", "amp-fp16", "bf16") else "bf16"
     if micro_batch * job.seq * 16 > MAX_BATCH_BYTES:   # token ids and labels, int64, built on the host
-        from labkit.core.errors import LabkitError
-        from labkit.core.units import fmt_bytes
 
         raise LabkitError(f"--micro-batch {micro_batch} x --seq {job.seq}: the traced step's batch would take "
                           f"{fmt_bytes(micro_batch * job.seq * 16)} on the host, more than "

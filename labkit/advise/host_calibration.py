@@ -19,12 +19,14 @@ writes ``host_scale.json``; a test checks that the stored figure is what the rec
 
 from __future__ import annotations
 
+import json
 import statistics
 from functools import lru_cache
 from pathlib import Path
 
 from labkit.core import paths
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
 
 HOST_SPLIT_FILE = paths.DATA_DIR / "measurements" / "advise" / "host_split__whole.json"
 GPU_SPLIT_FILES = tuple(paths.DATA_DIR / "measurements" / "advise" / f"host_split__{tag}.json"
@@ -34,8 +36,6 @@ SCALE_FILE = paths.DATA_DIR / "measurements" / "advise" / "host_scale.json"
 
 def whole_step_issues(path: Path | str = HOST_SPLIT_FILE) -> dict[str, float]:
     """Reference cases whose whole step the H200's host issued without waiting: name -> seconds."""
-    from labkit.core.provenance import load_measurement
-
     doc = load_measurement(Path(path), "host_split")
     return {c["name"]: c["host_s"] for c in doc["data"]["cases"]
             if c.get("split") == "reference" and "host_s" in c and not c.get("host_blocked", True)}
@@ -45,8 +45,6 @@ def recorded_gpu_times(paths_: tuple[Path | str, ...] = GPU_SPLIT_FILES) -> dict
     """The step's kernels back to back on the H200 (chunks each behind a sleep, none outlasting it):
     name -> seconds, from the first file that has the case unblocked (the two chunked recordings agree
     within 2.2% on the 52 cases both have)."""
-    from labkit.core.provenance import load_measurement
-
     out: dict[str, float] = {}
     for p in paths_:
         for c in load_measurement(Path(p), "host_split")["data"]["cases"]:
@@ -69,8 +67,6 @@ def derive(priced: dict[str, float], measured: dict[str, float]) -> dict:
 @lru_cache(maxsize=1)
 def host_scale() -> float:
     """The stored scale (1.0 when no calibration is stored)."""
-    import json
-
     if not SCALE_FILE.exists():
         return 1.0
     doc = json.loads(SCALE_FILE.read_text())

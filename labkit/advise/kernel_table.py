@@ -28,8 +28,10 @@ import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from labkit.advise.host_calibration import host_scale
 from labkit.core import paths
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
 
 KERNEL_FILE = "advise/kernel_rates.json"
 EXTRA_FILE = "advise/kernel_rates_extra.json"     # record_kernels.py --only extra
@@ -401,9 +403,6 @@ def recorded_table(host_calibrated: bool = True) -> KernelTable:
     """The table recorded under ``data/measurements/advise/kernel_rates.json`` (and ``kernel_rates_extra*.json``);
     with ``host_calibrated`` its host costs scaled to whole steps issued on the GPU's host
     (:mod:`labkit.advise.host_calibration`)."""
-    from labkit.advise.host_calibration import host_scale
-    from labkit.core.provenance import load_measurement
-
     p = paths.DATA_DIR / "measurements" / KERNEL_FILE
     if not p.exists():
         raise LabkitError(f"{p}: no kernel recording (benchmarks/gpu/record_kernels.py on the target GPU writes it)")

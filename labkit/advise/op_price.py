@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_leaves
 
-from labkit.advise.kernel_table import KernelTable
+from labkit.advise.kernel_table import KernelTable, conv_kind
+from labkit.memory.trace.fake.sdpa import select_backend
 
 _QUERY = frozenset({"device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
                     "_has_compatible_shallow_copy_type", "is_contiguous", "dim", "size", "stride", "numel"})
@@ -331,8 +332,6 @@ class OpPricer:
                       backward: bool) -> float | None:
         """The recorded convolution of this kind, in the input's memory layout where it was recorded in it
         (cuDNN picks its kernels by the layout PyTorch suggests from the input and weight)."""
-        from labkit.advise.kernel_table import conv_kind
-
         c_in, area = w.size(1) * groups, math.prod(w.shape[2:])
         cl = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
         s = self.t.conv_seconds(conv_kind(c_in, groups, area, True), dtype_name(x.dtype), flops, nbytes,
@@ -378,8 +377,6 @@ class OpPricer:
         return Price("conv", gpu_s=s, kernels=kernels, flops=2.0 * m * n * k * (mask[0] + mask[1]))
 
     def _attention(self, name: str, a: dict) -> Price | None:
-        from labkit.memory.trace.fake.sdpa import select_backend
-
         q, k, v = a.get("query"), a.get("key"), a.get("value")
         backward = name.endswith("_backward")
         if q is None or k is None or q.dim() != 4:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torch.nn.modules.module import register_module_forward_pre_hook
+
 from labkit.advise.kernel_table import KernelTable, recorded_table
 from labkit.advise.op_price import OpPricer
 
@@ -58,8 +60,6 @@ class Roofline:
     def __enter__(self) -> "Roofline":
         """Also charge each ``nn.Module.__call__`` its recorded host cost (a global forward pre-hook,
         removed on exit): eager PyTorch pays it per module call, outside any ATen op."""
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
         cost = self.table.host.get("module_call_nop_s", 0.0)
 
         def on_call(module, inputs) -> None:

@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.core.units import MiB
+from labkit.memory.estimate import total_params
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 # The allocator settings worth trying for a training step (labkit.allocator simulates each), among the options of
 # PYTORCH_ALLOC_CONF that PyTorch documents in its CUDA semantics notes (memory management):
@@ -56,7 +60,6 @@ def grad_schedule(spec, micro_batch: int, seq: int, backward_s: float, grad_byte
     first, then the layers from the last to the first, then the embeddings; each after its share of
     backward's FLOPs (a layer's matmuls, the head's)."""
     from labkit.comm.simulate import GradEvent
-    from labkit.memory.estimate import total_params
 
     h, L = spec.hidden, max(1, spec.layers // pp)
     per_layer = (total_params(spec) - spec.vocab * h * (1 if spec.tied_embeddings else 2)

@@ -4,11 +4,17 @@ predicted step compared with the median step the H200 ran; reference and held-ou
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.advise.roofline import Roofline
 from labkit.core import paths
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
+from labkit.memory.trace.corpus_check import predict_as_recorded
+from labkit.memory.trace.step import FakeModeUnsupported, Probes
+from labkit.workloads import corpus
 
 # The step times advise's pricing was built against (reference cases) and held out from: the first plain-loop
 # recording. The second (plain__corpus.json, which adds each case's starting allocator state for the memory
@@ -36,8 +42,6 @@ class StepTimeCheck:
 
 def recorded_step_times(path: Path | str = PLAIN_FILE) -> dict[str, dict]:
     """name -> recorded row (with its ``provenance``: the row's own, or the recording's)."""
-    from labkit.core.provenance import load_measurement
-
     p = Path(path)
     if not p.exists():
         raise LabkitError(f"{p}: no plain-loop recording (benchmarks/gpu/record_plain.py writes it)")
@@ -57,8 +61,6 @@ STEP_TIME_FILES = (PLAIN_FILE, SECOND_RUN) + tuple(
 
 def recorded_runs(files: tuple[Path | str, ...] = STEP_TIME_FILES) -> dict[str, list[float]]:
     """Each case's median step time in every recording that has it: name -> seconds, one per run."""
-    from labkit.core.provenance import load_measurement
-
     out: dict[str, list[float]] = {}
     for f in files:
         p = Path(f)
@@ -74,10 +76,6 @@ def predict_step_time(case, table=None, recorded: dict | None = None) -> dict:
     """The priced steady step of one corpus case on the target GPU (:meth:`Roofline.describe`). ``recorded``: a
     recorded row, whose program is run where the installed ``transformers`` differs from the recorded one
     (its attention implementation, rotary embedding, KV-cache dtype: ``corpus_check.predict_as_recorded``)."""
-    from labkit.advise.roofline import Roofline
-    from labkit.memory.trace.corpus_check import predict_as_recorded
-    from labkit.memory.trace.step import Probes
-
     row = recorded or {}
     with Roofline(table=table) as rf:
         predict_as_recorded(case, (row.get("provenance") or {}).get("transformers"), row.get("attn_implementation"),
@@ -86,8 +84,6 @@ def predict_step_time(case, table=None, recorded: dict | None = None) -> dict:
 
 
 def check(names: list[str] | None = None, path: Path | str = PLAIN_FILE) -> list[StepTimeCheck]:
-    from labkit.workloads import corpus
-
     rec = recorded_step_times(path)
     out = []
     for name in names or sorted(rec):
@@ -130,12 +126,6 @@ class ShrunkCheck:
 def shrunk_checks(path: Path | str = SHRUNK_FILES[0], names: list[str] | None = None) -> list[ShrunkCheck]:
     """Price every shrunk step of ``path`` (a ``record_host.py --shrink`` recording) as it ran: the case at the
     recorded batch and sequence. A case the installed ``transformers`` cannot run is left out."""
-    import dataclasses
-
-    from labkit.core.provenance import load_measurement
-    from labkit.memory.trace.step import FakeModeUnsupported
-    from labkit.workloads import corpus
-
     out = []
     for row in load_measurement(Path(path), kind="host_split")["data"]["cases"]:
         measured = row.get("shrunk_step_s") if row.get("paired") else row.get("median_step_s")

@@ -22,7 +22,7 @@ from labkit.allocator.sim.replay import ReplayResult, compare, load_trace, repla
 from labkit.allocator.sim.simulator import CachingAllocatorSim
 from labkit.allocator.snapshot import Snapshot, read_snapshot
 from labkit.allocator.sim.state import SeededState, live_bytes, seed_segments
-from labkit.allocator.sim.trace import Trace, TraceBuilder, compile_trace
+from labkit.allocator.sim.stream import Trace, TraceBuilder, compile_trace
 from labkit.allocator.watcher import Watch, watch
 
 __all__ = [

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labkit.allocator.doctor import diagnose
+from labkit.allocator.snapshot import read_snapshot
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import parse_json, path_is, read_text
 
 MANIFEST = "manifest.json"
 STATS = "stats.jsonl"
@@ -179,14 +182,10 @@ MAX_CAPTURE_FILE_BYTES = 64 << 20
 
 def _read_text(p: Path, what: str) -> str:
     """A capture file's text: a regular file (never a link: watch writes none) of bounded size."""
-    from labkit.core.serialize import read_text
-
     return read_text(p, what, limit=MAX_CAPTURE_FILE_BYTES, follow_links=False, errors="replace")
 
 
 def _read_json_file(p: Path, notes: list[str]) -> Any:
-    from labkit.core.serialize import parse_json
-
     try:
         return parse_json(_read_text(p, "capture file"), str(p), "capture file")
     except LabkitError as exc:
@@ -197,7 +196,6 @@ def _read_json_file(p: Path, notes: list[str]) -> Any:
 def read_capture(folder: str | Path) -> Capture:
     """Read one rank's folder; whatever was written is returned, and what is missing is said."""
     folder = Path(folder)
-    from labkit.core.serialize import path_is
 
     if not path_is(folder, "dir"):
         raise LabkitError(f"{str(folder)[:200]}: no such capture folder")
@@ -256,8 +254,6 @@ def read_capture(folder: str | Path) -> Capture:
 
 def rank_folders(run: str | Path) -> list[Path]:
     """The rank folders of a run folder (rank0, rank1, rank0.1 ...), in rank order."""
-    from labkit.core.serialize import path_is
-
     run = Path(run)
     if not path_is(run, "dir"):
         raise LabkitError(f"{str(run)[:200]}: no such run folder")
@@ -272,8 +268,6 @@ def rank_folders(run: str | Path) -> list[Path]:
 def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True, while_writing: bool = False):
     """The doctor on a capture folder: message, stats series (+ the stats at the OOM) and snapshot.
     ``while_writing``: called by the watch itself, before it marks the folder finished."""
-    from labkit.allocator.doctor import diagnose
-
     cap = read_capture(folder)
     series = [{k: v for k, v in row.items() if k in STEP_KEYS} for row in cap.steps]
     stats: Any = series + ([cap.stats_at_oom] if cap.stats_at_oom else [])
@@ -286,8 +280,6 @@ def diagnose_capture(folder: str | Path, *, check_with_simulator: bool = True, w
     notes = []
     snap = None
     if cap.snapshot_path is not None:
-        from labkit.allocator.snapshot import read_snapshot
-
         try:
             snap = read_snapshot(cap.snapshot_path)
         except LabkitError as exc:  # judge from the rest, and say why the snapshot was left out

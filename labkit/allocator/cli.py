@@ -17,16 +17,21 @@ import argparse
 import sys
 from pathlib import Path
 
+from labkit.allocator.capture import diagnose_capture
+from labkit.allocator.doctor import diagnose, format_diagnosis, load_stats_file
+from labkit.allocator.sim.replay import compare, load_trace, replay
+from labkit.allocator.snapshot import read_snapshot
+from labkit.core.cliargs import Deprecated, nonnegative_int
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import dumps
+from labkit.core.serialize import dumps, read_bytes
+from labkit.core.table import render
+from labkit.core.units import fmt_bytes, parse_bytes
 
 REPLAY_KEYS = ("allocated_peak_bytes", "reserved_peak_bytes", "segments_peak", "num_device_alloc",
                "num_alloc_retries", "num_ooms")
 
 
 def _add_snapshot_flags(p: argparse.ArgumentParser, gpu: bool = True) -> None:
-    from labkit.core.cliargs import Deprecated, nonnegative_int
-
     if gpu:
         p.add_argument("--gpu", type=nonnegative_int, default=None, metavar="N",
                        help="which GPU's trace (device index; default: the first with one)")
@@ -72,7 +77,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cap(text: str | None) -> int | None:
     if text is None:
         return None
-    from labkit.core.units import parse_bytes
 
     v = parse_bytes(text, what="--cap-bytes")
     if v <= 0:
@@ -84,7 +88,6 @@ def _max_bytes(args: argparse.Namespace) -> int | None:
     text = getattr(args, "max_snapshot_bytes", None)
     if text is None:
         return None
-    from labkit.core.units import parse_bytes
 
     v = parse_bytes(text, what="--max-snapshot-bytes")
     if v <= 0:
@@ -93,8 +96,6 @@ def _max_bytes(args: argparse.Namespace) -> int | None:
 
 
 def _trace(args: argparse.Namespace):
-    from labkit.allocator.sim.replay import load_trace
-
     return load_trace(args.trace, args.gpu, max_bytes=_max_bytes(args))
 
 
@@ -104,8 +105,6 @@ MAX_OOM_TEXT_BYTES = 1 << 20
 
 def read_oom_text(path: str | Path) -> str:
     """The text of a file holding an OOM message: UTF-8 text of at most 1 MiB (else a LabkitError naming it)."""
-    from labkit.core.serialize import read_bytes
-
     p = Path(path)
     raw = read_bytes(p, "OOM message file (cut a longer log down to the error)", limit=MAX_OOM_TEXT_BYTES)
     try:
@@ -118,9 +117,6 @@ def read_oom_text(path: str | Path) -> str:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from labkit.allocator.sim.replay import replay
-    from labkit.core.units import fmt_bytes
-
     tr = _trace(args)
     r = replay(tr, args.conf, cap_bytes=_cap(args.cap_bytes))
     if args.json:
@@ -137,7 +133,6 @@ def run_replay(args: argparse.Namespace) -> int:
     rows = [("allocated peak", fmt_bytes(r.allocated_peak_bytes)), ("reserved peak", fmt_bytes(r.reserved_peak_bytes)),
             ("segments peak", str(r.segments_peak)), ("device allocations", str(r.num_device_alloc)),
             ("alloc retries", str(r.num_alloc_retries)), ("OOMs", str(r.num_ooms))]
-    from labkit.core.table import render
 
     print(render(["quantity", "value"], rows))
     for o in r.ooms[:3]:
@@ -154,10 +149,6 @@ DEFAULT_COMPARE = ("", "expandable_segments:True", "max_split_size_mb:128", "max
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from labkit.allocator.sim.replay import compare
-    from labkit.core.table import render
-    from labkit.core.units import fmt_bytes
-
     confs = ["" if c in ("default",) else c for c in (args.conf or DEFAULT_COMPARE)]
     if len(confs) > MAX_COMPARE:
         raise LabkitError(f"--conf given {len(confs)} times: compare replays the trace once per configuration, at most "
@@ -181,12 +172,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from labkit.allocator.doctor import diagnose, format_diagnosis, load_stats_file
-    from labkit.allocator.snapshot import read_snapshot
-
     if args.capture:
-        from labkit.allocator.capture import diagnose_capture
-
         if args.oom_text or args.stats or args.snapshot:
             raise LabkitError("alloc doctor: --capture reads the folder's own message, statistics and snapshot; "
                               "give it alone")

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from labkit.allocator.oom_message import OOMMessage, parse_oom_message
+from labkit.allocator.sim.replay import replay
+from labkit.allocator.sim.stream import compile_trace
 from labkit.allocator.snapshot import Snapshot, read_snapshot
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import DEFAULT_READ_LIMIT, read_json
+from labkit.core.serialize import DEFAULT_READ_LIMIT, parse_json, path_is, read_json
 from labkit.core.units import fmt_bytes
 
 GiB = 1024**3
@@ -89,8 +91,6 @@ def _stat(stats: dict, key: str) -> int:
 def load_stats_file(path: str | Path) -> Any:
     """A memory_stats() JSON dict, a list of them (a series), {"ranks": [...]}, or a labkit measurement: a file,
     or the JSON text itself (an argument starting with { or [ that is not a file)."""
-    from labkit.core.serialize import parse_json, path_is
-
     text = str(path).strip()
     if text[:1] in "{[" and not path_is(text, "exists"):
         if len(text) > DEFAULT_READ_LIMIT:
@@ -357,8 +357,6 @@ def _from_stats(st: dict, rank: int | None = None) -> list[Finding]:
 
 
 def _from_snapshot(snap: Snapshot, limit: int | None, check: bool) -> tuple[list[Finding], list[str], dict | None]:
-    from labkit.allocator.sim.trace import compile_trace
-
     out: list[Finding] = []
     notes: list[str] = []
     sim: dict | None = None
@@ -414,8 +412,6 @@ FIX_CONF = "expandable_segments:True"
 
 def _replays(ctr, cap: int | None) -> dict:
     """Replay the captured request stream under the configuration it was recorded with and under the fixes."""
-    from labkit.allocator.sim.replay import replay
-
     base = ctr.recorded_conf or ""
     confs = [base] + [c for c in ("expandable_segments:True", "max_split_size_mb:128") if c != base]
     rows, results = [], {}

@@ -15,7 +15,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from labkit.core.errors import LabkitError
+from labkit.workloads import GPT, GPTConfig
 
 #: Allocator configurations the lab records and replays (name -> ``PYTORCH_ALLOC_CONF`` value).
 RECORDED_CONFIGS: dict[str, str] = {
@@ -60,16 +63,12 @@ class WorkloadRun:
 
 
 def _gpt_config(smoke: bool):
-    from labkit.workloads import GPTConfig
-
     if smoke:
         return GPTConfig(n_layer=2, n_head=2, n_embd=64, seq_len=64, vocab_size=512)
     return GPTConfig(n_layer=4, n_head=12, n_embd=768, seq_len=1024, vocab_size=50304)
 
 
 def _sample(run: WorkloadRun, device, step: int, phase: str, tokens: int) -> None:
-    import torch
-
     if device.type == "cuda":
         a, r = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     else:
@@ -78,10 +77,6 @@ def _sample(run: WorkloadRun, device, step: int, phase: str, tokens: int) -> Non
 
 
 def _model_and_optimizer(device, smoke: bool, seed: int):
-    import torch
-
-    from labkit.workloads import GPT
-
     torch.manual_seed(seed)
     model = GPT(_gpt_config(smoke)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -89,8 +84,6 @@ def _model_and_optimizer(device, smoke: bool, seed: int):
 
 
 def _train_step(model, opt, batch: int, seq: int, device, gen) -> float:
-    import torch
-
     V = model.config.vocab_size
     idx = torch.randint(0, V, (batch, seq), device=device, generator=gen)
     tgt = torch.randint(0, V, (batch, seq), device=device, generator=gen)
@@ -103,8 +96,6 @@ def _train_step(model, opt, batch: int, seq: int, device, gen) -> float:
 
 def varlen_train(device, *, steps: int = 20, batch: int = 8, smoke: bool = False, seed: int = 0) -> WorkloadRun:
     """A GPT training loop whose sequence length changes every step (seeded, so reproducible)."""
-    import torch
-
     model, opt = _model_and_optimizer(device, smoke, seed)
     max_len = model.config.seq_len
     rng = random.Random(seed)
@@ -122,8 +113,6 @@ def varlen_train(device, *, steps: int = 20, batch: int = 8, smoke: bool = False
 def train_then_eval(device, *, train_steps: int = 8, eval_batches: int = 4, batch: int = 8,
                     eval_batch: int = 24, smoke: bool = False, seed: int = 1) -> WorkloadRun:
     """Train at a short sequence length, then evaluate with larger, longer batches (no grad)."""
-    import torch
-
     model, opt = _model_and_optimizer(device, smoke, seed)
     T = model.config.seq_len
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -165,8 +154,6 @@ def leak_loop(device, *, max_steps: int = 200, batch: int = 8, smoke: bool = Fal
     Every step keeps its activations alive through the autograd graph, so allocated memory grows
     step after step until the device (or the memory fraction) runs out.
     """
-    import torch
-
     model, _ = _model_and_optimizer(device, smoke, seed)
     T = model.config.seq_len // 2
     gen = torch.Generator(device=device).manual_seed(seed)

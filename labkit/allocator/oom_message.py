@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from labkit.core.errors import LabkitError
+from labkit.core.units import fmt_bytes
 
 _UNITS = {"bytes": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
 _SIZE = r"([0-9]+(?:\.[0-9]+)?) ?(bytes|B|KiB|MiB|GiB|TiB)"
@@ -110,8 +111,6 @@ def _tol(x: int) -> int:
 
 def _consistent(msg: OOMMessage, source: str) -> OOMMessage:
     """Refuse a message whose figures contradict one another (edited by hand, or two messages mixed)."""
-    from labkit.core.units import fmt_bytes
-
     T, F = msg.total_bytes, msg.free_bytes
     problems = []
     if T is not None and F is not None and F > T + _tol(T):

@@ -20,6 +20,7 @@ from typing import Any
 
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import read_bytes
+from labkit.core.units import fmt_bytes
 
 TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
                  "segment_unmap", "oom", "snapshot", "user_defined"}
@@ -66,8 +67,6 @@ DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
 
 def _too_big(name: str, limit: int) -> LabkitError:
-    from labkit.core.units import fmt_bytes
-
     return LabkitError(f"{name}: decompresses to more than {fmt_bytes(limit)} (the snapshot size limit; loading takes "
                        "about 5x that in memory); if the file is genuine, raise the limit with --max-snapshot-bytes "
                        "(max_bytes=)")
@@ -102,8 +101,6 @@ MIN_BYTES_PER_ITEM = 12
 def decode_budget(raw: bytes, name: str, max_bytes: int) -> int:
     """The most memory decoding ``raw`` can take (an upper bound); a LabkitError when that is more than the
     budget: :data:`MAX_DECODE_RATIO` x the file, and 24 x ``max_bytes`` in all."""
-    from labkit.core.units import fmt_bytes
-
     bound = 16 * len(raw) + sum(w * raw.count(bytes([op])) for op, w in _OPCODE_BYTES.items())
     if bound > MAX_DECODE_RATIO * len(raw) or bound > 24 * max_bytes:
         raise LabkitError(f"{name}: decoding this pickle could take up to {fmt_bytes(bound)} of memory "

@@ -20,7 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from labkit.allocator.capture import rank_folders, read_capture, run_folder
+from labkit.core.cliargs import int_between
 from labkit.core.errors import LabkitError
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 
 #: The history ring buffer's largest size: each entry costs ~1 KB in the process (more with stacks).
@@ -28,8 +33,6 @@ MAX_ENTRIES = 10_000_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import int_between
-
     p = sub.add_parser("watch", help="run a training command and capture its out-of-memory error per rank",
                        description="Run CMD with the allocator's history on; on an OOM each rank writes the snapshot, "
                                    "per-step memory_stats(), the message and the doctor's verdict into its own folder.")
@@ -61,8 +64,6 @@ def _gpu_available() -> bool:
 
 def summarize(run: Path) -> list[dict]:
     """One row per rank folder: state, whether it saw an OOM, the verdict."""
-    from labkit.allocator.capture import rank_folders, read_capture
-
     rows = []
     for f in rank_folders(run):
         try:
@@ -98,8 +99,6 @@ def _print_rows(run: Path, rows: list[dict]) -> None:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from labkit.allocator.capture import run_folder
-
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

@@ -35,16 +35,24 @@ Without a CUDA GPU, ``watch`` does nothing and says so in one line.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import os
 import pickle
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import labkit.allocator.capture as cap
+from labkit.allocator.doctor import format_diagnosis
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import dumps
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 DEFAULT_MAX_ENTRIES = 200_000
 DETAILS = ("trace", "stacks", "stats")
@@ -281,9 +289,6 @@ class Watch:
         self._write_verdict()
 
     def _write_verdict(self) -> None:
-        from labkit.allocator.doctor import format_diagnosis
-        from labkit.core.serialize import dumps
-
         assert self.writer is not None and self.folder is not None
         try:
             d = cap.diagnose_capture(self.folder, check_with_simulator=self.check_with_simulator, while_writing=True)
@@ -359,10 +364,6 @@ def install_from_env() -> Watch | None:
     sitecustomize in ``labkit/allocator/_watch_boot``). Starts watching when CUDA initialises (a launcher
     process that never touches CUDA writes nothing), hooks the optimizer, and records an OOM that ends the
     script (sys.excepthook) or is caught by it (at exit)."""
-    import atexit
-    import json
-    import signal
-
     run_dir = os.environ.get("LABKIT_WATCH_RUN_DIR")
     if not run_dir:
         return None

@@ -11,6 +11,8 @@ on GPUs, ``perf_counter`` on CPUs), after warm-up, and the slowest rank's median
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -19,6 +21,9 @@ from typing import Sequence
 from labkit.core import collectives
 from labkit.core.errors import LabkitError
 from labkit.core.units import GiB, KiB, MiB, parse_bytes
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
@@ -114,7 +119,6 @@ def buffer_budget(is_cuda: bool) -> tuple[int, str]:
         import torch
 
         return torch.cuda.mem_get_info()[0] // 4, "a quarter of the GPU's free memory"
-    import os
 
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -258,7 +262,6 @@ def _device_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name(torch.device(device))
-    import platform
 
     return platform.processor() or "cpu"
 

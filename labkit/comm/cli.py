@@ -152,7 +152,6 @@ def _check_cpu_budget(ops, sizes, world: int) -> None:
 
 
 def _safe_fits(fit_all, rows, link):
-
     out = []
     ops = dict.fromkeys(r.op for r in rows)
     for op in ops:

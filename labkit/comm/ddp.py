@@ -10,6 +10,7 @@ same step without any all-reduce: the compute-only floor the sweep is compared w
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from labkit.core.errors import LabkitError
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 DEFAULT_BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)
 
@@ -130,8 +134,6 @@ def _sync(ctx) -> None:
 
 
 def _autocast(ctx, amp: str | None):
-    import contextlib
-
     import torch
 
     if amp and ctx.is_cuda:
@@ -141,8 +143,6 @@ def _autocast(ctx, amp: str | None):
 
 def train_steps(ctx, model, opt, x, y, n: int, amp: str | None = None, no_sync: bool = False) -> list[float]:
     """Seconds per step for ``n`` steps (forward, backward, optimizer step, synchronise)."""
-    import contextlib
-
     out = []
     for _ in range(n):
         t0 = time.perf_counter()

@@ -9,11 +9,18 @@ Both train the same reference GPT on the same global batch (``per_gpu_batch * n`
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from labkit.comm.ddp import _max_over_ranks, _model_and_batch
 from labkit.core.errors import LabkitError
+from labkit.workloads import GPT, get_workload
 
 
 @dataclass
@@ -31,10 +38,6 @@ class ParallelRun:
 
 
 def _train(model, opt, x, y, steps: int, amp: str | None, dp: bool) -> list[float]:
-    import contextlib
-
-    import torch
-
     out = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -53,10 +56,6 @@ def _train(model, opt, x, y, steps: int, amp: str | None, dp: bool) -> list[floa
 def run_data_parallel(gpus: int = 2, *, workload: str = "gpt2-124m", per_gpu_batch: int | None = None,
                       warmup: int = 3, steps: int = 10, amp: str | None = "bfloat16") -> ParallelRun:
     """``nn.DataParallel`` over GPUs 0..gpus-1 in this process (needs ``gpus`` CUDA devices)."""
-    import torch
-
-    from labkit.workloads import GPT, get_workload
-
     if not torch.cuda.is_available() or torch.cuda.device_count() < gpus:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise LabkitError(f"DataParallel over {gpus} GPUs needs {gpus} CUDA devices; this machine has {have}")
@@ -84,12 +83,6 @@ def run_data_parallel(gpus: int = 2, *, workload: str = "gpt2-124m", per_gpu_bat
 def run_ddp(ctx, *, workload: str = "gpt2-124m", per_gpu_batch: int | None = None, warmup: int = 3,
             steps: int = 10, amp: str | None = "bfloat16", bucket_cap_mb: float = 25.0) -> ParallelRun:
     """DDP in the current process group (one CUDA GPU per rank); every rank returns the same result."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from labkit.comm.ddp import _max_over_ranks, _model_and_batch
-
     if not ctx.is_cuda:
         raise LabkitError("run_ddp compares against DataParallel and needs CUDA ranks (backend nccl)")
     torch.cuda.empty_cache()

@@ -13,6 +13,8 @@ The backend is ``gloo`` (CPU tensors) or ``nccl`` (one GPU per local rank).
 
 from __future__ import annotations
 
+import datetime
+import gc
 import os
 import pickle
 import socket
@@ -22,6 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit.core.errors import LabkitError
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 BACKENDS = ("gloo", "nccl")
 
@@ -88,8 +93,6 @@ def _die_with_parent() -> None:
 
 def _init(backend: str, rank: int, world: int, local_rank: int, local_world: int, launched_by: str,
           timeout_s: float | None = None) -> RankContext:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
@@ -131,8 +134,6 @@ def _quiesce() -> None:
     """Bring this rank to rest with the process group still up: free what ``fn`` left behind (DDP
     reducers sit in reference cycles that only the garbage collector frees) while the interpreter is
     fully alive, then wait at a barrier until every rank is past its last collective."""
-    import gc
-
     import torch.distributed as dist
 
     gc.collect()
@@ -150,8 +151,6 @@ def _teardown() -> None:
     an active exception", SIGABRT. So what held the group is collected before it is destroyed
     (:func:`_quiesce`), the group goes down here, and no rank exits with Gloo threads alive
     (``tests/comm/test_launch_teardown.py``)."""
-    import gc
-
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -20,6 +20,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+
+from labkit.comm.bench import make_call, slowest_rank
+from labkit.comm.ddp import percentile
 from labkit.core.errors import LabkitError
 from labkit.core.units import MiB
 
@@ -89,8 +94,6 @@ def overlap_fraction(a: float, b: float, both: float) -> float:
 
 
 def _need_cuda(what: str) -> None:
-    import torch
-
     if not torch.cuda.is_available():
         raise LabkitError(f"{what} needs a CUDA GPU; this machine has none")
 
@@ -99,7 +102,6 @@ def pinned_vs_pageable(nbytes: int = 256 * MiB, *, device: str = "cuda:0", matmu
                        repeats: int = 5) -> CopyOverlap:
     """Copy ``nbytes`` host-to-device with ``non_blocking=True`` on a side stream while computing."""
     _need_cuda("pinned_vs_pageable")
-    import torch
 
     dev = torch.device(device)
     torch.cuda.set_device(dev)
@@ -152,8 +154,6 @@ def pinned_vs_pageable(nbytes: int = 256 * MiB, *, device: str = "cuda:0", matmu
 
 
 def _compute_fn(ctx, n: int):
-    import torch
-
     a = torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16 if ctx.is_cuda else torch.float32)
 
     def run(k: int) -> None:
@@ -165,18 +165,12 @@ def _compute_fn(ctx, n: int):
 
 def _sync(ctx) -> None:
     if ctx.is_cuda:
-        import torch
-
         torch.cuda.synchronize()
 
 
 def async_overlap(ctx, nbytes: int = 64 * MiB, *, matmul_n: int | None = None, repeats: int = 5,
                   op: str = "all_reduce") -> AsyncOverlap:
     """A collective overlapped with independent compute through ``async_op=True``; same on every rank."""
-    import torch.distributed as dist
-
-    from labkit.comm.bench import make_call, slowest_rank
-
     call, total = make_call(op, nbytes, ctx.world, ctx.device)
     n = matmul_n or (4096 if ctx.is_cuda else 256)
     compute = _compute_fn(ctx, n)
@@ -217,8 +211,6 @@ def async_overlap(ctx, nbytes: int = 64 * MiB, *, matmul_n: int | None = None, r
 
 
 def _alloc_counters() -> tuple[int, int]:
-    import torch
-
     s = torch.cuda.memory_stats()
     # segment.all.allocated counts the segments the allocator obtained from cudaMalloc
     return int(s.get("allocation.all.allocated", 0)), int(s.get("segment.all.allocated", 0))
@@ -233,9 +225,6 @@ def buffer_reuse(ctx, *, n_tensors: int = 64, nbytes: int = 64 * MiB, steps: int
     also empties the cache each step, as memory pressure would, so every step pays ``cudaMalloc``
     (CUDA only).
     """
-    import torch
-    import torch.distributed as dist
-
     numel = max(n_tensors, nbytes // 4) // n_tensors
     grads = [torch.ones(numel, device=ctx.device) for _ in range(n_tensors)]
     total = numel * n_tensors
@@ -279,7 +268,6 @@ def buffer_reuse(ctx, *, n_tensors: int = 64, nbytes: int = 64 * MiB, steps: int
             if i == 1 and ctx.is_cuda:
                 c0 = _alloc_counters()
         c1 = _alloc_counters() if ctx.is_cuda else (0, 0)
-        from labkit.comm.ddp import percentile
 
         ms = [t * 1e3 for t in times]
         res.rows.append(BufferRow(mode=mode, step_ms_median=statistics.median(ms),

@@ -8,11 +8,18 @@ collective: the fraction ``gap / span`` is the benchmark's overhead at that size
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
 from labkit.comm import timeline
+from labkit.comm.bench import default_iters, make_call, slowest_rank
 
 
 @dataclass
@@ -45,15 +52,6 @@ def gaps_from_intervals(intervals: list[tuple[float, float]]) -> tuple[float, fl
 
 def launch_overhead(ctx, op: str, nbytes: int, *, iters: int | None = None, warmup: int = 3) -> LaunchOverhead:
     """Profile ``iters`` back-to-back ``op`` collectives of ``nbytes`` (rank 0's view, same on every rank)."""
-    import json
-    import time
-
-    import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
-
-    from labkit.comm.bench import default_iters, make_call, slowest_rank
-
     call, total = make_call(op, nbytes, ctx.world, ctx.device)
     k = iters or max(5, default_iters(total, ctx.is_cuda))
     for _ in range(warmup):

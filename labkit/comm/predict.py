@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from labkit.core.errors import LabkitError
+from labkit.topology import collective_time
 
 DEFAULT_H200_STANDIN = "h100_nv18_8gpu_dual_numa"  # NV18 pairs, the same NVLink4 rate as an H200 board
 
 
 def predict_us(topo, gpus: Sequence[int], op: str, nbytes: int) -> float:
-    from labkit.topology import collective_time
-
     return collective_time(topo, list(gpus), op, int(nbytes)).time_s * 1e6
 
 

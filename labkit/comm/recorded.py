@@ -8,7 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from labkit.comm.bench import BenchResult
+from labkit.comm.ddp import BucketSweep
+from labkit.comm.dp import ParallelRun
+from labkit.comm.levers import AsyncOverlap, BufferReuse, CopyOverlap
+from labkit.comm.nominal import NominalLink
+from labkit.comm.overhead import LaunchOverhead
+from labkit.comm.timeline import Timeline
 from labkit.core import paths
+from labkit.core.errors import LabkitError
 from labkit.core.provenance import describe, load_measurement
 
 KINDS = {
@@ -24,8 +32,6 @@ def comm_dir() -> Path:
 
 def recorded(name: str, folder: str | Path | None = None) -> dict[str, Any] | None:
     """The recorded ``comm_<name>.json`` (provenance, kind, data), or None when it was not recorded."""
-    from labkit.core.errors import LabkitError
-
     if name not in KINDS:
         raise LabkitError(f"unknown comm recording {name!r}; one of {', '.join(KINDS)}")
     p = Path(folder or comm_dir()) / f"comm_{name}.json"
@@ -75,14 +81,6 @@ def _typed(cls, obj):
 
 def _shapes() -> dict[str, Any]:
     """Per recording: the dataclass of its data, or {key: dataclass} for a dict of them."""
-    from labkit.comm.bench import BenchResult
-    from labkit.comm.ddp import BucketSweep
-    from labkit.comm.dp import ParallelRun
-    from labkit.comm.levers import AsyncOverlap, BufferReuse, CopyOverlap
-    from labkit.comm.nominal import NominalLink
-    from labkit.comm.overhead import LaunchOverhead
-    from labkit.comm.timeline import Timeline
-
     return {"collectives": {"bench": BenchResult, "nominal_link": NominalLink}, "launch_overhead": {"rows": [LaunchOverhead]},
             "buckets": BucketSweep, "ddp_timeline": {"timeline": Timeline}, "async_overlap": AsyncOverlap,
             "buffer_reuse": BufferReuse, "dp_vs_ddp": {"runs": [ParallelRun]}, "pinned_pageable": CopyOverlap}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import parse_json, read_bytes
 
 #: The largest Chrome trace read (unpacked): a profiled step of a large model is tens of MB.
 MAX_TRACE_BYTES = 256 << 20
@@ -122,8 +123,6 @@ def _coarsen(iv: list[Interval], n: int) -> list[Interval]:
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
-    from labkit.core.serialize import parse_json, read_bytes
-
     path = Path(path)
     raw = read_bytes(path, "trace file", limit=MAX_TRACE_BYTES)
     if path.suffix == ".gz":

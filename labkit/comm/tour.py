@@ -11,6 +11,8 @@ import os
 import tempfile
 from typing import Sequence
 
+from labkit.comm import bench, ddp, levers, timeline
+
 
 def live_tour(ctx, *, sizes: Sequence[int], bucket_sizes_mb: Sequence[float], workload: str = "tiny",
               batch_size: int | None = None, steps: int = 3, repeats: int = 3, trace_bucket_mb: float = 0.05,
@@ -18,8 +20,6 @@ def live_tour(ctx, *, sizes: Sequence[int], bucket_sizes_mb: Sequence[float], wo
               observe_buckets_mb: Sequence[float] = ()) -> dict:
     """Everything at once; ``observe_buckets_mb``: also DDP's real bucket sizes for those caps
     (:func:`labkit.comm.ddp.observed_buckets`), to set beside the simulator's."""
-    from labkit.comm import bench, ddp, levers, timeline
-
     out: dict = {"backend": ctx.backend, "world": ctx.world, "ctx": ctx, "sane": bench.sanity_check(ctx)}
     out["bench"] = bench.bench_collectives(ctx, bench.OPS, sizes, warmup=1, repeats=repeats)
     out["sweep"] = ddp.sweep_buckets(ctx, workload=workload, batch_size=batch_size, sizes_mb=bucket_sizes_mb,

@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable
 
 from labkit.core.errors import LabkitError
+from labkit.core.vocab import MoeRouting, Recompute, canonical
 
 
 def one_line(text: str) -> str:
@@ -139,8 +140,6 @@ def vocab_value(kind: str, choices: tuple[str, ...] | None = None, *, flag: str 
     """An argument type for a word of :mod:`labkit.core.vocab` (``precision``, ``optimizer``,
     ``optimizer_impl``, ...): its canonical spelling; an old spelling prints one deprecation line;
     ``choices`` narrows what this verb accepts."""
-    from labkit.core.vocab import canonical
-
     def parse(text: str) -> str:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -160,8 +159,6 @@ def vocab_value(kind: str, choices: tuple[str, ...] | None = None, *, flag: str 
 
 def recompute_value(text: str):
     """An argument type: a :class:`~labkit.core.vocab.Recompute` (none, selective, full, every-K)."""
-    from labkit.core.vocab import Recompute
-
     try:
         return Recompute.parse(text)
     except LabkitError as exc:
@@ -170,8 +167,6 @@ def recompute_value(text: str):
 
 def moe_routing_value(text: str):
     """An argument type: a :class:`~labkit.core.vocab.MoeRouting` (``balanced`` or shares ``0.4,0.3,0.2,0.1``)."""
-    from labkit.core.vocab import MoeRouting
-
     try:
         return MoeRouting.parse(text)
     except LabkitError as exc:

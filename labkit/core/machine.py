@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import labkit
-from labkit.core.envvars import REDACTED, shown_environment
+from labkit.core.envvars import REDACTED, commit_id, secret_value, shown_environment
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and pynvml are imported where the machine is
+# probed: `labkit --help` imports this module.
 
 
 
@@ -71,8 +74,6 @@ def redact_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def _git_commit() -> str | None:
     """The checkout's commit; LABKIT_GIT_COMMIT names it where the tree travels without .git."""
     if os.environ.get("LABKIT_GIT_COMMIT"):
-        from labkit.core.envvars import commit_id, secret_value
-
         value = os.environ["LABKIT_GIT_COMMIT"]
         return value if commit_id("LABKIT_GIT_COMMIT", value) else REDACTED if secret_value(value) else value
     root = Path(labkit.__file__).resolve().parent.parent

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from labkit.core.envvars import REDACTED, secret_value
 from labkit.core.errors import LabkitError
+from labkit.core.machine import probe
 from labkit.core.serialize import read_json, to_jsonable
 
 REQUIRED = ("date", "host", "command", "gpu_name", "gpu_count", "driver", "cuda", "torch", "labkit")
@@ -25,9 +27,6 @@ def utc_now() -> str:
 
 def header(command: str | None = None, machine=None) -> dict[str, Any]:
     """Hardware, versions, date and command of this run (the benchmarks print it first)."""
-    from labkit.core.envvars import REDACTED, secret_value
-    from labkit.core.machine import probe
-
     m = machine or probe()
     command = command if command is not None else " ".join(shlex.quote(a) for a in sys.argv)
     return {

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import json
 import math
+import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
+
+from labkit.core.errors import LabkitError
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -44,10 +50,6 @@ MAX_JSON_DEPTH = 200
 
 def _os_error(p: Path, what: str, exc: OSError) -> "Exception":
     """One line for every OS error a user's path can give, naming the path."""
-    import errno
-
-    from labkit.core.errors import LabkitError
-
     name = str(p)
     if len(name) > 160:
         name = name[:80] + f"...({len(name)} characters)"
@@ -71,11 +73,6 @@ def read_bytes(path: str | Path, what: str = "file", *, limit: int | None = None
     before it is read, and no more than ``limit`` bytes are read whatever the file claims (``/proc``
     files report size 0). Every OS error is one :class:`LabkitError` line naming the path.
     ``follow_links=False`` refuses a symbolic link (a folder labkit wrote holds none)."""
-    import os
-    import stat
-
-    from labkit.core.errors import LabkitError
-
     p = Path(path)
     limit = DEFAULT_READ_LIMIT if limit is None else limit
     if not str(path):
@@ -121,8 +118,6 @@ def read_text(path: str | Path, what: str = "file", *, limit: int | None = None,
               errors: str = "strict") -> str:
     """:func:`read_bytes` decoded as UTF-8; bytes that are not UTF-8 are a LabkitError naming the file
     (``errors="replace"`` keeps them as U+FFFD)."""
-    from labkit.core.errors import LabkitError
-
     raw = read_bytes(path, what, limit=limit, follow_links=follow_links)
     try:
         return raw.decode("utf-8", errors=errors)
@@ -134,7 +129,6 @@ def json_depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether JSON ``text`` nests at most ``limit`` deep (one linear scan; brackets inside strings are skipped)."""
     if text.count("[") + text.count("{") <= limit:
         return True
-    import re
 
     depth = 0
     for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
@@ -151,8 +145,6 @@ def json_depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
 def parse_json(text: str, name: str, what: str = "JSON") -> Any:
     """``json.loads`` with one LabkitError line for anything wrong: not JSON, nested more than
     :data:`MAX_JSON_DEPTH` deep, NaN/Infinity (not JSON; Python would accept them)."""
-    from labkit.core.errors import LabkitError
-
     if not json_depth_ok(text):
         raise LabkitError(f"{name}: the {what} nests more than {MAX_JSON_DEPTH} levels deep")
 

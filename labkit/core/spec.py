@@ -13,8 +13,8 @@ to it (``StepPolicy``, the step ``measure_step`` runs; ``TrainSpec``, ``plan(pre
 a PyTorch loop can run) or search it (``advise`` searches the recomputation), never give it another default.
 Generated flags are stored as ``None`` when not given, so a verb can tell a flag the user gave from its
 default. Not one yet: ``micro_batch`` where the model names none is each verb's own (its help says which:
-measure 4, estimate 1, advise searches it), and ``process`` is ``fresh`` for the CLI while
-``CudaTarget``/``measure_step`` default to a warm process.
+measure 4, estimate 1, advise searches it). ``process`` is one: ``labkit measure --process`` and the API's
+``CudaTarget.warm_process`` (so ``measure_step``'s fake GPU) both default to a fresh process.
 
 The flags' help is each field's docstring (read from this file once, when the parser is built).
 """

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from labkit.core.serialize import dumps
+from labkit.core.envvars import redact_values
+from labkit.core.machine import probe
+from labkit.core.serialize import dumps, to_jsonable
 from labkit.core.table import render
+from labkit.env.summary import machine_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,11 +19,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.core.envvars import redact_values
-    from labkit.core.machine import probe
-    from labkit.core.serialize import to_jsonable
-    from labkit.env.summary import machine_rows
-
     m = probe()
     if args.json:   # every output format passes through the same value-based redaction
         print(dumps(redact_values(to_jsonable(m))))

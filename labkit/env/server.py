@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from labkit.core.errors import LabkitError
 from labkit.core.machine import MachineInfo, probe
 from labkit.core.provenance import describe
+from labkit.env.summary import load_recorded_machine
 
 SOURCES = ("auto", "live", "recorded")
 
@@ -35,7 +36,6 @@ def this_server(source: str = "auto") -> ServerView:
         m = probe()
         if m.gpus or source == "live":
             return ServerView(m, True, "measured here")
-    from labkit.env.summary import load_recorded_machine
 
     m, prov = load_recorded_machine()
     return ServerView(m, False, describe(prov), prov)

@@ -3,15 +3,19 @@
 A layer above the chapters, ``labkit.viz`` and ``labkit.report`` (imports point down): a lesson
 takes what a chapter computed, writes the claims beside their numbers (sentences computed from those
 numbers), picks the figure from ``labkit.viz`` and states any gap (a recording that is not there) as
-a note. One module per notebook chapter: ``server`` (00), ``topology`` (01), ``parallel_memory`` (02).
+a note. One module per notebook, named after it: ``this_server`` (00), ``topology`` (01), ``parallel_memory``
+(02) ...
 
 Every notebook starts with :func:`setup`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
+
+from labkit.viz.display import setup as viz_setup
 
 # Third-party messages that say nothing about the lesson, filtered by their text or module only.
 _QUIET_MESSAGES = (
@@ -34,7 +38,6 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message="fake mode's rules are for torch")
     for module in _QUIET_MODULES:
         warnings.filterwarnings("ignore", module=module)
-    import logging
 
     for name in ("transformers", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -42,7 +45,5 @@ def quiet_third_party() -> None:
 
 def setup() -> None:
     """What every notebook calls first: Bokeh inline (offline reports) and the third-party filters."""
-    from labkit.viz.display import setup as viz_setup
-
     quiet_third_party()
     viz_setup()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from labkit.core.units import fmt_bytes
+from labkit.advise import Job, MachineSource, ModelSource, advise, host_calibration, validate
+from labkit.core.errors import LabkitError
+from labkit.core.machine import probe
+import statistics
+
+from labkit.core.units import fmt_bytes, parse_bytes
+from labkit.topology import load_sample
+from labkit.viz.advise import explorer as make, layouts_figure
+from labkit.viz.display import progress
 from labkit.viz.section import Section
 
 
@@ -43,8 +51,6 @@ def step_time_check(checks, gpu: dict[str, float] | None = None, host_scale: flo
     """Predicted against recorded single-GPU step times, reference and held-out cases apart; with
     ``gpu`` (case -> the H200's kernel time back to back) the GPU side of the model alone too, and with
     ``runs`` (case -> its step time in every recording) how much the recordings disagree."""
-    import statistics
-
     gpu, runs = gpu or {}, runs or {}
     sec = Section("Step time: advise's op-by-op model against the H200's plain loops",
                   source="recorded on 1 x NVIDIA H200 (plain loops; GPU time: the kernels back to back, "
@@ -83,10 +89,6 @@ def step_time_check(checks, gpu: dict[str, float] | None = None, host_scale: flo
 
 def live_advice(job, model, *, margin: float = 0.10) -> Section:
     """The advice for this machine (NVML and nvidia-smi topo -m); without a GPU, a stated gap."""
-    from labkit.advise import MachineSource, advise
-    from labkit.core.errors import LabkitError
-    from labkit.core.machine import probe
-
     m = probe()
     if not m.gpus:
         return Section("Advice for this machine", source="measured here").note(
@@ -101,8 +103,6 @@ def live_advice(job, model, *, margin: float = 0.10) -> Section:
 
 def layouts(adv) -> Section:
     """The advised layout's step time beside its runners-up (a figure)."""
-    from labkit.viz.advise import layouts_figure
-
     sec = Section("The advised layout and the runners-up", source="model")
     if adv.runners_up:
         slower = adv.runners_up[0]["step_time_s"] / (adv.ranking_step_time_s or adv.step_time_s) - 1
@@ -113,12 +113,6 @@ def layouts(adv) -> Section:
 def explorer(model, job, *, sample: str, gpu_memory: str, gpu_choices=(1, 2, 4, 8), initial: int = 8) -> Section:
     """Re-plan the same job on fewer or more GPUs of the sample's kind (one node, NVSwitch assumed
     past the sample's size is not done: counts above the sample's GPUs are left out)."""
-    from labkit.advise import MachineSource, advise
-    from labkit.topology import load_sample
-    from labkit.viz.advise import explorer as make
-
-    from labkit.core.units import parse_bytes
-
     n = len(load_sample(sample).gpus)
     mem = parse_bytes(gpu_memory, what="gpu_memory")
     choices = [g for g in gpu_choices if g <= n] or [n]
@@ -152,9 +146,6 @@ def plan(model: str, *, sample: str, gpu_memory: str, seq: int, global_batch: in
          hf_config: str = ""):
     """The notebook's job on a bundled topology (whose GPUs have ``gpu_memory``, e.g. "80GiB"):
     (advice, model source, job)."""
-    from labkit.advise import Job, MachineSource, ModelSource, advise
-    from labkit.core.units import parse_bytes
-
     src = ModelSource(hf_config=hf_config) if hf_config else ModelSource(preset=model)
     job = Job(seq=seq, global_batch=global_batch, precision=precision)
     mem = parse_bytes(gpu_memory, what="gpu_memory")
@@ -170,10 +161,6 @@ STEP_TIME_CASES = ("opt-b4-bf16", "gpt-neox-b4-bf16", "gpt2-b8-amp-bf16", "llama
 
 def step_time_validation(smoke: bool) -> Section:
     """Re-predict recorded H200 steps op by op here (fake mode) and compare (a progress bar: ~10 s a case)."""
-    from labkit.advise import host_calibration, validate
-    from labkit.core.errors import LabkitError
-    from labkit.viz.display import progress
-
     try:
         rec = validate.recorded_step_times()
     except LabkitError as exc:

@@ -9,14 +9,24 @@ bucket simulator); the figures from ``labkit.viz.comm``. Recorded sections take 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
-from labkit.comm.recorded import load
+from labkit.comm import fit, nominal, predict, simulate
+from labkit.comm.bench import row_from_time
+from labkit.comm.ddp import parse_bucket_sizes
+from labkit.comm.launch import run_ranks
+from labkit.comm.recorded import available, load
+from labkit.comm.tour import live_tour
 from labkit.core.errors import LabkitError
+from labkit.core.machine import probe
 from labkit.core.units import GiB, KiB, MiB, fmt_bytes
+from labkit.topology import list_samples, load_topology
 from labkit.viz import comm as vc
+from labkit.viz.display import busy
 from labkit.viz.section import Section, ShowsSection
+from labkit.workloads import get_workload
 
 # What to run where a multi-GPU recording is missing (the lab's recordings so far come from a 1-GPU H200 server)
 RECORD_COMMAND = "PYTHONPATH=. python3 benchmarks/gpu/record_comm.py --out data/measurements/comm"
@@ -64,9 +74,6 @@ class Machine(ShowsSection):
 
 def this_machine(backend: str = "auto", world: int = 2, folder: str | Path | None = None) -> Machine:
     """This machine; ``backend="auto"`` picks nccl with 2+ GPUs here, else gloo CPU processes."""
-    from labkit.comm.recorded import available
-    from labkit.core.machine import probe
-
     if backend not in ("auto", "nccl", "gloo"):
         raise LabkitError(f"backend {backend!r}: use auto, nccl or gloo")
     m = probe()
@@ -102,8 +109,6 @@ class LiveRun(ShowsSection):
 
 def live_plan(smoke: bool, backend: str, bucket_sizes_mb: str | Sequence[float]) -> dict[str, Any]:
     """Sizes, bucket caps, steps and repeats of the live run."""
-    from labkit.comm.ddp import parse_bucket_sizes
-
     if smoke:
         return dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB], bucket_sizes_mb=[0.05, 1.0], steps=2, repeats=2)
     n = 6 if backend == "gloo" else 10
@@ -114,12 +119,6 @@ def live_plan(smoke: bool, backend: str, bucket_sizes_mb: str | Sequence[float])
 def live_run(machine: Machine, *, smoke: bool = False, workload: str = "tiny",
              bucket_sizes_mb: str | Sequence[float] = "0.05,0.2,1,25", trace_bucket_mb: float = 0.05) -> LiveRun:
     """One process group runs every live measurement (:func:`labkit.comm.tour.live_tour`)."""
-    from functools import partial
-
-    from labkit.comm.launch import run_ranks
-    from labkit.comm.tour import live_tour
-    from labkit.viz.display import busy
-
     p = live_plan(smoke, machine.backend, bucket_sizes_mb)
     fn = partial(live_tour, sizes=p["sizes"], bucket_sizes_mb=p["bucket_sizes_mb"], workload=workload,
                  steps=p["steps"], repeats=p["repeats"], trace_bucket_mb=trace_bucket_mb,
@@ -170,10 +169,6 @@ def bus_bandwidth(bench, source: str, *, link=None, published: dict[str, float] 
 
 def bus_bandwidth_model() -> Section:
     """The topology model's busbw for two NVLink4 GPUs (a model, not a measurement)."""
-    from labkit.comm import nominal, predict
-    from labkit.comm.bench import row_from_time
-    from labkit.topology import load_topology
-
     topo = load_topology(predict.DEFAULT_H200_STANDIN)
     ladder = [4 * KiB * 4**k for k in range(11)]
     rows = {op: [row_from_time(op, b, 2, predict.predict_us(topo, [0, 1], op, b) * 1e-6) for b in ladder]
@@ -210,8 +205,6 @@ def bus_bandwidth_here(live: LiveRun) -> Section:
 def _fit_each(rows, link_class: str) -> tuple[dict, list[str]]:
     """The alpha-beta fit of each collective, and a note for each one whose time does not grow with size
     (noisy timings at small sizes): {op: fit}, notes."""
-    from labkit.comm import fit
-
     fits, notes = {}, []
     for op in dict.fromkeys(r.op for r in rows):
         try:
@@ -234,9 +227,6 @@ def _fit_table(sec: Section, fits) -> None:
 
 def alpha_beta_recorded(folder: str | Path | None = None) -> Section:
     """The recorded all-reduce against the topology model, and the alpha-beta fit of the recording."""
-    from labkit.comm import predict
-    from labkit.topology import list_samples, load_topology
-
     rec = load("collectives", folder)
     if rec is None:
         return _missing("Model beside measurement: the alpha-beta fit", "collectives")
@@ -408,9 +398,6 @@ def overlap_here(live: LiveRun) -> Section:
 
 def _schedule(folder):
     """Per-layer gradient events of the recorded step's workload (or gpt2-124m with 50 ms backward)."""
-    from labkit.comm import simulate
-    from labkit.workloads import get_workload
-
     tlr = load("ddp_timeline", folder)
     if tlr is None:
         w = get_workload("gpt2-124m")
@@ -425,8 +412,6 @@ def bucket_simulator(*, gpus_per_node: int = 8, nodes: int = 4, inter_bw_GBps: f
                      inter_latency_us: float = 10.0, interactive: bool = True,
                      folder: str | Path | None = None) -> Section:
     """Exposed all-reduce against bucket size on one node and on several (the simulator: a model)."""
-    from labkit.comm import simulate
-
     events, wl, bwd_s, bwd_src = _schedule(folder)
     tlr_found = bwd_src.startswith("recorded")
     one = simulate.LinkModel(gpus_per_node=gpus_per_node, nodes=1)
@@ -456,9 +441,6 @@ def bucket_simulator(*, gpus_per_node: int = 8, nodes: int = 4, inter_bw_GBps: f
 
 def simulator_check(folder: str | Path | None = None) -> Section:
     """The simulator fed with the recorded machine's numbers against the recorded sweep."""
-    from labkit.comm import fit, simulate
-    from labkit.workloads import get_workload
-
     title = "The simulator against the recorded sweep"
     recs = {n: load(n, folder) for n in ("collectives", "buckets", "ddp_timeline")}
     gone = [n for n, r in recs.items() if r is None]

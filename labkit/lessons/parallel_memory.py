@@ -8,10 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.core.errors import LabkitError
+from labkit.core.machine import probe
 from labkit.core.units import GiB, fmt_bytes
 from labkit.memory.estimate import DEFAULTS_SOURCE, ModelSpec, ParallelSpec, TrainSpec, estimate, total_params
+from labkit.memory.estimate.accuracy import RANK_RECORDING, case_inputs, check_ranks, rank_case_inputs, recorded_peaks
+from labkit.memory.estimate.activations import attention_path, layer_terms
+from labkit.memory.estimate.planner import cluster_from_topology, explain, plan
 from labkit.memory.estimate.presets import get_preset
+from labkit.memory.estimate.rates import measured_rates
+from labkit.memory.estimate.recorded import compare_parallel_dir, compare_tracer
+from labkit.memory.estimate.states import precision_bytes
+from labkit.memory.trace.recorded import measure_dir as default_dir
+from labkit.viz import memory as vm
 from labkit.viz.section import Section
+from labkit.workloads import corpus
 
 MODEL = "model (labkit.memory.estimate)"
 
@@ -28,8 +38,6 @@ class Setup:
         return int(self.gpu_memory_gib * GiB)
 
     def section(self) -> Section:
-        from labkit.core.machine import probe
-
         here = probe()
         m = self.model
         sec = Section(f"The model: {m.name}", source="model")
@@ -59,10 +67,6 @@ def _fits(total: int, s: Setup) -> str:
 def model_check(measure_dir: Path | None = None) -> Section:
     """The model's peak beside ``torch.cuda.max_memory_allocated`` of real steps: the reference set
     (used to set the model's defaults) and the held-out set (recorded after), each with its own error."""
-    from labkit.memory.estimate.recorded import compare_tracer
-    from labkit.memory.trace.recorded import measure_dir as default_dir
-    from labkit.viz import memory as vm
-
     d = Path(measure_dir) if measure_dir is not None else default_dir()
     sec = Section("Is the model right? Its peaks against real GPU peaks", source=MODEL)
     try:
@@ -105,11 +109,6 @@ def estimator_vs_trace(case_name: str = ONE_GPU_CASE, smoke: bool = False) -> Se
     """One Hugging Face model on one GPU (tp=pp=dp=1): the estimator without and with its transformers
     rules, the fake-mode trace of the same step and the H200's recorded peak, and the rules' bytes.
     ``smoke``: the case at CI size (``corpus.tiny``, no recording at that size)."""
-    from labkit.memory.estimate.activations import attention_path, layer_terms
-    from labkit.memory.estimate.states import precision_bytes
-    from labkit.memory.estimate.accuracy import case_inputs, recorded_peaks
-    from labkit.workloads import corpus
-
     case = corpus.get_case(case_name + ("@tiny" if smoke else ""))
     m, par, train = case_inputs(case)
     generic = estimate(dataclasses.replace(m, hf=None), par, train)
@@ -158,8 +157,6 @@ def layouts_traced(smoke: bool = False) -> Section:
     """One model's per-GPU peak under DDP, FSDP2 and TP, and both stages of a pipeline: rank 0 (each stage's
     rank for PP) of each torchrun launch traced here on a fake process group (``smoke``: not traced, the H200's
     recording where there is one), the estimator beside it (:func:`labkit.memory.estimate.accuracy.check_ranks`)."""
-    from labkit.memory.estimate.accuracy import RANK_RECORDING, check_ranks, rank_case_inputs
-
     rows = {r.name: r for r in check_ranks([n for _, n in LAYOUTS], trace=not smoke)}
     table, errs = [], []
     for layout, name in LAYOUTS:
@@ -210,8 +207,6 @@ def layouts_traced(smoke: bool = False) -> Section:
 
 def data_parallel(s: Setup) -> Section:
     """DDP keeps everything on every GPU; ZeRO 1/2/3 shard optimizer states, gradients, then weights."""
-    from labkit.viz import memory as vm
-
     train = TrainSpec(micro_batch=1, precision="bf16-mixed", recompute="selective")
     layouts = [(1, 0)] + [(dp, z) for dp in (2, 8) for z in (0, 1, 2, 3)]
     ests = {(dp, z): estimate(s.model, ParallelSpec(dp=dp, zero=z), dataclasses.replace(train, global_batch=dp))
@@ -264,8 +259,6 @@ def sharding(s: Setup, smoke: bool = False) -> Section:
 
 def tensor_parallel(s: Setup) -> Section:
     """TP splits the weights and the activations inside the blocks; SP also splits the rest."""
-    from labkit.viz import memory as vm
-
     t = TrainSpec(micro_batch=2, global_batch=2, precision="bf16-mixed")
     layouts = [(1, False)] + [(tp, sp) for tp in (2, 4, 8) for sp in (False, True)]
     ests = [estimate(s.model, ParallelSpec(tp=tp, sp=sp), t) for tp, sp in layouts]
@@ -286,9 +279,6 @@ def tensor_parallel(s: Setup) -> Section:
 
 def tp_recorded(directory: Path | None = None) -> Section:
     """Real 2-rank tensor-parallel steps (benchmarks/gpu/record_parallel_memory.py) beside the model."""
-    from labkit.memory.estimate.recorded import compare_parallel_dir
-    from labkit.viz import memory as vm
-
     sec = Section("Recorded: real tensor-parallel steps, per rank", source=MODEL)
     try:
         pcs = compare_parallel_dir(directory)
@@ -317,8 +307,6 @@ def tp_recorded(directory: Path | None = None) -> Section:
 
 def pipeline(s: Setup) -> Section:
     """1F1B, interleaved and GPipe: micro-batches in flight per stage, and the first stage's load."""
-    from labkit.viz import memory as vm
-
     base = dict(tp=2, pp=4, sp=True)
     t = TrainSpec(micro_batch=1, global_batch=16, precision="bf16-mixed")
     schedules = {"1F1B": ParallelSpec(**base), "interleaved v=2": ParallelSpec(**base, vpp=2, schedule="interleaved"),
@@ -361,8 +349,6 @@ def recompute_precision(s: Setup) -> Section:
 
 def explorer(s: Setup, model_name: str) -> Section:
     """The widgets (interactive in JupyterLab) and the default layout's figure as the static result."""
-    from labkit.viz import memory as vm
-
     e = estimate(s.model, ParallelSpec(tp=2, pp=2, dp=2, zero=1, sp=True),
                  TrainSpec(micro_batch=1, global_batch=16, precision="bf16-mixed", recompute="selective"))
     sec = Section("Explore", source="model")
@@ -375,9 +361,6 @@ def explorer(s: Setup, model_name: str) -> Section:
 
 def planner(s: Setup, planner_model: str, nodes: int, topology_sample: str, global_batch: int) -> Section:
     """The planner's ranked layouts for a cluster of nodes shaped like a topology sample."""
-    from labkit.memory.estimate.planner import cluster_from_topology, explain, plan
-    from labkit.memory.estimate.rates import measured_rates
-
     cl = cluster_from_topology(topology_sample, nodes=nodes, gpu_memory_bytes=s.capacity)
     pm = get_preset(planner_model)
     gb = max(global_batch, cl.gpus)

@@ -1,7 +1,7 @@
 """Notebook 04, recompute and precision: one function per section, each returning a Section.
 
 The numbers come from ``labkit.memory`` (``measure_step`` on this machine or in fake mode, the sweeps,
-the recorded H200 steps, the estimator); the figures from ``labkit.viz.measure``. Long runs show a
+the recorded H200 steps, the estimator); the figures from ``labkit.viz.trace``. Long runs show a
 tqdm progress bar, one tick per policy or case.
 """
 
@@ -23,7 +23,7 @@ from labkit.memory.trace import corpus_check as cc
 from labkit.memory.trace import moe_sweep
 from labkit.memory.trace.recorded import load_recorded, measure_dir
 from labkit.memory.trace.sweeps import fit_segments, recorded_sweep, run_sweep, segment_lengths
-from labkit.viz import measure as vm
+from labkit.viz import trace as vm
 from labkit.viz.display import busy, progress
 from labkit.viz.section import Section, ShowsSection
 from labkit.workloads import GPT, GPTConfig, StepPolicy, get_workload, gpt_batch, gpt_call, gpt_loss

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 
 from labkit import topology as T
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import describe
 from labkit.core.units import MiB, fmt_bytes
 from labkit.topology import Sizes, Topology
 from labkit.topology.links import LEGEND
+from labkit.viz import topology as vt
 from labkit.viz.section import Section
 
 CLASSIC_SAMPLE = "a100_pcie_8gpu_nv12_bridge_pairs_dual_socket"
@@ -67,8 +69,6 @@ def _pair_of(topo: Topology, label: str) -> tuple[int, int]:
 
 def link_matrix(view: TopologyView) -> Section:
     """Every pair's nvidia-smi label, and what each label is worth on paper."""
-    from labkit.viz import topology as vt
-
     topo = view.topo
     labels = {lab for row in topo.matrix for lab in row if lab != "X"}
     links = sorted(((lab, topo.link(*_pair_of(topo, lab))) for lab in labels), key=lambda x: -x[1].bandwidth_Bps)
@@ -90,8 +90,6 @@ def link_matrix(view: TopologyView) -> Section:
 
 def link_graph(view: TopologyView) -> Section:
     """The same links as a graph (GPUs on a circle by NUMA node)."""
-    from labkit.viz import topology as vt
-
     nvlink_pairs = sum(1 for i in range(view.topo.n) for j in range(i + 1, view.topo.n)
                        if view.topo.link(i, j).kind == "NVLINK")
     sec = Section("The same links as a graph", source=view.origin)
@@ -160,7 +158,6 @@ class LinkView:
 def measured_links(view: TopologyView, *, measure: bool = True, smoke: bool = False, recorded_dir=None) -> LinkView:
     """Measure this machine's links when it has a CUDA GPU (and ``measure``), else read what
     ``benchmarks/gpu/record_topology.py`` recorded; a missing recording is a note, not an error."""
-    from labkit.core.provenance import describe
     from labkit.topology.measure import cuda_unavailable_reason, measure_links
 
     why = cuda_unavailable_reason()
@@ -186,8 +183,6 @@ def _short(origin: str) -> str:
 
 def pinned_vs_pageable(links: LinkView) -> Section:
     """Host<->device copies only: pinned against pageable, beside the PCIe link's nominal figure."""
-    from labkit.viz import topology as vt
-
     sec = Section("Pinned vs pageable host memory", source=_short(links.origin))
     m = links.measurements
     rows = [r for r in links.comparisons() if "->" in r.what and "NUMA" not in r.what and "GPU0 " in r.what
@@ -217,8 +212,6 @@ def _here(origin: str) -> str | None:
 
 def gpu_copies(links: LinkView) -> Section:
     """Copies that stay on GPUs: inside one GPU's memory, and between GPUs (P2P on and off)."""
-    from labkit.viz import topology as vt
-
     sec = Section("Copies inside a GPU and between GPUs", source=_short(links.origin))
     m = links.measurements
     if m is None:
@@ -240,8 +233,6 @@ def gpu_copies(links: LinkView) -> Section:
 
 def pcie_sample() -> Section:
     """A public p2pBandwidthLatencyTest of two PCIe Gen4 GPUs: what P2P off costs without NVLink."""
-    from labkit.viz import topology as vt
-
     ada = T.load_p2p_table(PCIE_SAMPLE)
     rows = T.compare_p2p(ada, gen=T.generation_for(ada.gpus[0]))
     src = f"sample: {PCIE_SAMPLE}"
@@ -268,8 +259,6 @@ class PlacementView:
     asked: tuple[int, int, int]
 
     def section(self) -> Section:
-        from labkit.viz import topology as vt
-
         pl, view = self.placement, self.view
         sec = Section(f"Placing tp={pl.tp} x pp={pl.pp} x dp={pl.dp} ranks", source="model")
         if self.asked != (pl.tp, pl.pp, pl.dp):
@@ -309,8 +298,6 @@ def affinity(pv: PlacementView) -> Section:
 
 def placement_explorer(view: TopologyView, tp: int, pp: int, dp: int) -> Section:
     """Choices of tp/pp/dp that redraw the placement (interactive in JupyterLab)."""
-    from labkit.viz import topology as vt
-
     sec = Section("Try it: other sizes", source="model")
     n = view.topo.n
     divisors = [d for d in range(1, n + 1) if n % d == 0]
@@ -335,8 +322,6 @@ def placement_explorer(view: TopologyView, tp: int, pp: int, dp: int) -> Section
 
 def classic_mistake(sz: Sizes) -> Section:
     """Eight A100 PCIe cards with NVLink bridge pairs: tp=4 on 0-3 / 4-7 against tp=2 x pp=2 on the pairs."""
-    from labkit.viz import topology as vt
-
     a100 = T.load_sample(CLASSIC_SAMPLE)
     src = f"sample: {CLASSIC_SAMPLE}"
     obvious, aware = T.place(a100, 4, 1, 2, sizes=sz), T.place(a100, 2, 2, 2, sizes=sz)

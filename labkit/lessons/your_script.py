@@ -10,7 +10,10 @@ from typing import Any
 
 from labkit.core.paths import DATA_DIR
 from labkit.core.units import GiB, fmt_bytes
+from labkit.memory.script.run import trace_launch, trace_script
+from labkit.viz.trace import predicted_vs_recorded
 from labkit.viz.section import Section
+from labkit.workloads.corpus import split_of
 
 __all__ = ["Recorded", "recorded", "example", "validation", "ranks", "commands"]
 
@@ -40,8 +43,6 @@ def recorded() -> Recorded:
 
 def split(name: str) -> str:
     """Held out or reference, by the corpus's rule (:func:`labkit.workloads.corpus.split_of`)."""
-    from labkit.workloads.corpus import split_of
-
     return split_of(name)
 
 
@@ -53,16 +54,12 @@ def _predict(rec: dict, world: int = 0) -> Any:
 def _predicted(script: str, args: tuple[str, ...], world: int) -> Any:
     """One prediction per script, arguments and world size in a session (the example and the validation table
     show the same run of the example script)."""
-    from labkit.memory.script.run import trace_script
-
     if world:
         return _predict_rank({"script": script, "args": list(args)}, world)
     return trace_script(str(SCRIPTS / script), list(args))
 
 
 def _predict_rank(rec: dict, world: int) -> dict:
-    from labkit.memory.script.run import trace_launch
-
     return trace_launch(str(SCRIPTS / rec["script"]), rec["args"], nproc_per_node=world)["ranks"][0]
 
 
@@ -110,7 +107,6 @@ def validation(rec: Recorded, smoke: bool) -> Section:
               len(rows), "scripts")
     sec.claim("Worst peak error among them", round(worst, 2), "%", digits=2, name="script_worst_peak_error",
               tolerance=3.0, direction="lower", source="model vs recording, computed here now")
-    from labkit.viz.measure import predicted_vs_recorded
 
     sec.figure(predicted_vs_recorded(points, title="Peak of each script: predicted here vs recorded on the H200",
                                      source="model (run here now) vs " + rec.label))

@@ -10,6 +10,8 @@ the estimator's function is ``labkit.memory.estimate.estimate`` (``labkit.memory
 subpackage, so the function is not re-exported here under the same name).
 """
 
+import importlib
+
 # Modules other chapters may import directly (tests/test_imports.py): the tracer's measure_step.
 PUBLIC_MODULES = ("trace.step",)
 
@@ -71,6 +73,5 @@ def __getattr__(name: str):  # noqa: ANN202 - module-level lazy attribute access
     mod = _LAZY_NAMES.get(name)
     if mod is None:
         raise AttributeError(f"module 'labkit.memory' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)

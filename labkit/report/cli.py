@@ -7,6 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from labkit.core.errors import LabkitError
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="execute the notebooks headless into an HTML report",
@@ -39,8 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.core.errors import LabkitError
-
     if args.action == "history":
         from labkit.report.history import DAMAGED_FILE, HISTORY_FILE, rebuild
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from labkit.core.cliargs import one_line
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import path_is, read_json, read_text
 
 HISTORY_FILE = "history.jsonl"
 IDENTITY_KEYS = ("gpu_name", "gpu_count", "driver", "torch", "cuda")
@@ -108,8 +110,6 @@ def _entry(d: Any) -> Entry:
 
 def _read_lines(out_dir: Path | str) -> tuple[list[Entry], list[str]]:
     """The entries of ``out_dir``'s history in file order, and its lines that could not be read."""
-    from labkit.core.serialize import path_is, read_text
-
     path = Path(out_dir) / HISTORY_FILE
     if not path_is(path, "exists") and not path_is(path, "link"):
         return [], []
@@ -142,8 +142,6 @@ def _write_lines(path: Path, entries: Iterable[Entry], mode: str) -> None:
 
 def _replace(path: Path, text: str) -> None:
     """Write ``path`` whole through a temporary file beside it and a rename: a crash leaves the old file."""
-    import tempfile
-
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -171,8 +169,6 @@ def append(out_dir: Path | str, doc: dict) -> int:
 def finished_runs(out_dir: Path | str, skipped: list[str] | None = None) -> list[dict]:
     """Every finished run's summary document under ``out_dir``, oldest first; a summary that cannot be read
     or has the wrong shape is left out (and named in ``skipped``)."""
-    from labkit.core.serialize import read_json
-
     docs = []
     for summary in sorted(Path(out_dir).glob("*/summary.json")):
         try:
@@ -206,8 +202,6 @@ def rebuild(out_dir: Path | str) -> Rebuilt:
     folders are gone are kept, a run's folder replaces that run's lines, damaged lines are moved to
     ``history.damaged.jsonl``; the file is written whole through a temporary file and a rename, and a
     non-empty history is never replaced by an empty one."""
-    from labkit.core.serialize import path_is
-
     out_dir = Path(out_dir)
     if not path_is(out_dir, "dir"):
         raise LabkitError(f"{str(out_dir)[:200]}: not a report folder (no such directory)")

@@ -10,6 +10,13 @@ from typing import Any
 
 from labkit.core.errors import LabkitError
 from labkit.core.paths import NOTEBOOKS_DIR
+from labkit.core.units import parse_bytes
+from labkit.core.vocab import canonical
+from labkit.memory import get_preset
+from labkit.topology import list_samples
+from labkit.workloads import get_workload
+
+# papermill (11 s to import: python -X importtime, 2-core machine) is imported where a notebook runs.
 
 
 @dataclass
@@ -101,34 +108,24 @@ def coerce(name: str, text: str, type_name: str) -> Any:
 
 
 def _sample(v: str) -> None:
-    from labkit.topology import list_samples
-
     names = [s.name for s in list_samples()]
     if v not in names:
         raise LabkitError(f"not a bundled topology sample (labkit topo --list): {', '.join(names)}")
 
 
 def _preset(v: str) -> None:
-    from labkit.memory import get_preset
-
     get_preset(v)
 
 
 def _workload(v: str) -> None:
-    from labkit.workloads import get_workload
-
     get_workload(v)
 
 
 def _precision(v: str) -> None:
-    from labkit.core.vocab import canonical
-
     canonical("precision", v)
 
 
 def _size(v: str) -> None:
-    from labkit.core.units import parse_bytes
-
     if parse_bytes(v, what="the size") <= 0:
         raise LabkitError("a size above 0, e.g. 80GiB")
 

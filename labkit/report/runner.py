@@ -13,8 +13,10 @@ import datetime as dt
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
+import stat as stat_mod
 import sys
 import tempfile
 import threading
@@ -25,12 +27,15 @@ from typing import Any, Callable
 
 from labkit.core.errors import LabkitError
 from labkit.core.paths import NOTEBOOKS_DIR
+from labkit.core.provenance import header
 from labkit.core.serialize import to_jsonable
 from labkit.report import compare as cmp
 from labkit.report import history
 from labkit.report import notebooks as nbs
 from labkit.report.record import RESULTS_ENV, read_results
 from labkit.report.render import index_html, notebook_html, write_bokeh_js
+
+# papermill (11 s to import: python -X importtime, 2-core machine) is imported where a notebook runs.
 
 KERNEL = "python3"
 START_TIMEOUT_S = 180
@@ -199,8 +204,6 @@ def run_report(*, profile: str = "smoke", out_dir: Path | str = "reports", only:
     selected = nbs.select(only, notebooks_dir)
     per_nb = nbs.resolve(selected, nbs.parse_assignments(params or []), profile)
 
-    from labkit.core.provenance import header
-
     _, bad = history.read(out_dir)   # an unreadable history is refused here, before a run folder exists
     if bad:
         print(f"labkit report: warning: {bad} damaged line(s) in {out_dir / history.HISTORY_FILE} skipped "
@@ -313,8 +316,6 @@ def prune(out_dir: Path | str, keep: int, current: Path | None = None) -> list[s
     """Delete all but the newest ``keep`` run folders under ``out_dir`` (``current``, the run just made, is
     always one of those kept); returns the names deleted. Only folders holding a summary.json are touched;
     history.jsonl keeps every run's key results."""
-    import shutil
-
     keep = _check_keep(keep)
     others = [f for f in run_folders(out_dir) if current is None or f.resolve() != Path(current).resolve()]
     kept_others = keep - (current is not None)
@@ -342,7 +343,6 @@ def _check_out_dir(out_dir: Path | str) -> Path:
         except OSError as exc:
             raise LabkitError(f"--out {shown}: cannot be a folder ({exc.strerror})") from None
         break
-    import stat as stat_mod
 
     if not stat_mod.S_ISDIR(st.st_mode):
         raise LabkitError(f"--out {shown}: {'exists and is not a directory' if probe == out else f'{probe} is a file'}")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
 from labkit.core.table import render
 from labkit.core.units import parse_bytes
+from labkit.topology.links import LEGEND
+from labkit.topology.load import list_samples, load_file, load_live, load_p2p_table, load_sample
+from labkit.topology.placement import Sizes, place
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -40,8 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args):
-    from labkit.topology.load import load_file, load_live, load_sample
-
     if args.file:
         return load_file(args.file, gpu_name=args.gpu_name)
     if args.sample:
@@ -54,9 +56,6 @@ def _gbs(bps: float) -> str:
 
 
 def run_topo(args: argparse.Namespace) -> int:
-    from labkit.core.errors import LabkitError
-    from labkit.topology.load import list_samples, load_p2p_table
-
     if args.list:
         other = [f for f, v in (("--file", args.file), ("--sample", args.sample), ("--p2p", args.p2p)) if v]
         if other:
@@ -94,7 +93,6 @@ def run_topo(args: argparse.Namespace) -> int:
     labels = sorted({lab for r in topo.matrix for lab in r if lab != "X"})
     if labels:
         print("\nnominal per-direction bandwidth (model, GB/s = 1e9 B/s; " + topo.generation.family + "):")
-        from labkit.topology.links import LEGEND
 
         bw_rows = []
         for lab in labels:
@@ -117,8 +115,6 @@ MAX_MESSAGE_BYTES = 1 << 40
 
 
 def _message_bytes(text: str, flag: str) -> int:
-    from labkit.core.errors import LabkitError
-
     v = parse_bytes(text, what=flag)
     if not 0 < v <= MAX_MESSAGE_BYTES:
         raise LabkitError(f"{flag} {text!r}: a message size from 1 byte to 1 TiB (one GPU's memory at most)")
@@ -126,8 +122,6 @@ def _message_bytes(text: str, flag: str) -> int:
 
 
 def run_place(args: argparse.Namespace) -> int:
-    from labkit.topology.placement import Sizes, place
-
     sizes = Sizes(tp_bytes=_message_bytes(args.tp_bytes, "--tp-bytes"), pp_bytes=_message_bytes(args.pp_bytes, "--pp-bytes"),
                   dp_bytes=_message_bytes(args.dp_bytes, "--dp-bytes"))
     topo = _load(args)

@@ -24,6 +24,8 @@ from labkit.core.interconnect import NCCL_RING_STEP_S
 from labkit.topology.links import NVLINK, Link
 from labkit.topology.model import Topology
 
+# numpy is imported where a group is searched: `labkit --help` imports this module.
+
 ALPHA_NVLINK_S = NCCL_RING_STEP_S["NVLINK"]
 ALPHA_PCIE_S = NCCL_RING_STEP_S["PCIE"]
 

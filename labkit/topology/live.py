@@ -17,8 +17,10 @@ import shutil
 import subprocess
 
 from labkit.core.errors import LabkitError
+from labkit.core.machine import pci_numa_node
 from labkit.topology.model import GPU, Topology, build
 from labkit.topology.ncclxml import cpulist
+from labkit.topology.smi import parse_smi_text
 
 _ANCESTOR = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 _NVSWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
@@ -58,7 +60,6 @@ def nvml_topology(use_smi: bool = True) -> Topology:
         pynvml.nvmlInit()
     except Exception as exc:
         raise LabkitError(f"live topology: NVML unavailable ({exc}): no NVIDIA driver here; use --sample NAME or --file PATH") from None
-    from labkit.core.machine import pci_numa_node
 
     warnings: list[str] = []
     try:
@@ -152,8 +153,6 @@ def nvml_topology(use_smi: bool = True) -> Topology:
             warnings.append(f"nvidia-smi topo -m not available ({why})")
     smi = None
     if text is not None:
-        from labkit.topology.smi import parse_smi_text
-
         try:
             smi = parse_smi_text(text, "nvidia-smi topo -m (live)")
         except LabkitError as exc:

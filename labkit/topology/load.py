@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.core import paths
 from labkit.core.errors import LabkitError
-from labkit.core.serialize import read_bytes
+from labkit.core.serialize import path_is, read_bytes
 from labkit.topology.model import Topology
 from labkit.topology.ncclxml import parse_nccl_xml
 from labkit.topology.p2ptable import P2PTable, looks_like_p2p_test, parse_p2p_test
 from labkit.topology.smi import parse_smi_text
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 MAX_FILE_BYTES = 8 << 20  # 8 MiB: a 512-GPU nvidia-smi matrix is about 2 MiB
 SMI, NCCL_XML, P2P_TEST = "nvidia-smi topo -m", "NCCL topology XML", "p2pBandwidthLatencyTest output"
@@ -43,8 +47,6 @@ def detect_format(text: str) -> str:
 
 
 def _origin(text: str) -> str | None:
-    import re
-
     m = re.search(r"source:\s*(.*?)(?:-->|$)", text, re.M)
     return m.group(1).strip() if m else None
 
@@ -100,7 +102,6 @@ def load_topology(source: str = "live", *, gpu_name: str | None = None) -> Topol
         return load_live()
     if any(s.name == source for s in list_samples()):
         return load_sample(source, gpu_name=gpu_name)
-    from labkit.core.serialize import path_is
 
     if path_is(source, "exists") or path_is(source, "link") or "/" in source:
         return load_file(source, gpu_name=gpu_name)   # a path: its own error names what is wrong with it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.core.units import fmt_bytes
 from labkit.topology.links import Generation
 from labkit.topology.measure.results import LinkMeasurements
 from labkit.topology.model import Topology
@@ -25,8 +26,6 @@ class LinkComparison:
 
 
 def _size(r) -> str:
-    from labkit.core.units import fmt_bytes
-
     return f"median at {fmt_bytes(r.largest.size_bytes)}"
 
 

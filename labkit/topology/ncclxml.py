@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 
 from labkit.core.errors import LabkitError
 from labkit.topology.model import GPU, MAX_GPUS, NIC, Topology, build
+from labkit.topology.smi import _model_from_origin
 
 # Compute capability -> a name the bandwidth table knows.
 _SM_MODEL = {60: "P100", 70: "V100", 80: "A100", 86: "RTX A6000", 89: "RTX 6000 Ada", 90: "H100", 100: "B200"}
@@ -162,7 +163,6 @@ def parse_nccl_xml(text: str, name: str = "<xml>", *, source: str | None = None,
     sm = {g["sm"] for g in gpus_raw}
     model = gpu_name or None
     if model is None and origin:
-        from labkit.topology.smi import _model_from_origin
         model = _model_from_origin(origin)
     if model is None and len(sm) == 1 and (s := next(iter(sm))) and s.isdigit():
         model = _SM_MODEL.get(int(s))

@@ -37,6 +37,8 @@ from labkit.topology.group_links import PairLink, alpha_for, collective_time, sc
 from labkit.topology.links import NVLINK
 from labkit.topology.model import Topology
 
+# numpy is imported where a placement is searched: `labkit --help` imports this module.
+
 EXHAUSTIVE_MAX_GPUS = 8
 MAX_GPUS = 72               # beyond: refused (one NVLink domain of an NVL72 rack is the largest matrix in use)
 POLISH_EVALUATIONS = 300   # mappings the structured search evaluates while polishing

@@ -8,6 +8,7 @@ from typing import Any
 from labkit.core import paths
 from labkit.core.provenance import load_measurement
 from labkit.topology.measure.results import LinkMeasurements, links_from_json
+from labkit.topology.model import GPU, NIC, build
 from labkit.topology.p2ptable import P2PTable
 
 
@@ -40,8 +41,6 @@ def recorded_topology_text(folder: str | Path | None = None) -> Path | None:
 def recorded_topology(folder: str | Path | None = None):
     """(Topology, provenance) from ``topology_live.json`` (live NVML discovery on the recording machine),
     or None."""
-    from labkit.topology.model import GPU, NIC, build
-
     p = Path(folder or measurements_dir()) / "topology_live.json"
     if not p.exists():
         return None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ipywidgets as W
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.plotting import figure
+from IPython.display import display
+
+from labkit.viz.display import html_table, show
+
 
 def layouts_figure(adv, title: str = "Step time of the layouts that fit (model)"):
     """Horizontal bars: predicted step time of the advised layout and its runners-up."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     if not adv.fits:
         return None
     lay = adv.layout
@@ -30,11 +34,6 @@ def layouts_figure(adv, title: str = "Step time of the layouts that fit (model)"
 
 def explorer(advise_for, gpu_choices, initial):
     """A dropdown of GPU counts; each choice re-plans the job and redraws the figure and table."""
-    import ipywidgets as W
-    from IPython.display import display
-
-    from labkit.viz.display import html_table, show
-
     pick = W.Dropdown(options=list(gpu_choices), value=initial, description="GPUs:")
     out = W.Output()
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem
+from bokeh.plotting import figure
+
+from labkit.viz.display import line_width
+
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
 GiB = 1024**3
 MiB = 1024**2
@@ -25,11 +30,7 @@ def timeline_figure(series: dict[str, Sequence], *, title: str, x_label: str = "
 
     Each series is a sequence of samples with ``allocated_bytes``, ``reserved_bytes`` and ``x_key``.
     """
-    from bokeh.models import HoverTool, Legend, LegendItem
-    from bokeh.plotting import figure
-
     p = figure(width=width, height=height, title=title, x_axis_label=x_label, y_axis_label="GiB (2^30 bytes)")
-    from labkit.viz.display import line_width
 
     items = []
     for k, (label, rows) in enumerate(series.items()):
@@ -53,9 +54,6 @@ def segment_map_figure(segments: Sequence[dict], *, title: str, width: int = 760
     With ``normalize`` each row spans its own segment (x = share of the segment), so a 2 MiB segment is as
     readable as a 4 GiB one; the row label gives the segment's size.
     """
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     every = sorted(segments, key=lambda s: -s["total_size"])
     segs, rest = every[:max_segments], every[max_segments:]
     labels = []
@@ -104,9 +102,6 @@ def _fmt(n: int) -> str:
 
 def whatif_figure(rows: Iterable, *, title: str, width: int = 760, height: int = 320):
     """Reserved peak (bar) and allocated peak (tick) per configuration, GiB."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     rs = list(rows)
     names = [_get(r, "config") for r in rs]
     src = ColumnDataSource(dict(config=names, reserved=[_get(r, "reserved_peak_bytes") / GiB for r in rs],
@@ -124,9 +119,6 @@ def whatif_figure(rows: Iterable, *, title: str, width: int = 760, height: int =
 
 def fidelity_figure(rows: Iterable, *, title: str, width: int = 760, height: int = 360):
     """Simulated against real reserved peak (GiB), one point per (workload, configuration); the diagonal is exact."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     rs = list(rows)
     real = [_get(r, "real")["reserved_bytes.all.peak"] / GiB for r in rs]
     sim = [_get(r, "simulated")["reserved_bytes.all.peak"] / GiB for r in rs]

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import ipywidgets as widgets
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Label, Span
+from bokeh.plotting import figure
+from IPython.display import display
+
 from labkit.viz.display import line_width
+
+# jupyter_bokeh (3.3 s to import: python -X importtime, 2-core machine) where a widget is shown.
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
 
@@ -26,9 +33,6 @@ def busbw_figure(series: dict[str, Iterable], *, title: str, nominal_GBps: float
                  nominal_label: str = "nominal link rate", published: dict[str, float] | None = None,
                  width: int = 760, height: int = 380):
     """Bus bandwidth (GB/s, 1e9 B/s) against message size (log-log), one line per series label."""
-    from bokeh.models import ColumnDataSource, HoverTool, Span, Label
-    from bokeh.plotting import figure
-
     p = figure(x_axis_type="log", y_axis_type="log", width=width, height=height, title=title,
                x_axis_label="bytes (as nccl-tests counts them)", y_axis_label="busbw, GB/s (1e9 B/s)")
     for k, (label, rows) in enumerate(series.items()):
@@ -56,8 +60,6 @@ def busbw_figure(series: dict[str, Iterable], *, title: str, nominal_GBps: float
 def time_vs_model_figure(rows: Iterable, predicted_us: Sequence[float] | None, *, title: str,
                          fit_us: Sequence[float] | None = None, width: int = 760, height: int = 340):
     """Measured collective time against the topology model's prediction (and an alpha-beta fit)."""
-    from bokeh.plotting import figure
-
     rs = [_row(r) for r in rows]
     x = [r["bytes"] for r in rs]
     p = figure(x_axis_type="log", y_axis_type="log", width=width, height=height, title=title,
@@ -76,9 +78,6 @@ def time_vs_model_figure(rows: Iterable, predicted_us: Sequence[float] | None, *
 def bucket_sweep_figure(rows: Iterable, *, title: str, width: int = 760, height: int = 360):
     """Median step time (p10-p90 whiskers) against bucket_cap_mb, gradient_as_bucket_view off and on;
     the no_sync (no all-reduce) step as a dashed line."""
-    from bokeh.models import ColumnDataSource, HoverTool, Span
-    from bokeh.plotting import figure
-
     rs = [_row(r) for r in rows]
     p = figure(x_axis_type="log", width=width, height=height, title=title,
                x_axis_label="bucket_cap_mb (MiB)", y_axis_label="step time, ms (median, p10-p90)")
@@ -107,9 +106,6 @@ def bucket_sweep_figure(rows: Iterable, *, title: str, width: int = 760, height:
 
 def timeline_figure(tl, *, title: str, width: int = 900, height: int = 220):
     """Two lanes: backward compute (merged intervals) and one bar per all-reduce, in ms from backward start."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     t = _row(tl)
     lanes = ["all-reduce", "backward compute"]
     p = figure(y_range=lanes, width=width, height=height, title=title, x_axis_label="ms since backward began",
@@ -129,8 +125,6 @@ def timeline_figure(tl, *, title: str, width: int = 900, height: int = 220):
 def simulator_figure(series: dict[str, Iterable], *, title: str, measured: dict[str, Iterable] | None = None,
                      width: int = 760, height: int = 360):
     """Exposed communication (ms) against bucket size: simulated lines, measured points where they exist."""
-    from bokeh.plotting import figure
-
     p = figure(x_axis_type="log", width=width, height=height, title=title, x_axis_label="bucket_cap_mb (MiB)",
                y_axis_label="exposed communication, ms")
     for k, (label, pts) in enumerate(series.items()):
@@ -151,9 +145,6 @@ def simulator_figure(series: dict[str, Iterable], *, title: str, measured: dict[
 def bars_figure(labels: Sequence[str], values: Sequence[float], *, title: str, y_label: str,
                 colors: Sequence[str] | None = None, width: int = 560, height: int = 300):
     """Plain bars (one value per label)."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     src = ColumnDataSource(dict(x=list(labels), y=list(values),
                                 c=list(colors) if colors else [PALETTE[i % len(PALETTE)] for i in range(len(labels))]))
     p = figure(x_range=list(labels), width=width, height=height, title=title, y_axis_label=y_label,
@@ -166,9 +157,6 @@ def bars_figure(labels: Sequence[str], values: Sequence[float], *, title: str, y
 
 def per_gpu_memory_figure(runs: Iterable, *, title: str, width: int = 560, height: int = 320):
     """Peak allocated GiB per GPU, one group per run (DataParallel vs DDP)."""
-    from bokeh.models import ColumnDataSource, FactorRange
-    from bokeh.plotting import figure
-
     rs = [_row(r) for r in runs]
     xs, ys, cs = [], [], []
     for k, r in enumerate(rs):
@@ -185,8 +173,6 @@ def per_gpu_memory_figure(runs: Iterable, *, title: str, width: int = 560, heigh
 def simulator_explorer(sweep_fn, *, nodes: int, inter_bw_GBps: float, inter_latency_us: float):
     """Sliders for the node count, inter-node bandwidth and latency; each change redraws the figure from
     ``sweep_fn(nodes, inter_bw_GBps, inter_latency_us)`` (the simulator's points: no computation here)."""
-    import ipywidgets as widgets
-    from IPython.display import display
     from jupyter_bokeh import BokehModel
 
     nodes_w = widgets.IntSlider(value=nodes, min=1, max=64, description="nodes")

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import html
+import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterable, Sequence
+
+from bokeh.io import output_notebook, show as bokeh_show
+from bokeh.resources import INLINE
+from IPython.display import HTML, Markdown, display
+from tqdm import tqdm
 
 _ready = False
 
@@ -12,8 +19,6 @@ _ready = False
 def setup() -> None:
     """Load BokehJS inline once per kernel, so plots render offline and in the HTML report."""
     global _ready
-    from bokeh.io import output_notebook
-    from bokeh.resources import INLINE
 
     output_notebook(resources=INLINE, hide_banner=True)
     _ready = True
@@ -21,8 +26,6 @@ def setup() -> None:
 
 def show(obj) -> None:
     """Show a Bokeh object in the notebook (inline resources)."""
-    from bokeh.io import show as bokeh_show
-
     if not _ready:
         setup()
     bokeh_show(obj)
@@ -36,8 +39,6 @@ def line_width(k: int, n: int, thinnest: float = 1.5, step: float = 2.0) -> floa
 
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[object]], caption: str | None = None):
     """An HTML table for the notebook (and the HTML report)."""
-    from IPython.display import HTML
-
     head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape('' if c is None else str(c))}</td>" for c in r) + "</tr>"
                    for r in rows)
@@ -47,8 +48,6 @@ def html_table(headers: Sequence[str], rows: Iterable[Sequence[object]], caption
 
 def source_note(text: str):
     """An italic line saying where the numbers above come from."""
-    from IPython.display import Markdown
-
     return Markdown(f"*Source: {text}*")
 
 
@@ -58,8 +57,6 @@ WIDGET_TEXT = "[interactive explorer: open this notebook in JupyterLab (make lab
 def show_widget(widget, text: str = WIDGET_TEXT) -> None:
     """Display an ipywidgets widget whose plain-text fallback (what a report without a kernel shows) is
     ``text``, not the widget's repr (``VBox(children=(HBox(...``)."""
-    from IPython.display import display
-
     data = dict(widget._repr_mimebundle_() or {})
     data["text/plain"] = text
     display(data, raw=True)
@@ -69,10 +66,6 @@ def bar(desc: str, total: int | None, **kw):
     """A tqdm progress bar as a plain text line on stdout (also in a notebook: a widget there would be a
     frozen "0 %" in saved notebooks and reports, which keep the last text line of the bar instead; on
     stderr it would read as an error, a pink box in JupyterLab and the report)."""
-    import sys
-
-    from tqdm import tqdm
-
     kw.setdefault("mininterval", 0.5)
     return tqdm(total=total, desc=desc, file=sys.stdout, **kw)
 
@@ -95,8 +88,6 @@ def progress(items, desc: str):
 def busy(desc: str, tick_s: float = 1.0):
     """A progress line for one long call that has no steps to count (a process group's run): the
     elapsed time, refreshed every ``tick_s`` seconds until the block ends."""
-    import threading
-
     b = bar(desc, None, bar_format="{desc}: {elapsed} elapsed")
     stop = threading.Event()
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import ipywidgets as W
+from bokeh.models import ColumnDataSource, HoverTool, Title
+from bokeh.plotting import figure
+from IPython.display import display
+
 from labkit.core.machine import MachineInfo
 from labkit.core.units import GB, GiB
+from labkit.viz.display import html_table, show
 
 
 def _units(binary: bool) -> tuple[str, int]:
@@ -13,9 +19,6 @@ def _units(binary: bool) -> tuple[str, int]:
 def gpu_memory_figure(m: MachineInfo, origin: str, *, binary: bool = True):
     """Stacked bar per GPU: memory in use vs free (NVML's view), in GiB or GB. The source is a
     subtitle line, so the title is never cut."""
-    from bokeh.models import ColumnDataSource, HoverTool, Title
-    from bokeh.plotting import figure
-
     unit, f = _units(binary)
     names = [f"GPU{g.index}" for g in m.gpus] or ["(no GPU)"]
     total = [g.memory_total_bytes / f for g in m.gpus] or [0.0]
@@ -46,11 +49,6 @@ def memory_rows(m: MachineInfo, binary: bool) -> list[tuple[str, str, str, str]]
 
 def units_explorer(m: MachineInfo, origin: str):
     """A GiB / GB toggle that redraws the per-GPU figure and table in the chosen units."""
-    import ipywidgets as W
-    from IPython.display import display
-
-    from labkit.viz.display import html_table, show
-
     toggle = W.ToggleButtons(options=[("GiB (2^30)", True), ("GB (10^9)", False)], value=True, description="Units:")
     out = W.Output()
 

@@ -7,9 +7,21 @@ calls ``labkit.memory.estimate()`` on each widget change and updates the plot's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
-from labkit.memory.estimate import CATEGORIES  # the model's memory categories (labkit.core.vocab)
+import ipywidgets as W
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Legend, Range1d, Span, Title
+from bokeh.plotting import figure
+
+from labkit.core.errors import LabkitError
+from labkit.core.units import fmt_bytes
+from labkit.core.vocab import PRECISIONS
+# CATEGORIES: the model's memory categories (labkit.core.vocab)
+from labkit.memory.estimate import CATEGORIES, ModelSpec, ParallelSpec, TrainSpec, estimate
+from labkit.memory.estimate.presets import get_preset, preset_names
+
+# jupyter_bokeh (3.3 s to import: python -X importtime, 2-core machine) where a widget is shown.
 
 GIB = float(1 << 30)
 COLORS = {
@@ -38,9 +50,6 @@ def stacked_bars(labels: Sequence[str], breakdowns: Sequence[Mapping[str, int]],
                  capacity_bytes: int | None = None, width: int = 760, height: int = 340):
     """One stacked bar per GPU (or pipeline stage): bytes by category, in GiB (2^30 bytes);
     a dashed line at the GPU's capacity when given (the axis always reaches it)."""
-    from bokeh.models import ColumnDataSource, HoverTool, Legend, Range1d, Span, Title
-    from bokeh.plotting import figure
-
     data = _data(labels, breakdowns)
     src = ColumnDataSource(data)
     fig = figure(x_range=list(labels), width=width, height=height, y_axis_label="GiB (2^30 bytes)",
@@ -72,9 +81,6 @@ def model_vs_measured(labels: Sequence[str], model_bytes: Sequence[int], measure
                       title: str, source: str, width: int = 760, height: int | None = None):
     """Paired horizontal bars: the model's peak beside the measured one (GiB), the relative error in the
     hover. Horizontal, so that long case names read across and never overlap."""
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Title
-    from bokeh.plotting import figure
-
     ys, vals, errs, kinds = [], [], [], []
     for lab, m, r in zip(labels, model_bytes, measured_bytes):
         for kind, v in (("model", m), ("measured", r)):
@@ -100,12 +106,7 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     """An ipywidgets explorer: model preset or custom dimensions, tp/pp/dp/ZeRO, SP, precision,
     recompute, micro-batch; redraws a stacked bar per pipeline stage (model). Returns the widget box
     (needs jupyter_bokeh in a live kernel)."""
-    import ipywidgets as W
     from jupyter_bokeh import BokehModel
-
-    from labkit.core.vocab import PRECISIONS
-    from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
-    from labkit.memory.estimate.presets import get_preset, preset_names
 
     init = {"preset": "llama3-8b", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "sp": True, "precision": "bf16-mixed",
             "recompute": "selective", "micro_batch": 1, "global_batch": 16, **(initial or {})}
@@ -143,7 +144,6 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
         if w["preset"].value == "custom":
             m = ModelSpec(**values)
         else:  # the boxes edit the preset's dimensions; the rest (gated MLP, KV heads, norms) stays the preset's
-            import dataclasses
 
             m = dataclasses.replace(get_preset(w["preset"].value), **values)
         par = ParallelSpec(tp=w["tp"].value, pp=w["pp"].value, dp=w["dp"].value, zero=w["zero"].value,
@@ -161,9 +161,6 @@ def explorer(initial: Mapping[str, Any] | None = None, *, capacity_bytes: int | 
     model = BokehModel(fig)
 
     def redraw(_change=None):
-        from labkit.core.errors import LabkitError
-        from labkit.core.units import fmt_bytes
-
         if filling[0]:
             return
         try:

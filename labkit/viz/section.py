@@ -21,6 +21,13 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from IPython.display import HTML, display
+
+from labkit.core.table import render
+from labkit.core.units import fmt_bytes
+from labkit.report import record
+from labkit.viz.display import show, show_widget
+
 
 FIXED_SOURCES = ("recorded", "sample")  # sources whose numbers do not change from one run to the next
 LONG_TABLE_ROWS = 20  # a longer table shows its failures first and the whole table collapsed
@@ -42,8 +49,6 @@ class Claim:
     def value_text(self) -> str:
         v = self.value
         if self.unit in ("bytes", "B") and isinstance(v, (int, float)) and not isinstance(v, bool):
-            from labkit.core.units import fmt_bytes
-
             return fmt_bytes(v)
         if self.digits is not None and isinstance(v, (int, float)):
             v = f"{v:,.{self.digits}f}"
@@ -122,7 +127,6 @@ class Section:
         such as a model's error, and is recorded)."""
         if self._recorded:
             return
-        from labkit.report import record
 
         for c in self.claims:
             if c.name is None or not c.source or (c.direction is None and c.source.startswith(FIXED_SOURCES)):
@@ -172,10 +176,6 @@ class Section:
         return "\n".join(out)
 
     def _ipython_display_(self) -> None:
-        from IPython.display import HTML, display
-
-        from labkit.viz.display import show, show_widget
-
         self.record()
         display(HTML(self.html()))
         for fig in self.figures:
@@ -190,8 +190,6 @@ class Section:
         if self.source and any(c.source == self.source for c in self.claims):
             lines.append(f"  source: {self.source}")
         if self.headers:
-            from labkit.core.table import render
-
             lines.append(render(self.headers, self.rows))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

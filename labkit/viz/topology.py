@@ -6,6 +6,17 @@ from __future__ import annotations
 
 import math
 
+import ipywidgets as w
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LabelSet, Title
+from bokeh.plotting import figure
+from bokeh.transform import linear_cmap
+from IPython.display import display
+
+from labkit.core.errors import LabkitError
+from labkit.topology import place
+from labkit.topology.links import LEGEND
+from labkit.viz.display import html_table, show
+
 # One colour per link kind, closest (NVLink) to farthest (SYS).
 KIND_COLOURS = {"X": "#f0f0f0", "NVLINK": "#1a9850", "PIX": "#91cf60", "PXB": "#d9ef8b", "PHB": "#fee08b",
                 "NODE": "#fc8d59", "SYS": "#d73027"}
@@ -15,12 +26,8 @@ GROUP_COLOURS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02
 def link_heatmap(topo, origin: str, *, size: int = 46):
     """GPU x GPU matrix: each cell shows the nvidia-smi label, coloured by kind, hover gives the
     nominal per-direction bandwidth."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     names = [f"GPU{i}" for i in range(topo.n)]
     xs, ys, labels, kinds, colours, bw, meaning = [], [], [], [], [], [], []
-    from labkit.topology.links import LEGEND
 
     for i in range(topo.n):
         for j in range(topo.n):
@@ -57,9 +64,6 @@ def _positions(topo):
 def link_graph(topo, origin: str, *, highlight_groups: list[list[int]] | None = None, title: str | None = None):
     """GPUs as nodes, links as edges (colour = kind, width ~ nominal bandwidth); optional groups
     (e.g. TP groups of a placement) colour the nodes."""
-    from bokeh.models import ColumnDataSource, HoverTool, LabelSet
-    from bokeh.plotting import figure
-
     pos = _positions(topo)
     p = figure(width=540, height=420, title=title or f"Link graph ({origin})", toolbar_location=None,
                x_range=(-1.35, 1.35), y_range=(-1.35, 1.35), match_aspect=True)
@@ -104,9 +108,6 @@ def link_graph(topo, origin: str, *, highlight_groups: list[list[int]] | None = 
 def bandwidth_bars(rows: list[tuple[str, float | None, float | None]], title: str, source: str | None = None):
     """Measured beside nominal: rows of (what, nominal bytes/s or None, measured bytes/s or None), GB/s.
     Horizontal bars, so that the labels read across and never overlap; the source is a subtitle line."""
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Title
-    from bokeh.plotting import figure
-
     factors, values, colours, kinds = [], [], [], []
     for what, nominal, measured in rows:
         for kind, v, c in (("nominal", nominal, "#bdbdbd"), ("measured", measured, "#2c7fb8")):
@@ -132,10 +133,6 @@ def bandwidth_bars(rows: list[tuple[str, float | None, float | None]], title: st
 
 def p2p_heatmap(table, key: str, mode: str, origin: str):
     """One of a P2P table's matrices (``key`` 'uni_Bps' | 'bi_Bps' | 'latency_s'; ``mode`` 'p2p_on' | 'p2p_off')."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-    from bokeh.transform import linear_cmap
-
     m = getattr(table, key).get(mode)
     names = [f"GPU{i}" for i in range(table.n)]
     scale, unit = (1e6, "us") if key == "latency_s" else (1e-9, "GB/s")
@@ -152,7 +149,6 @@ def p2p_heatmap(table, key: str, mode: str, origin: str):
     title = {"uni_Bps": "unidirectional", "bi_Bps": "bidirectional", "latency_s": "latency"}[key]
     p = figure(x_range=names, y_range=list(reversed(names)), width=max(320, 140 + 80 * table.n), height=130 + 60 * table.n,
                toolbar_location=None, x_axis_location="above")
-    from bokeh.models import Title
 
     p.add_layout(Title(text=origin, text_font_style="italic", text_font_size="9pt"), "above")
     p.add_layout(Title(text=f"{title} ({unit}), {mode.replace('_', ' ')}", text_font_size="12pt"), "above")
@@ -182,13 +178,6 @@ def placement_explorer(topo, origin: str, *, tp: int = 2, pp: int = 1, dp: int =
     """ipywidgets: choose tp/pp/dp (divisors of the GPU count), see the placement (graph with TP groups
     coloured, naive vs placed). A layout larger than the machine is shown with dp, then pp, lowered
     until it fits, and says so."""
-    import ipywidgets as w
-    from IPython.display import display
-
-    from labkit.core.errors import LabkitError
-    from labkit.topology import place
-    from labkit.viz.display import html_table, show
-
     sizes = [d for d in range(1, topo.n + 1) if topo.n % d == 0]
     pick = lambda v: v if v in sizes else max(d for d in sizes if d <= max(1, v))  # noqa: E731
     boxes = [w.Dropdown(options=sizes, value=pick(v), description=name, layout=w.Layout(width="160px"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
@@ -26,7 +27,11 @@ import torch.nn as nn
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import OptimizerSpec
-from labkit.workloads.harness import StepPolicy
+from labkit.memory.trace.step import measure_step
+from labkit.workloads.handmade import build as build_handmade, make_batch as handmade_batch, tiny_overrides
+from labkit.workloads.harness import StepPolicy, apply_checkpointing
+from labkit.workloads.hf import require_transformers
+from labkit.workloads.vision import torchvision_models
 
 Family = Literal["transformers", "torchvision", "handmade"]
 Task = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "segmentation", "video-classification",
@@ -152,8 +157,6 @@ def tiny(case: Case) -> Case:
         else:
             o[k] = v
     if case.family == "handmade":
-        from labkit.workloads.handmade import tiny_overrides
-
         o = tiny_overrides(case.arch, case.overrides)
     if case.family == "transformers":
         o.setdefault("vocab_size", 512)
@@ -172,8 +175,6 @@ def tiny(case: Case) -> Case:
 
 
 def require(module: str, extra: str) -> Any:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -181,8 +182,6 @@ def require(module: str, extra: str) -> Any:
 
 
 def hf_config(case: Case) -> Any:
-    from labkit.workloads.hf import require_transformers
-
     transformers = require_transformers()
     cfg = transformers.AutoConfig.for_model(case.arch, **case.overrides)
     if case.task == "image-classification" and "num_labels" in case.overrides:
@@ -198,20 +197,14 @@ def build_model(case: Case) -> nn.Module:
     """The case's model with freshly initialised weights, on the current default device; LoRA cases
     get a bf16 base and peft adapters; HF gradient checkpointing is switched on where asked."""
     if case.family == "handmade":
-        from labkit.workloads.handmade import build
-
-        model = build(case.arch, case.overrides)
+        model = build_handmade(case.arch, case.overrides)
     elif case.family == "torchvision":
-        from labkit.workloads.vision import torchvision_models
-
         model = torchvision_models()
         for part in case.arch.split("."):             # segmentation.fcn_resnet50, video.r3d_18
             model = getattr(model, part)
         extra = {"weights_backbone": None} if case.task == "segmentation" else {}   # no download
         model = model(weights=None, **extra, **case.overrides)
     else:
-        from labkit.workloads.hf import require_transformers
-
         transformers = require_transformers()
         model = getattr(transformers, _AUTO_CLASS[case.task]).from_config(hf_config(case))
         if case.recompute != "none" and case.checkpoint_impl != "torch":
@@ -262,8 +255,6 @@ def make_batch(case: Case, *, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     b, s = case.micro_batch, case.seq
     if case.family == "handmade":
-        from labkit.workloads.handmade import make_batch as handmade_batch
-
         batch = handmade_batch(case.arch, case.overrides, b, s, g)
         if case.precision == "bf16" and "pixel_values" in batch:
             batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
@@ -356,8 +347,6 @@ def prepare_plain(case: Case, device: str = "cuda") -> tuple[nn.Module, torch.op
     if case.precision == "bf16" and not case.lora:
         model = model.to(torch.bfloat16)
     if case.recompute != "none" and case.checkpoint_impl == "torch":
-        from labkit.workloads.harness import apply_checkpointing
-
         apply_checkpointing(model, case.recompute)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -410,8 +399,6 @@ def predict(case: Case, *, device: str = "fake-cuda", steps: int = 2,
     """``measure_step`` on ``case`` (fake mode by default): the tracer's prediction of its peak.
     ``prepare(model)``, if given, runs on the built model before the step (e.g. the attention
     implementation a recording names); ``fake`` and ``probes`` as ``measure_step`` takes them."""
-    from labkit.memory.trace.step import measure_step
-
     def build() -> nn.Module:
         model = build_model(case)
         if prepare is not None:

@@ -34,9 +34,11 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import TRACEABLE_PRECISIONS, OptimizerSpec, Recompute, canonical
+from labkit.workloads.gpt import CausalSelfAttention
 
 # The two loops users write: ``plain`` (``loss = model(**batch).loss``: the output object, with the
 # logits, is freed before backward) and ``keep-output`` (``out = model(**batch); loss = out.loss``:
@@ -134,8 +136,6 @@ class _Segment(nn.Module):
             return out
 
     def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint
-
         if not torch.is_grad_enabled():
             return self._run(hidden, *args, **kwargs)
         return checkpoint(self._run, hidden, *args, use_reentrant=False, **kwargs)
@@ -168,8 +168,6 @@ class _CheckpointedCall(nn.Module):
             return self.inner(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint
-
         if not torch.is_grad_enabled():
             return self._run(*args, **kwargs)
         return checkpoint(self._run, *args, use_reentrant=False, **kwargs)
@@ -189,8 +187,6 @@ def apply_recompute(model: nn.Module, recompute: Recompute | str,
     if rc.kind == "none":
         return model
     if rc.kind == "selective":
-        from labkit.workloads.gpt import CausalSelfAttention
-
         n = 0
         for mod in model.modules():
             if isinstance(mod, CausalSelfAttention):
@@ -224,8 +220,6 @@ def apply_checkpointing(model: nn.Module, mode: str,
 
 
 def _make_checkpointed_core(core: Callable, autocast: Callable[[], ContextManager]) -> Callable:
-    from torch.utils.checkpoint import checkpoint
-
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         with autocast():
             return core(q, k, v)

@@ -12,6 +12,9 @@ from typing import Any, Callable
 import torch
 
 from labkit.core.errors import LabkitError
+from labkit.workloads.vision import prepare_torchvision
+
+# transformers (10 s to import: python -X importtime, 2-core machine) is imported where a model is built.
 
 # GPT-2 family dimensions (layers, hidden, heads), as published with the checkpoints.
 HF_GPT2_SIZES: dict[str, tuple[int, int, int]] = {
@@ -52,8 +55,6 @@ class HFGPT2Spec:
 
 
 def require_transformers() -> Any:
-    from labkit.workloads.vision import prepare_torchvision
-
     prepare_torchvision()   # transformers imports torchvision when it is installed
     try:
         import transformers

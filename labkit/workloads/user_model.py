@@ -4,12 +4,22 @@ user's code, and a batch of the asked shape."""
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import math
+import os
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import path_is, read_json
+from labkit.workloads.hf import require_transformers
+from labkit.workloads.vision import prepare_torchvision
 
 
 #: A Hugging Face config.json is a few KB; a tokenizer-sized one is not a config.
@@ -29,11 +39,6 @@ def config_source(spec: str, *, layers: int | None = None, hidden: int | None = 
                   vocab: int | None = None, image_size: int | None = None) -> tuple[str, dict[str, Any], str]:
     """``(model_type, configuration overrides, task)`` for a local ``config.json`` (or its folder)
     or a transformers model type, with the size flags applied under the config's own field names."""
-    from pathlib import Path
-
-    from labkit.core.serialize import path_is, read_json
-    from labkit.workloads.hf import require_transformers
-
     if not isinstance(spec, str) or not spec.strip():
         raise LabkitError("--hf-config: empty; give a config.json path or a transformers model type")
     transformers = require_transformers()
@@ -54,8 +59,6 @@ def config_source(spec: str, *, layers: int | None = None, hidden: int | None = 
         arch, overrides = spec, {}
     mapping = transformers.CONFIG_MAPPING
     if arch not in mapping:
-        import difflib
-
         near = difflib.get_close_matches(arch, list(mapping.keys()), n=3)
         raise LabkitError(f"--hf-config {spec!r}: not a file and not a transformers model type"
                           + (f" (did you mean {', '.join(near)}?)" if near else ""))
@@ -92,8 +95,6 @@ def _check_config(cls: Any, overrides: dict[str, Any], name: str) -> None:
     """The configuration's values, checked before a model is built: sizes are positive integers within bounds,
     and what transformers' own validation refuses (a string where an integer goes, heads that do not divide
     the width) is one line naming the field."""
-    import math
-
     for k, v in overrides.items():
         if isinstance(v, float) and not math.isfinite(v):
             raise LabkitError(f"--hf-config {name}: {k} is {v}, not a finite number")
@@ -128,7 +129,6 @@ def _task_of(arch: str, archs: list[str]) -> str:
         for suffix, task in _ARCH_SUFFIX:
             if name.endswith(suffix):
                 return task
-    import importlib
 
     auto = importlib.import_module("transformers.models.auto.modeling_auto")
     for task, mapping in _TASK_MAPPINGS:
@@ -140,12 +140,6 @@ def _task_of(arch: str, archs: list[str]) -> str:
 
 def load_factory(spec: str) -> Callable[[], nn.Module]:
     """``module:function`` -> the function (importable from the current directory)."""
-    import importlib
-    import os
-    import sys
-
-    import inspect
-
     mod_name, sep, fn_name = str(spec).strip().partition(":")
     shown = str(spec)[:120]
     if not sep or not mod_name or not fn_name:
@@ -157,7 +151,6 @@ def load_factory(spec: str) -> Callable[[], nn.Module]:
         raise LabkitError(f"--factory {shown!r}: MODULE is dotted Python names and FUNCTION a Python name")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from labkit.workloads.vision import prepare_torchvision
 
     prepare_torchvision()  # the user's module may import transformers (and so torchvision) itself
     try:

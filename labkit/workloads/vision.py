@@ -17,10 +17,18 @@ build of torchvision), nothing is declared.
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import importlib.util
+import os
 import sys
 from typing import Any
 
+import torch
+
 from labkit.core.errors import LabkitError
+
+# torchvision (4.6 s to import: python -X importtime, 2-core machine) is imported where a model is built.
 
 # the ops torchvision's import registers fake kernels for without checking that its extension loaded
 _SCHEMAS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -29,8 +37,6 @@ _declared: list[Any] = []   # keeps the torch.library.Library alive (its definit
 
 
 def _declare_missing_ops() -> None:
-    import torch
-
     if _declared:
         return
     lib = torch.library.Library("torchvision", "FRAGMENT")
@@ -44,13 +50,6 @@ def _declare_missing_ops() -> None:
 def prepare_torchvision() -> None:
     """Make ``import torchvision`` work beside a CPU torch when its compiled extension cannot load
     (see the module doc); a no-op where torchvision is absent, already imported, or loads its ops."""
-    import ctypes
-    import glob
-    import importlib.util
-    import os
-
-    import torch
-
     if _declared or "torchvision" in sys.modules or torch.version.cuda is not None:
         return
     spec = importlib.util.find_spec("torchvision")

@@ -6,7 +6,7 @@ import pytest
 
 from labkit.allocator import CachingAllocatorSim, TraceBuilder, parse_alloc_conf, replay
 from labkit.allocator.sim.synthetic import fragmentation_pattern, to_snapshot, training_like
-from labkit.allocator.sim.trace import compile_trace
+from labkit.allocator.sim.stream import compile_trace
 from labkit.allocator.snapshot import read_snapshot
 from labkit.allocator.sim.replay import replay_with_sim
 
@@ -244,7 +244,7 @@ def test_invariants_on_training_like_stream():
                                   "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.7"])
 @pytest.mark.parametrize("cap", [None, 1 * GiB])
 def test_structures_stay_consistent(conf, cap):
-    from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE
+    from labkit.allocator.sim.stream import ALLOC, EMPTY_CACHE, FREE
 
     t = _random_trace(11, n=1500)
     s = sim(conf, cap_bytes=cap)

@@ -8,7 +8,7 @@ import pytest
 
 from labkit.allocator import compile_trace, parse_alloc_conf, read_snapshot, recorded
 from labkit.allocator.sim.simulator import CachingAllocatorSim, ReferenceAllocatorSim, run_ops
-from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace
+from labkit.allocator.sim.stream import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace
 
 MiB = 1024**2
 GiB = 1024**3

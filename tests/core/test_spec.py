@@ -121,9 +121,12 @@ def test_the_specs_refuse_what_the_vocabulary_does_not_know():
             RunSpec(**bad)
 
 
-@pytest.mark.xfail(strict=True, reason="not one yet: CudaTarget (measure_step's fake GPU) defaults to a warm process, "
-                                       "the CLI to fresh; flipping it moves the validations against warm recordings")
 def test_the_api_predicts_the_process_the_cli_does():
     from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
-    assert CudaTarget().warm_process == (default("process") == "warm")
+    from labkit.memory.trace.backends import FakeCuda, FakeCudaBackend
+    from labkit.workloads import StepPolicy
+
+    assert CudaTarget().warm_process == (default("process") == "warm") == (RunSpec().process == "warm")
+    # measure_step's fake GPU, given no target, is that default
+    assert FakeCudaBackend(StepPolicy(), FakeCuda()).emulator.target == CudaTarget()

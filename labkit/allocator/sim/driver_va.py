@@ -22,6 +22,7 @@ libraries calling ``cudaMalloc`` directly) that sit between the ranges, and the 
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left, insort
 
 RANGE = 32 * 1024 * 1024        # the granularity of the driver's ranges (observed, see above)
@@ -78,8 +79,6 @@ class ShuffledVA(DriverVA):
     __slots__ = ("_rng", "_taken")
 
     def __init__(self, seed: int, top: int = 1 << 46) -> None:
-        import random
-
         super().__init__(top)
         self._rng = random.Random(seed)
         self._taken: dict[int, int] = {}

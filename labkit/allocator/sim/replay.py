@@ -9,7 +9,7 @@ from pathlib import Path
 from labkit.allocator.sim.config import AllocatorConfig, parse_alloc_conf
 from labkit.allocator.sim.simulator import CachingAllocatorSim, OOMEvent, Sample, run_ops
 from labkit.allocator.snapshot import Snapshot, read_snapshot
-from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace, compile_trace
+from labkit.allocator.sim.stream import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY, Trace, compile_trace
 from labkit.core.errors import LabkitError
 
 

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from labkit.allocator.sim.config import DEFAULT, NO_LIMIT, AllocatorConfig, allocation_size, round_size
 from labkit.allocator.sim.driver_va import DriverVA
 from labkit.allocator.sim.inline import inline
-from labkit.allocator.sim.trace import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+from labkit.allocator.sim.stream import ALLOC, EMPTY_CACHE, FREE, FREE_DONE, FREE_REQ, OOM_RETRY
+from labkit.core.units import fmt_bytes
 
 kMinBlockSize = 512
 kSmallSize = 1048576
@@ -480,8 +481,6 @@ class CachingAllocatorSim:
 
     def _out_of_memory(self, orig_size: int, size: int, alloc_size: int, index: int) -> None:
         """malloc's failure branch: ``num_ooms`` and the OutOfMemoryError message's numbers."""
-        from labkit.core.units import fmt_bytes
-
         self.num_ooms += 1
         a = self.allocated_bytes[0]
         r = self.reserved_bytes[0]
@@ -725,7 +724,7 @@ class CachingAllocatorSim:
 
     # ================================================================== a request stream
     def _apply(self, ops: list[tuple[int, int, int, int]], blocks: list) -> int:
-        """Apply compiled ops (see :mod:`labkit.allocator.sim.trace`); ``blocks[id]`` is each live request's block.
+        """Apply compiled ops (see :mod:`labkit.allocator.sim.stream`); ``blocks[id]`` is each live request's block.
         Returns how many recorded OOM requests fit."""
         fits = 0
         for op, ident, size, stream in ops:
@@ -848,7 +847,7 @@ def _increase_counter(c: list[int]) -> None:
 
 def run_ops(sim: CachingAllocatorSim, ops: list[tuple[int, int, int, int]], n_ids: int, *,
             every: int = 0, samples: list[Sample] | None = None, force_generic: bool = False) -> int:
-    """Apply a compiled request stream (see :mod:`labkit.allocator.sim.trace`) to ``sim``, request by request.
+    """Apply a compiled request stream (see :mod:`labkit.allocator.sim.stream`) to ``sim``, request by request.
 
     ``every`` > 0 appends an (allocated, reserved) sample to ``samples`` every that many ops. Returns
     how many recorded OOM requests fit. ``force_generic`` is accepted for older callers: there is

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import random
 
-from labkit.allocator.sim.trace import Trace, TraceBuilder
+from labkit.allocator.sim.config import parse_alloc_conf
+from labkit.allocator.sim.simulator import CachingAllocatorSim, run_ops
+from labkit.allocator.sim.stream import Trace, TraceBuilder
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -89,9 +91,6 @@ def to_snapshot(trace: Trace, conf: str = "", *, cap_bytes: int | None = None, e
     """Run ``trace`` through the simulator under ``conf`` and write what PyTorch would record: a
     ``torch.cuda.memory._snapshot()``-shaped dict (segments at the end, one device trace). A model of
     a recording, for tests and demos without a GPU."""
-    from labkit.allocator.sim.config import parse_alloc_conf
-    from labkit.allocator.sim.simulator import CachingAllocatorSim, run_ops
-
     cfg = parse_alloc_conf(conf)
     sim = CachingAllocatorSim(cfg, cap_bytes=cap_bytes)
     sim.rec = []

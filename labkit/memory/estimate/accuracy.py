@@ -22,6 +22,13 @@ from typing import Any
 
 from labkit.core import paths
 from labkit.core.errors import LabkitError
+from labkit.core.provenance import load_measurement
+from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec, estimate
+from labkit.memory.estimate.spec import LoraSpec
+from labkit.memory.trace.corpus_check import predict_as_recorded
+
+# transformers (10 s to import: python -X importtime, 2-core machine), torch and the tracer are imported where a
+# case runs: `labkit --help` imports this module.
 
 RECORDING = paths.DATA_DIR / "measurements" / "measure" / "plain__fresh.json"
 TOLERANCE_PCT = 5.0
@@ -53,7 +60,6 @@ class EstimateCheck:
 
 def case_inputs(case: Any):
     """(ModelSpec, ParallelSpec, TrainSpec) of a corpus case, or LabkitError naming why not."""
-    from labkit.memory.estimate import ParallelSpec, TrainSpec
     from labkit.memory.estimate.hf_config import _ENCODERS, spec_from_hf_config
     from labkit.workloads.corpus import hf_config
 
@@ -70,7 +76,6 @@ def case_inputs(case: Any):
                           "LMs, BERT-like masked-LM encoders, BART and ViT)")
     lora = None
     if case.lora:
-        from labkit.memory.estimate.spec import LoraSpec
 
         # peft's adapters are float32 unless autocast_adapter_dtype=False or the model is cast after get_peft_model
         lora = LoraSpec(rank=16, targets=4, dropout=case.lora_dropout,
@@ -89,8 +94,6 @@ def case_inputs(case: Any):
 
 def recorded_rows(path=RECORDING) -> dict[str, dict]:
     """name -> the recorded row, with the recording's transformers version under ``transformers``."""
-    from labkit.core.provenance import load_measurement
-
     doc = load_measurement(path)
     version = doc["provenance"].get("transformers")
     return {c["name"]: {**c, "transformers": version} for c in doc["data"]["cases"] if c.get("peak_allocated")}
@@ -103,10 +106,8 @@ def recorded_peaks(path=RECORDING) -> dict[str, int]:
 def check(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
     """One row per recorded transformers case (``names``: only these); ``trace`` also runs fake mode
     (about 10 s a case on a 2-core CPU)."""
-    from labkit.memory.estimate import estimate
     from labkit.workloads import corpus
 
-    from labkit.memory.trace.corpus_check import predict_as_recorded
     from labkit.memory.trace.step import FakeModeUnsupported
 
     rec = recorded_rows()
@@ -173,7 +174,6 @@ def rank_case_inputs(script: str, args: list[str], world: int):
     the script builds its model, batch and layout; LabkitError for a script the estimator does not model."""
     from transformers import GPT2Config, LlamaConfig
 
-    from labkit.memory.estimate import ModelSpec, ParallelSpec, TrainSpec
     from labkit.memory.estimate.hf_config import spec_from_hf_config
 
     name = script.rsplit("/", 1)[-1]
@@ -216,8 +216,6 @@ def rank_case_inputs(script: str, args: list[str], world: int):
 
 def rank_cases() -> list[dict]:
     """The rank launches: the H200's fake-process-group recordings, then :data:`TRACED_ONLY`."""
-    from labkit.core.provenance import load_measurement
-
     rows = [dict(r) for r in load_measurement(RANK_RECORDING)["data"] if r.get("status") == "ok"]
     recorded = {r["name"] for r in rows}
     return rows + [{"name": t[0], "script": t[1], "args": t[2], "world_size": t[3], "rank": (t[4:] or (0,))[0]}
@@ -229,7 +227,6 @@ def check_ranks(names: list[str] | None = None, *, trace: bool = False, jobs: in
     :func:`rank_cases`: recorded on the H200 (one GPU, PyTorch's fake process group) and, with ``trace``,
     traced here (``labkit measure --script --nproc-per-node``, 10 s to a minute a launch on a 2-core CPU; ``jobs``
     launches at once, each its own process: by default one per two CPUs, at most 4)."""
-    from labkit.memory.estimate import estimate
     from labkit.memory.script.run import trace_launch
     from labkit.workloads.corpus import split_of
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.core.errors import LabkitError
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
 from labkit.memory.estimate.states import Bytes
 
@@ -393,7 +394,6 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
             head += 2 * sb * x.h * by.act
     if m.hf is not None and m.hf.decoder_layers and train.framework == "pytorch":
         if k is not None:
-            from labkit.core.errors import LabkitError
 
             raise LabkitError(f"{m.name}: recomputation of an encoder-decoder is not modelled by the estimator; "
                               "use `labkit measure --hf-config` (the tracer)")

@@ -5,11 +5,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from labkit.core import step_tracer
+from labkit.core.cliargs import Deprecated, finite_float, nonnegative_int, positive_int
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps, to_jsonable
 from labkit.core.spec import add_flags, filled
 from labkit.core.table import render
-from labkit.core.units import GB, GiB, fmt_bytes
+from labkit.core.units import GB, GiB, fmt_bytes, parse_bytes
+from labkit.core.vocab import Recompute
+from labkit.memory.estimate import (
+    CATEGORIES, ModelSpec, ParallelSpec, TrainSpec, estimate, model_states_only, total_params,
+)
+from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, SEARCHED_MICRO_BATCHES, cluster_from_topology,
+                                            explain, headline, nic_400g, nvswitch_nvlink4, plan, uniform_cluster)
+from labkit.memory.estimate.rates import measured_rates
+from labkit.memory.estimate.totals import spec_dict
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 DIMS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn")     # --seq: labkit.core.spec
 
@@ -25,8 +38,6 @@ SPEC_FIELDS = ("precision", "optimizer", "optimizer_impl")     # their one defau
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from labkit.core.cliargs import Deprecated, finite_float, nonnegative_int, positive_int
-
     p = sub.add_parser(
         "estimate", help="per-GPU memory of a training configuration (analytical model: DP/ZeRO, TP+SP, PP, CP)",
         description="Bytes on the most loaded GPU (parameters, gradients, optimizer states, activations, logits, comm "
@@ -112,7 +123,6 @@ def _check_mode(args) -> None:
 
 
 def _model(args):
-    from labkit.memory.estimate import ModelSpec
     from labkit.memory.estimate.presets import get_preset
 
     given = {d: getattr(args, d) for d in DIMS if getattr(args, d) is not None}
@@ -137,9 +147,6 @@ def _model(args):
 
 
 def build(args):
-    from labkit.core.vocab import Recompute
-    from labkit.memory.estimate import ParallelSpec, TrainSpec
-
     schedule = args.schedule or ("interleaved" if (args.vpp or 1) > 1 else "1f1b")
     par = ParallelSpec(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, zero=args.zero, sp=args.sp, vpp=args.vpp,
                        schedule=schedule, vocab_parallel=not args.no_vocab_parallel, shard_size=args.shard_size,
@@ -160,9 +167,6 @@ def _row(name, n):
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.memory.estimate import CATEGORIES, estimate, model_states_only
-    from labkit.memory.estimate.totals import spec_dict
-
     _check_mode(args)
     if args.model is not None and not args.model.strip():
         raise LabkitError("--model: empty; name a preset (labkit estimate --list-models) or give the dimensions")
@@ -170,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
         raise LabkitError(f"--list-models lists the presets; {'--model' if args.model else '--plan'} does not apply")
     if args.list_models:
         from labkit.memory.estimate.presets import presets
-
-        from labkit.memory.estimate import total_params
 
         rows = [[p.name, p.family, f"{total_params(p.model) / 1e9:.3f}", p.model.layers, p.model.hidden, p.model.heads,
                  p.model.kv, p.model.ffn_size, p.model.vocab, p.model.seq] for p in presets().values()]
@@ -184,8 +186,6 @@ def run(args: argparse.Namespace) -> int:
         if args.params is not None:
             n = int(args.params)
         else:
-            from labkit.memory.estimate import total_params
-
             n = total_params(_model(args))
         ms = model_states_only(n, par, train)
         doc = {"params": n, "per_gpu_bytes": {"parameters": ms.params, "gradients": ms.grads,
@@ -231,11 +231,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from labkit.core.units import parse_bytes
-    from labkit.core import step_tracer
-    from labkit.memory.estimate.planner import (DEFAULT_ACHIEVABLE_FLOPS, SEARCHED_MICRO_BATCHES, cluster_from_topology,
-                                                explain, headline, nic_400g, nvswitch_nvlink4, plan, uniform_cluster)
-
     model = _model(args)
     if args.global_batch is None:
         raise LabkitError("--plan needs --global-batch")
@@ -245,8 +240,6 @@ def run_plan(args: argparse.Namespace) -> int:
     flops = args.tflops * 1e12 if args.tflops is not None else DEFAULT_ACHIEVABLE_FLOPS
     rate = None
     if args.tflops is None:
-        from labkit.memory.estimate.rates import measured_rates
-
         rate = measured_rates(model, args.precision, model.seq)
     per_node = args.gpus_per_node if args.gpus_per_node is not None else min(8, args.gpus)
     if per_node > args.gpus:

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import path_is, read_json
 from labkit.memory.estimate.spec import HfTraits, ModelSpec
+
+# transformers (10 s to import: python -X importtime, 2-core machine) is imported where a configuration is read.
 
 # families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
 _LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2_moe", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
@@ -27,8 +30,6 @@ _MOE_TYPES = {"mixtral", "qwen2_moe"}
 def load_hf_config(source: str | Path) -> dict[str, Any]:
     """A config dict from a ``config.json`` path (or a folder holding one), or the default config
     of a model type (``llama``, ``gpt2``...) through ``transformers.AutoConfig.for_model``."""
-    from labkit.core.serialize import path_is, read_json
-
     if not str(source).strip():
         raise LabkitError("--hf-config: empty; give a config.json path or a transformers model type")
     p = Path(source)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import labkit.topology as T
 from labkit.core.collectives import alpha_beta_time
 from labkit.core.errors import LabkitError
 from labkit.core.interconnect import (NCCL_RING_STEP_S, NIC_400G_Bps, NIC_SOURCE, NIC_STEP_S, NVLINK4_NODE_Bps,
@@ -103,8 +104,6 @@ def cluster_from_topology(topo, *, nodes: int = 1, gpu_memory_bytes: int | None 
     """A cluster of ``nodes`` copies of a ``labkit.topology`` Topology (or a sample name): inside a
     node, a group of k neighbouring GPUs uses its ring's slowest link (``labkit.topology``'s
     ``collective_time`` bottleneck and latency)."""
-    import labkit.topology as T
-
     if isinstance(topo, str):
         topo = T.load_topology(topo)
     n = len(topo.gpus)

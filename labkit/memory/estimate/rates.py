@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from labkit.core import paths
+from labkit.core.provenance import load_measurement
+from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
 
 RATE_FILE = "advise/matmul_rates.json"
 
@@ -29,8 +34,6 @@ class Rate:
 
 @lru_cache(maxsize=1)
 def _recorded() -> tuple[dict, str] | None:
-    from labkit.core.provenance import load_measurement
-
     p = paths.DATA_DIR / "measurements" / RATE_FILE
     if not p.exists():
         return None
@@ -47,7 +50,6 @@ def dtype_of(precision: str) -> str:
 def matmul_rate_flops(dtype: str, flops: float) -> float:
     """Measured matmul throughput (FLOP/s) in ``dtype`` (bf16, fp16, fp32) for a GEMM of ``flops``
     FLOPs: log-log interpolation between the recorded square sizes, clamped at both ends."""
-    from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS
 
     rec = _recorded()
     rows = sorted((r["flops"], r["flops_per_s"]) for r in rec[0]["rows"] if r["dtype"] == dtype) if rec else []
@@ -69,7 +71,6 @@ def matmul_rate(precision: str, m: int, n: int, k: int) -> Rate:
     """Measured throughput of an (m x k) @ (k x n) GEMM in the precision's compute dtype."""
     rec = _recorded()
     if rec is None:
-        from labkit.memory.estimate.planner import DEFAULT_ACHIEVABLE_FLOPS
 
         return Rate(DEFAULT_ACHIEVABLE_FLOPS, "model: assumed 400 TFLOP/s (no matmul recording under data/)")
     return Rate(matmul_rate_flops(dtype_of(precision), 2.0 * m * n * k), rec[1])

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.core.paths import MEASUREMENTS_DIR
+from labkit.core.provenance import load_measurement
 from labkit.memory.estimate.buffers import Overheads
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
 from labkit.memory.estimate.totals import PHASES, estimate
+from labkit.memory.trace.recorded import load_recorded_peaks
 
 
 @dataclass
@@ -63,8 +66,6 @@ def _source(prov: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ 2-GPU TP / FSDP2 recordings
 
 def parallel_dir() -> Path:
-    from labkit.core.paths import MEASUREMENTS_DIR
-
     return MEASUREMENTS_DIR / "parallel_memory"
 
 
@@ -91,8 +92,6 @@ def parallel_specs(data: dict[str, Any]) -> tuple[ModelSpec, ParallelSpec, Train
 
 
 def compare_parallel(path: str | Path) -> Comparison:
-    from labkit.core.provenance import load_measurement
-
     doc = load_measurement(path, kind="parallel_memory")
     data = doc["data"]
     if data.get("device") != "cuda":
@@ -165,8 +164,6 @@ def compare_tracer_case(case: Any) -> Comparison:
 
 
 def compare_tracer(path: str | Path | None = None) -> list[Comparison]:
-    from labkit.memory.trace.recorded import load_recorded_peaks
-
     return [compare_tracer_case(c) for c in load_recorded_peaks(path) if c.model == "labkit-gpt"]
 
 
@@ -184,8 +181,6 @@ def context_from_parallel(directory: str | Path | None = None) -> dict[str, int]
     """CUDA context and NCCL bytes per rank from the 2-GPU run's summary: device memory used after
     creating the context (minus what the allocator reserved then) and the growth after the first
     NCCL collective (minus the allocator's part)."""
-    from labkit.core.provenance import load_measurement
-
     d = Path(directory) if directory is not None else parallel_dir()
     doc = load_measurement(d / "summary.json", kind="parallel_memory_summary")
     ctx, nccl = [], []
@@ -207,8 +202,6 @@ def context_from_parallel(directory: str | Path | None = None) -> dict[str, int]
 def workspace_from_tracer(path: str | Path | None = None) -> int:
     """Bytes the allocator hands out beyond the tensors the tracer sees (cuBLAS/cuBLASLt workspaces,
     kernel scratch): the median over the lab GPT's recorded cases of CUDA peak - tracked peak."""
-    from labkit.memory.trace.recorded import load_recorded_peaks
-
     diffs = [c.peak_allocated - c.tracker_peak for c in load_recorded_peaks(path)
              if c.model == "labkit-gpt" and c.tracker_peak]
     if not diffs:

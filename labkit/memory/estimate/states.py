@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.core.errors import LabkitError
 from labkit.memory.estimate.spec import ModelSpec, ParallelSpec, TrainSpec
 
 # (weight, grad, master, state) bytes per parameter; act and residual-stream bytes per element.
@@ -135,7 +136,6 @@ def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) ->
     ab = train.lora.adapter_bytes
     states = {"adamw": 2, "adam": 2, "sgd": 1}.get(train.optimizer)
     if states is None:
-        from labkit.core.errors import LabkitError
 
         raise LabkitError(f"LoRA: the estimator models AdamW or SGD over the adapters, not {train.optimizer}")
     return ModelStates(params=int(pc.total * by.weight + n_a * ab), grads=int(n_a * ab),

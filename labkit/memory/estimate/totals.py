@@ -24,6 +24,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from labkit.core.errors import LabkitError
 from labkit.core.vocab import Category, CategoryBytes, Phase
 from labkit.memory.estimate.activations import in_flight, layer_activations, logits_bytes, stage_activations
 from labkit.memory.estimate.buffers import Overheads, comm_buffers, communicators
@@ -227,7 +228,6 @@ def model_states_only(n_params: int, parallel: ParallelSpec | None = None, train
     DeepSpeed tables compare): the parameters are divided by tp x pp first, then ZeRO-sharded."""
     par = parallel or ParallelSpec()
     train = train or TrainSpec()
-    from labkit.core.errors import LabkitError
 
     if n_params < 1:
         raise LabkitError(f"--params must be positive, got {n_params}")

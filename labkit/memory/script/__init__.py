@@ -23,6 +23,8 @@ Modules, one concern each:
 Importing this package does not import torch.
 """
 
+import importlib
+
 _LAZY = {
     "fake_gpu": "labkit.memory.script.runtime",
     "FakeGPU": "labkit.memory.script.runtime",
@@ -35,6 +37,5 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'labkit.memory.script' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)

@@ -4,12 +4,17 @@ the CLI of :mod:`labkit.memory.script`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.core.serialize import dumps, to_jsonable
+from labkit.memory.script.ranks import Launch
+from labkit.memory.script.run import check_script, run_script
+from labkit.memory.script.script_report import render_ranks, render_text
 
 # measure's flags that describe a model or a step of the lab's own loop: a script brings its own
 _NOT_FOR_SCRIPT = ("model", "workload", "hf_config", "factory", "task", "layers", "hidden", "heads", "vocab",
@@ -35,7 +40,6 @@ def _launch(args: argparse.Namespace) -> Any:
         if args.ranks is not None:
             raise LabkitError("--ranks needs a launch: give --nproc-per-node N")
         return None
-    from labkit.memory.script.ranks import Launch
 
     return Launch(nproc_per_node=args.nproc_per_node or 1, nnodes=args.nnodes or 1)
 
@@ -55,12 +59,6 @@ def _rank_in_subprocess(args: argparse.Namespace, launch: Any, rank: int, script
 
 
 def run_script_cli(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from labkit.core.serialize import dumps, to_jsonable
-    from labkit.memory.script.script_report import render_ranks, render_text
-    from labkit.memory.script.run import check_script, run_script
-
     _refuse_step_flags(args)
     if args.steps is not None and args.steps < 1:
         raise LabkitError(f"--steps must be >= 1, got {args.steps}")

@@ -15,6 +15,11 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
+import torch.backends.cudnn as cudnn
+import torch.cuda as tc
+import torch.cuda.memory as tcm
+import torch.cuda.nvtx as nvtx
+import torch.cuda.random as tcr
 
 from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES
 from labkit.memory.trace.fake.fake_cuda import H200
@@ -140,8 +145,6 @@ def _summary(live: Any) -> str:
 def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> Iterator[None]:
     """Patch ``torch.cuda`` (and the few ``torch.backends`` queries that need a GPU) for the duration.
     ``note(text)`` records an assumption (e.g. a memory-history call that records nothing here)."""
-    import torch.cuda as tc
-
     current = [local_rank]
 
     def device_count() -> int:
@@ -223,7 +226,6 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
 
     for attr, value in names.items():
         patch(tc, attr, value)
-    import torch.cuda.memory as tcm
 
     for attr in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                  "reset_peak_memory_stats", "memory_stats", "mem_get_info", "empty_cache", "memory_snapshot"):
@@ -231,16 +233,13 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
             patch(tcm, attr, names[attr])
     patch(tcm, "_record_memory_history", record_history)
     patch(tcm, "_dump_snapshot", dump_snapshot)
-    import torch.cuda.random as tcr
 
     for attr in ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all", "seed", "seed_all"):
         patch(tcr, attr, names[attr])
-    import torch.cuda.nvtx as nvtx
 
     for attr in ("range_push", "range_pop", "mark"):
         patch(nvtx, attr, none)
     patch(nvtx, "range", lambda *a, **k: contextlib.nullcontext())
-    import torch.backends.cudnn as cudnn
 
     patch(cudnn, "is_available", lambda: True)
     acc = getattr(torch, "accelerator", None)        # the device-generic API (torch >= 2.6), as accelerate asks it

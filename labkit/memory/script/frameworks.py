@@ -19,7 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import weakref
 from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+import torch.utils.data as tud
 
 
 @contextlib.contextmanager
@@ -33,8 +38,6 @@ def _patched(obj: Any, attr: str, value: Any) -> Iterator[None]:
 
 
 def _data_loader(gpu: Any) -> Any:
-    import torch.utils.data as tud
-
     original = tud.DataLoader.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -54,8 +57,6 @@ def _data_loader(gpu: Any) -> Any:
 
 
 def _compile(gpu: Any) -> Any:
-    import torch
-
     def compile(model: Any = None, **kwargs: Any) -> Any:
         gpu.note("torch.compile: run eagerly on the fake GPU; a compiled graph usually saves fewer activations, so "
                  "the figures are the eager program's (an upper bound for the compiled one's activations)")
@@ -67,8 +68,6 @@ def _compile(gpu: Any) -> Any:
 
 
 def _save(gpu: Any) -> Any:
-    import torch
-
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         gpu.note("torch.save: fake tensors have no values; nothing was written")
 
@@ -123,11 +122,6 @@ def _optimizers_follow_parameters() -> Iterator[None]:
     valid; on fake parameters the conversion makes new ``Parameter`` objects instead
     (:func:`labkit.memory.trace.fake.fake_runtime.fake_module_conversion`), so every live optimizer's parameter
     groups and state are pointed at the new ones."""
-    import weakref
-
-    import torch
-    import torch.nn as nn
-
     optimizers: weakref.WeakSet = weakref.WeakSet()
     init, apply = torch.optim.Optimizer.__init__, nn.Module._apply
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from labkit.allocator import CachingAllocatorSim
+
 
 @dataclass
 class StepMark:
@@ -56,8 +60,6 @@ class LiveAllocator:
     _sim: Any = None
 
     def __post_init__(self) -> None:
-        from labkit.allocator import CachingAllocatorSim
-
         kw = {} if self.config is None else {"config": self.config}
         self._sim = CachingAllocatorSim(**kw, device_bytes=self.device_bytes, device_total_bytes=self.device_bytes)
 
@@ -101,8 +103,6 @@ class LiveAllocator:
         self.cursor = n
 
     def _out_of_memory(self, nbytes: int, event: int) -> None:
-        import torch
-
         self.oom = OomEvent(requested=nbytes, allocated=self.allocated, reserved=self.reserved, event=event,
                             limit=self.device_bytes)
         gib = 1 << 30

@@ -30,7 +30,15 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
 from labkit.core.errors import LabkitError
+from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES, DEFAULTS_SOURCE, NCCL_BYTES_PER_COMMUNICATOR
+
+# torch.distributed.pipelining (7 s to import on top of torch: python -X importtime) where a stage is traced.
 
 MAX_WORLD = 1 << 16
 
@@ -89,8 +97,6 @@ def outside_allocator(communicators: int) -> dict[str, Any]:
     """Device memory a rank holds outside PyTorch's caching allocator: a model, with its sources
     (:mod:`labkit.memory.estimate.buffers`: the CUDA context measured on the H200; NCCL's buffers per
     communicator assumed, not measured here)."""
-    from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES, DEFAULTS_SOURCE, NCCL_BYTES_PER_COMMUNICATOR
-
     return {"cuda_context_bytes": CUDA_CONTEXT_BYTES, "nccl_communicators": communicators,
             "nccl_bytes": communicators * NCCL_BYTES_PER_COMMUNICATOR,
             "total_bytes": CUDA_CONTEXT_BYTES + communicators * NCCL_BYTES_PER_COMMUNICATOR,
@@ -99,8 +105,6 @@ def outside_allocator(communicators: int) -> dict[str, Any]:
 
 def _bucket_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
     # no annotations: DDP checks a hook's annotations against dist.GradBucket, and this module's are strings
-    import torch
-
     fut: Any = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
@@ -122,10 +126,6 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
     of communicators the script created is left in ``gpu.communicators``. Without a launch (a plain ``python
     script.py``), no environment is set and a process group the script makes itself (a one-process group for
     ``ZeroRedundancyOptimizer``, say) is the fake one of the rank and world it asks for."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     env = launch.env(rank) if launch is not None else {}
     saved_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

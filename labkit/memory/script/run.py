@@ -19,7 +19,14 @@ import sys
 import traceback
 from typing import Any
 
+import torch
+
 from labkit.core.errors import LabkitError
+from labkit.memory.script.ranks import fake_launch
+from labkit.memory.script.runtime import fake_gpu
+from labkit.memory.script.script_report import report_from_json
+from labkit.memory.trace.refusals import locate
+from labkit.workloads.vision import prepare_torchvision
 
 OUTPUT_KEPT = 8000          # characters of a script's own output kept in its report (trace_script)
 BANNER = ("labkit: {path} runs on a fake {gpu} (no GPU is used); torch.cuda answers with predicted figures, so "
@@ -51,8 +58,6 @@ def _user_frame(tb: Any, sites: Any) -> str:
 
 def _refusal(exc: BaseException, gpu: Any, path: str) -> LabkitError:
     """One line for a script the fake GPU could not run: the op, the user's line, the module, what to do."""
-    from labkit.memory.trace.refusals import locate
-
     where = _user_frame(exc.__traceback__, gpu.tracker.sites) or os.path.relpath(path)
     op, _ = locate(exc, {})
     module = gpu.emulator.modules.where()
@@ -73,11 +78,6 @@ def run_script(path: str, argv: list[str] | None = None, *, max_steps: int | Non
     """Run ``path`` with ``argv`` on a fake GPU in this process; returns its
     :class:`~labkit.memory.script.script_report.ScriptReport`. ``max_steps``: stop after that many optimizer steps.
     ``launch`` (a :class:`~labkit.memory.script.ranks.Launch`): run it as ``rank`` of that torchrun launch."""
-    import torch
-
-    from labkit.memory.script.ranks import fake_launch
-    from labkit.memory.script.runtime import fake_gpu
-
     path = check_script(path)
     argv = list(argv or [])
     folder = os.path.dirname(path)
@@ -85,7 +85,6 @@ def run_script(path: str, argv: list[str] | None = None, *, max_steps: int | Non
         gpu = fake_gpu(max_steps=max_steps, user_roots=(folder,), launch=launch, rank=rank)
     if banner:
         print(BANNER.format(path=os.path.relpath(path), gpu=gpu.facts.name), file=sys.stderr)
-    from labkit.workloads.vision import prepare_torchvision
 
     prepare_torchvision()
     saved_argv, saved_path = sys.argv, list(sys.path)
@@ -129,7 +128,6 @@ def trace_script(path: str, argv: list[str] | None = None, *, max_steps: int | N
         cmd += ["--steps", str(max_steps)]
     cmd += ["--", *(argv or [])]
     proc = _measure(cmd, timeout, echo)
-    from labkit.memory.script.script_report import report_from_json
 
     rep = report_from_json(json.loads(proc.stdout))
     rep.output = proc.stderr[-OUTPUT_KEPT:]

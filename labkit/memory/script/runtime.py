@@ -22,22 +22,32 @@ the program after that many.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib.util
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
+from labkit.memory.script.frameworks import framework_adapters
 from labkit.memory.script.live_allocator import LiveAllocator
+from labkit.memory.script.script_report import build_report
 from labkit.memory.script.tensor_placement import DeviceMode, local_tensor, reported_devices
 from labkit.memory.script.tracker import GpuTracker, Sites, resized_storages
 from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
                                            data_dependent_choices)
 from labkit.memory.trace.fake.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
 from labkit.memory.trace.storage import Roles
+
+# transformers (10 s to import: python -X importtime, 2-core machine) is imported where a script uses it.
 
 
 #: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
@@ -48,8 +58,6 @@ _UNPADDED = {"attention_mask": torch.ones(1)}
 
 
 def _import_masking_utils() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("transformers") is not None:
         try:
             import transformers.masking_utils  # noqa: F401
@@ -145,8 +153,6 @@ def _autocast_cache(state: _AutocastState) -> Iterator[None]:
 def _quiet_fake_tensor_warnings() -> Iterator[None]:
     """``copy.deepcopy`` of a module reads each tensor's data pointer (``Tensor.__deepcopy__``), which fake
     tensors answer with a deprecation warning about the fake tensor, not about the program: not shown."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         yield
@@ -170,8 +176,6 @@ class FakeGPU:
     communicators: int | None = None     # process groups of more than one rank (set by ranks.fake_launch)
 
     def __post_init__(self) -> None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         self.emulator = ScriptEmulator(self.target, self._recompute_modes)
         self.tracker = GpuTracker(emulator=self.emulator, sites=Sites(self.user_roots),
                                   rounding=self.target.allocator_rounding)
@@ -205,9 +209,6 @@ class FakeGPU:
 
     @contextlib.contextmanager
     def _phase_hooks(self) -> Iterator[None]:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
         def pre(mod: nn.Module, args: Any) -> None:
             if self.phase == "backward":
                 return
@@ -269,8 +270,6 @@ class FakeGPU:
 
     # -- entering and leaving ----------------------------------------------------------------------
     def __enter__(self) -> "FakeGPU":
-        from labkit.memory.script.frameworks import framework_adapters
-
         if self._stack is not None:
             raise LabkitError("this fake GPU is already running; make a new one with labkit.memory.fake_gpu()")
         self.started = time.perf_counter()
@@ -318,8 +317,6 @@ class FakeGPU:
         return exc_type is StopScript
 
     def report(self, *, what: str | None = None, outcome: str | None = None) -> Any:
-        from labkit.memory.script.script_report import build_report
-
         return build_report(self, what=what or self.what, outcome=outcome)
 
 
@@ -333,8 +330,6 @@ def fake_gpu(*, max_steps: int | None = None, target: CudaTarget | None = None, 
     facts = facts or GpuFacts()
     local_rank = 0
     if launch is not None:
-        import dataclasses
-
         facts = dataclasses.replace(facts, device_count=launch.nproc_per_node)
         local_rank = rank % launch.nproc_per_node
     return FakeGPU(target=target or CudaTarget(warm_process=False), facts=facts, max_steps=max_steps,

@@ -7,6 +7,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.core.table import render
+from labkit.core.units import fmt_bytes
+from labkit.memory.script.ranks import outside_allocator
+from labkit.memory.trace.fake.fake_cuda import torch_versions
+from labkit.memory.trace.storage import categorise
+
 
 @dataclass
 class StepPeak:
@@ -88,8 +94,6 @@ def _live_at(tracker: Any, upto: int) -> dict[int, int]:
 def _categories(gpu: Any, upto: int) -> dict[str, int]:
     """Tensor storages live at event ``upto`` by category (``categorise``: born in a forward, a loss or an
     evaluation pass and not a parameter, gradient or optimizer state: activations)."""
-    from labkit.memory.trace.storage import categorise
-
     tracker = gpu.tracker
     acts = tuple(i for i, name in enumerate(tracker.phases) if name in ("forward", "loss", "eval"))
     return categorise(tracker, gpu.roles, upto + 1, acts)
@@ -139,7 +143,6 @@ def build_report(gpu: Any, *, what: str, outcome: str | None = None) -> ScriptRe
         outcome = ("out of memory" if live.oom is not None else
                    f"stopped after {gpu.stopped_after} optimizer steps" if gpu.stopped_after else "completed")
     elapsed = (gpu.ended or gpu.started) - gpu.started
-    from labkit.memory.trace.fake.fake_cuda import torch_versions
 
     notes = list(gpu.notes) + list(gpu.emulator.assumptions)
     torch_note = torch_versions(gpu.target).get("note")
@@ -168,15 +171,11 @@ def _outside(gpu: Any) -> dict[str, Any] | None:
     n = gpu.communicators
     if n is None:
         return None
-    from labkit.memory.script.ranks import outside_allocator
 
     return outside_allocator(n)
 
 
 def render_text(rep: ScriptReport) -> str:
-    from labkit.core.table import render
-    from labkit.core.units import fmt_bytes
-
     lines = [f"{rep.what}: {rep.outcome}, predicted for an {rep.target} (fake GPU, a {rep.process} process; "
              f"{rep.elapsed_s:.1f} s here)"]
     lines.append(f"peak allocated {fmt_bytes(rep.peak_bytes)} ({rep.peak_bytes} bytes) in phase {rep.peak_phase}"
@@ -216,9 +215,6 @@ def report_from_json(doc: dict[str, Any]) -> ScriptReport:
 
 def render_ranks(doc: dict[str, Any]) -> str:
     """The table of a launch's traced ranks (``labkit measure --script ... --nproc-per-node N``)."""
-    from labkit.core.table import render
-    from labkit.core.units import fmt_bytes
-
     la = doc["launch"]
     lines = [f"{doc['ranks'][0]['what']}: rank(s) of torchrun --nnodes {la['nnodes']} --nproc-per-node "
              f"{la['nproc_per_node']} (world {la['world_size']}), each on a fake process group, predicted for an "

@@ -27,6 +27,9 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
+import torch.optim.optimizer as optim_mod
+import torch.utils._foreach_utils as foreach_mod
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 _CPU = torch.device("cpu")
@@ -162,10 +165,6 @@ def reported_devices(placement: Placement, index: int = 0) -> Iterator[None]:
     as a tensor type the foreach and fused kernels take (``torch.optim.optimizer._foreach_supported_types``,
     ``torch.utils._foreach_utils._foreach_supported_types``), as a CUDA tensor does, so that an optimizer
     or ``clip_grad_norm_`` left at its defaults picks the implementation it picks on the GPU."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    import torch.optim.optimizer as optim_mod
-    import torch.utils._foreach_utils as foreach_mod
-
     original = FakeTensor.__dict__["device"]
     gpu_device = torch.device("cuda", index)
 

@@ -13,11 +13,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import sysconfig
+import weakref
 from typing import Any, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+from torch.utils.weak import WeakIdKeyDictionary
 from torch.utils._pytree import tree_leaves
 
+import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
 from labkit.memory.trace.storage import StorageTracker
 
@@ -29,8 +34,6 @@ REAL_HOST_NUMEL = 1 << 16
 
 def _library_roots() -> tuple[str, ...]:
     """Folders whose frames are not the user's: the standard library, site-packages, labkit itself."""
-    import sysconfig
-
     roots = {os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         p = sysconfig.get_paths().get(key)
@@ -46,7 +49,6 @@ class Sites:
     def __init__(self, user_roots: tuple[str, ...] = ()) -> None:
         self.library = _library_roots()
         self.user_roots = tuple(os.path.abspath(r) for r in user_roots)
-        import labkit
 
         # torch's frames and labkit's own (the fake GPU's machinery) are never the place to look
         self.internal_roots = (os.path.dirname(os.path.abspath(torch.__file__)),
@@ -98,19 +100,14 @@ class GpuTracker(StorageTracker):
         self.placement = Placement(self)
         self.sites = sites
         self.site_of: dict[int, int] = {}       # storage id -> site id
-        import weakref
 
         self._emptied: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # GPU storages resized to 0
         self.on_alloc: Any = None               # called after each tracked op (the live allocator)
-        from torch.utils.weak import WeakIdKeyDictionary
-
         self._host: WeakIdKeyDictionary = WeakIdKeyDictionary()   # GPU tensor -> the host values it was copied from
 
     def _remember_values(self, src: Any, out: Any) -> None:
         """A real (small) host tensor of integers or booleans copied to the GPU: its values, kept on the host
         for the data-dependent questions fake mode later answers from them (:meth:`host_values`)."""
-        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
-
         if (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and not is_fake(src)
                 and not src.is_floating_point() and not src.is_complex()):
             with unset_fake_temporarily():
@@ -196,8 +193,6 @@ class GpuTracker(StorageTracker):
         then has its values, as on the GPU machine; large ones (a model built on the CPU before ``.cuda()``,
         a dataset) stay fake and cost no memory. A value read from a fake host tensor is a placeholder
         (:meth:`CudaEmulator._scalar_read`)."""
-        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
-
         leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if any(is_fake(x) for x in leaves):
             if func is torch.ops.aten._local_scalar_dense.default:

@@ -37,7 +37,8 @@ class FakeCuda:
     """Fake mode's options (``device="fake-cuda"`` only: on a real device the hardware decides each)."""
 
     target: Any = None
-    """The GPU's choices, a :class:`~labkit.memory.trace.fake.fake_cuda.CudaTarget`; default an H200 in a warm process."""
+    """The GPU's choices, a :class:`~labkit.memory.trace.fake.fake_cuda.CudaTarget`; default an H200 in a fresh
+    process (``RunSpec.process``; ``CudaTarget(warm_process=True)`` for one that ran matmuls before)."""
     moe_routing: Any = None
     """How a mixture-of-experts model's tokens are assumed to be routed where its shapes depend on it (an eager
     per-expert loop): ``balanced`` (the default) or each expert's share of the tokens x top-k rows
@@ -46,7 +47,8 @@ class FakeCuda:
     allocator_state: Any = None
     """The segments the process already holds when the step starts (as ``torch.cuda.memory_snapshot()`` lists
     them): reserved memory is replayed from there (:mod:`labkit.allocator.sim.state`), a warm process's cuBLAS
-    workspaces taken to be in it. Without it the replay starts from an empty cache plus the workspaces."""
+    workspaces taken to be in it. Without it the replay starts from an empty cache (plus the workspaces in a warm
+    process)."""
     reserved_placements: int = 0
     """Also replay under that many other orders of the segments' addresses (:class:`labkit.allocator.ShuffledVA`):
     the report's ``reserved_range``. Best fit breaks ties between equal free blocks by address and the driver's
@@ -195,7 +197,7 @@ class CudaBackend(Backend):
 
 
 class FakeCudaBackend(Backend):
-    """Fake tensors with the target GPU's rules (``target``: a :class:`CudaTarget`, default an H200 in a warm
+    """Fake tensors with the target GPU's rules (``target``: a :class:`CudaTarget`, default an H200 in a fresh
     process), then the allocator replay (``allocator_state``, ``reserved_placements``, ``alloc_confs``)."""
 
     device = "fake-cuda"

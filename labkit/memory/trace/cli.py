@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shlex
 import sys
 from typing import Any
 
+from labkit.allocator import read_snapshot
 from labkit.core.cliargs import int_between, moe_routing_value
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps
@@ -26,9 +28,9 @@ from labkit.core.units import fmt_bytes
 from labkit.core.vocab import OptimizerSpec, Recompute, TRACEABLE_PRECISIONS
 from labkit.memory.trace.corpus_check import cache_pairs
 
-# What runs a step (torch, transformers, the tracer, the workloads, labkit.allocator) is imported in the functions
-# that use it: `labkit --help` builds this parser, and those imports take seconds (python -X importtime: torch
-# alone about 2 s on a 2-core machine, labkit.allocator's simulator about 1 s); the rest is imported here.
+# What runs a step (torch, transformers, the tracer, the workloads) is imported in the functions that use it:
+# `labkit --help` builds this parser, and those imports take seconds (python -X importtime: torch alone about
+# 2.5 s on a 2-core machine); the rest is imported here.
 
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
@@ -153,8 +155,6 @@ def _deprecated(args: argparse.Namespace) -> None:
 
 def _quiet_transformers() -> None:
     """transformers' advice lines (use_cache with checkpointing, loss_type) are not this report's."""
-    import importlib.util
-
     if importlib.util.find_spec("transformers") is not None:
         # transformers sets its logger's level from TRANSFORMERS_VERBOSITY when it first configures it (at
         # import), undoing a level set on the logger before: the setting goes through its own API, after import
@@ -357,7 +357,6 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
     """The segments of ``--allocator-state`` (device 0's, as the snapshot lists them)."""
     if not args.allocator_state:
         return None
-    from labkit.allocator import read_snapshot
 
     segments = read_snapshot(args.allocator_state).segments
     mine = [s for s in segments if s.get("device", 0) == 0]
@@ -370,12 +369,12 @@ def _allocator_state(args: argparse.Namespace) -> list[dict] | None:
 
 
 def _process(args: argparse.Namespace, state: list[dict] | None) -> dict[str, Any]:
-    """The fake target for ``--process`` (fresh unless asked for warm or given the segments a process holds)."""
-    if args.device != "fake-cuda" or args.process == "warm" or state:
+    """The fake target for ``--process`` (warm where asked for or given the segments a process holds)."""
+    if args.device != "fake-cuda":
         return {}
     from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
-    return {"target": CudaTarget(warm_process=False)}
+    return {"target": CudaTarget(warm_process=args.process == "warm" or bool(state))}
 
 
 def _step_kwargs(args: argparse.Namespace) -> dict[str, Any]:

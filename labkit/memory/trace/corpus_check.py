@@ -20,9 +20,11 @@ recorded plain loops on the H200.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import statistics
 import time
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -95,8 +97,6 @@ def _refusal(case: Any, exc: Exception, steps: int) -> str:
     can fail in the recomputation, which appends to the cache the forward filled (Gemma 2 under transformers 5.24:
     the recomputed keys no longer match the mask; real tensors fail the same way, so ``--device cpu`` is no way
     out): where the case runs with ``use_cache=False``, the line names that command instead."""
-    from dataclasses import replace
-
     from labkit.memory.trace.step import FakeModeUnsupported
     from labkit.workloads.corpus import predict
 
@@ -108,7 +108,6 @@ def _refusal(case: Any, exc: Exception, steps: int) -> str:
         predict(replace(case, overrides={**case.overrides, "use_cache": False}), steps=steps)
     except FakeModeUnsupported:
         return reason
-    import shlex
 
     import transformers
 
@@ -355,7 +354,6 @@ def recorded_rotary(model: Any, recorded_version: str | None) -> str:
     if (not recorded_version or _version(recorded_version) >= ROTARY_BY_MULTIPLY
             or _version(_installed_transformers()) < ROTARY_BY_MULTIPLY):
         return ""
-    import types
 
     patched = 0
     for m in model.modules():
@@ -421,11 +419,9 @@ def recorded_process(base_segments: list | None) -> dict[str, Any]:
     """The fake target for a recording's process: a recording that started with no segments at all ran in a
     fresh process, whose cuBLAS workspaces are allocated at the first matmuls, inside the step
     (``CudaTarget.warm_process`` False); one that started from segments, or says nothing, ran warm."""
-    if base_segments is None or base_segments:
-        return {}
     from labkit.memory.trace.fake.fake_cuda import CudaTarget
 
-    return {"target": CudaTarget(warm_process=False)}
+    return {"target": CudaTarget(warm_process=base_segments is None or bool(base_segments))}
 
 
 # the first transformers release whose DynamicLayer gives the cached values their own dtype (5.23.0 and earlier:

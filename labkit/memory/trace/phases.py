@@ -19,14 +19,19 @@ exports its memory timeline (categories parameter, optimizer state, activation, 
 from __future__ import annotations
 
 import contextlib
+import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from labkit.core.errors import LabkitError
+from labkit.core.units import fmt_bytes as format_bytes
 from labkit.core.vocab import CategoryBytes
+from labkit.memory.trace.storage import StorageTracker
 
 
 @dataclass
@@ -66,8 +71,6 @@ class PhaseSnapshots:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if self.use_tracker:
-            from labkit.memory.trace.storage import StorageTracker
-
             if self._tracker is None:
                 self._tracker = StorageTracker(device_type=torch.device(self.device).type,
                                                rounding=512 if self.device.startswith("cuda") else 1)
@@ -94,8 +97,6 @@ class PhaseSnapshots:
         if not self.use_tracker:
             return
         if self._tracker is None:
-            from labkit.memory.trace.storage import StorageTracker
-
             self._tracker = StorageTracker(device_type=torch.device(self.device).type,
                                            rounding=512 if self.device.startswith("cuda") else 1)
         self._tracker.track(list(tensors))
@@ -109,8 +110,6 @@ class PhaseSnapshots:
         return out
 
     def table(self) -> str:
-        from labkit.core.units import fmt_bytes as format_bytes
-
         rows = [f"{'phase':<12} {'start':>12} {'peak':>12} {'end':>12}  source"]
         for s in self.snapshots:
             rows.append(f"{s.name:<12} {format_bytes(s.start_allocated):>12} {format_bytes(s.peak_allocated):>12} "
@@ -137,8 +136,6 @@ def profiler_memory_timeline(fn: Callable[[], Any], path: str | Path, *, device:
                              steps: int = 1) -> Path:
     """Run ``fn`` ``steps`` times under ``torch.profiler`` (memory, shapes, stacks) and export its
     memory timeline to ``path`` (``.json``: [timestamps, per-category bytes]; ``.html``: a plot)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
@@ -147,7 +144,6 @@ def profiler_memory_timeline(fn: Callable[[], Any], path: str | Path, *, device:
     with profile(activities=acts, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         for _ in range(steps):
             fn()
-    import warnings
 
     with warnings.catch_warnings():
         # deprecated in favour of the allocator's memory history (labkit's allocator chapter reads those)
@@ -178,8 +174,6 @@ class ProfilerTimeline:
 
 def read_profiler_timeline(path: str | Path) -> ProfilerTimeline:
     """Read the JSON written by :func:`profiler_memory_timeline` (``[times, sizes]``)."""
-    import json
-
     try:
         times, sizes = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:

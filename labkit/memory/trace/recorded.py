@@ -11,12 +11,20 @@ fake mode on a machine without a GPU.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from labkit.core.errors import LabkitError
+from labkit.core.paths import MEASUREMENTS_DIR
+from labkit.core.provenance import load_measurement
 from labkit.core.vocab import OptimizerSpec, Recompute, canonical
+from labkit.memory.trace.fake.fake_cuda import CudaTarget
+from labkit.memory.trace.step import FakeCuda, measure_step
+from labkit.workloads import (
+    GPT, GPTConfig, HFGPT2Spec, StepPolicy, gpt_batch, gpt_call, gpt_loss, hf_gpt2_factory, hf_lm_batch,
+)
 
 # What the recording harness ran for each optimizer name before recordings stated the implementation
 # (its ``adamw`` was fused AdamW; SGD with momentum took PyTorch's default, foreach on CUDA).
@@ -36,8 +44,6 @@ def recorded_optimizer(name: str, impl: str | None = None) -> OptimizerSpec:
 
 
 def measure_dir() -> Path:
-    from labkit.core.paths import MEASUREMENTS_DIR
-
     return MEASUREMENTS_DIR / "measure"
 
 
@@ -64,8 +70,6 @@ class RecordedCase:
     @property
     def checkpointing(self) -> str:
         """Deprecated: the recompute policy's spelling (use ``recompute``)."""
-        import warnings
-
         warnings.warn("RecordedCase.checkpointing is deprecated: use .recompute", DeprecationWarning, stacklevel=2)
         return str(self.recompute)
 
@@ -87,8 +91,6 @@ class Prediction:
 
 def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
     """The recorded cases of ``reference_peaks.json`` (default: the lab's recorded H200 run)."""
-    from labkit.core.provenance import load_measurement
-
     path = Path(path) if path is not None else measure_dir() / "reference_peaks.json"
     doc = load_measurement(path, kind="measure_peaks")
     out = []
@@ -113,23 +115,18 @@ def load_recorded_peaks(path: str | Path | None = None) -> list[RecordedCase]:
 def case_inputs(case: RecordedCase) -> tuple[Any, Any, dict[str, Any]]:
     """(model factory, CPU batch, extra measure_step kwargs) that rebuild a recorded case."""
     if case.model == "labkit-gpt":
-        from labkit.workloads import GPT, GPTConfig
-        from labkit.workloads import gpt_batch, gpt_call, gpt_loss
-
         cfg = GPTConfig(**case.config)
         return (lambda: GPT(cfg)), gpt_batch(cfg, case.batch), {"loss_fn": gpt_loss, "call": gpt_call}
     if case.model == "hf-gpt2":
-        from labkit.workloads import HFGPT2Spec, hf_gpt2_factory, hf_lm_batch
-
         spec = HFGPT2Spec(**case.config)
         return hf_gpt2_factory(spec), hf_lm_batch(spec.vocab_size, case.batch, case.seq), {}
     raise LabkitError(f"recorded case {case.name!r}: unknown model kind {case.model!r}")
 
 
 def predict_case(case: RecordedCase, *, target: Any = None) -> Prediction:
-    """Rerun a recorded case in fake mode (no GPU) and compare with its recorded peak."""
-    from labkit.memory.trace.step import FakeCuda, measure_step
-    from labkit.workloads import StepPolicy
+    """Rerun a recorded case in fake mode (no GPU) and compare with its recorded peak. ``target``: default an
+    H200 in a warm process, as the reference cases ran (one after another in one process, ``record_measure.py``)."""
+    target = target or CudaTarget(warm_process=True)
 
     factory, batch, kw = case_inputs(case)
     rep = measure_step(factory, batch,
@@ -157,8 +154,6 @@ def recorded_label(prov: dict[str, Any]) -> str:
 
 def load_recorded(name: str, kind: str) -> dict[str, Any]:
     """One recorded document of this chapter (``case_*.json``, ``sweep_*.json``, ``tracer_overhead.json``)."""
-    from labkit.core.provenance import load_measurement
-
     return load_measurement(measure_dir() / name, kind=kind)
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from labkit.allocator import CachingAllocatorSim, seed_segments
+
 #: The last step whose reserved peak a recorded plain loop reads (steps 2-4, ``record_plain.py``).
 MEASURED_THROUGH_STEP = 4
 
@@ -63,13 +65,9 @@ def replay_tracker(tracker: Any, config: Any = None, *, step_starts: list[int] |
     ``address_space``: where new segments are placed (:mod:`labkit.allocator.sim.driver_va`; default the
     driver's placement in a fresh process).
     """
-    from labkit.allocator import CachingAllocatorSim
-
     sim = CachingAllocatorSim(*(() if config is None else (config,)), address_space=address_space)
     cur = 0
     if state is not None:
-        from labkit.allocator import seed_segments
-
         cur = seed_segments(sim, state).allocated_bytes
     blocks: dict[Any, Any] = {}
     peaks = [0] * len(tracker.phases)

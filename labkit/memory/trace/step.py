@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.backends import DEVICES, Backend, FakeCuda, make_backend
@@ -78,8 +79,6 @@ class MeasureReport:
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
-
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 

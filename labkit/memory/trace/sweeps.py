@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+import torch
+
 from labkit.core.errors import LabkitError
 from labkit.core.vocab import Recompute
+from labkit.memory.trace.step import measure_step
+from labkit.workloads import StepPolicy, TrainStep, move_batch
 
 
 @dataclass
@@ -32,8 +38,6 @@ class SweepPoint:
     @property
     def checkpointing(self) -> str:
         """Deprecated name of ``recompute``."""
-        import warnings
-
         warnings.warn("SweepPoint.checkpointing is deprecated: use .recompute", DeprecationWarning, stacklevel=2)
         return self.recompute
 
@@ -52,10 +56,6 @@ def segment_lengths(n_layers: int, ks: list[int] | None = None) -> list[int]:
 
 def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: str, recompute: str,
                 device: str, n: int) -> float:
-    import torch
-
-    from labkit.workloads import StepPolicy, TrainStep, move_batch
-
     with torch.device(device):
         model = factory()
     b = move_batch(batch, lambda x: x.to(device))
@@ -77,9 +77,6 @@ def _time_steps(factory: Callable, batch: Any, kw: dict[str, Any], precision: st
 def run_sweep(factory: Callable, batch: Any, policies: list[tuple[str, str]], *, device: str = "fake-cuda",
               kw: dict[str, Any] | None = None, time_steps: int = 0) -> list[SweepPoint]:
     """Measure (or, in fake mode, predict) each ``(precision, recompute)`` policy."""
-    from labkit.memory.trace.step import measure_step
-    from labkit.workloads import StepPolicy
-
     kw = kw or {}
     out = []
     for precision, ck in policies:
@@ -131,8 +128,6 @@ class SegmentFit:
 
 def fit_segments(points: list[SweepPoint], n_layers: int) -> SegmentFit:
     """Least-squares fit of the segment model to every-K points (``beyond_states_bytes``)."""
-    import numpy as np
-
     rows, ys = [], []
     for p in points:
         k = Recompute.parse(p.recompute).segment

@@ -12,6 +12,9 @@ import glob
 import os
 import site
 
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
+
 
 def load_cudart():
     """The CUDA runtime library torch has loaded (found in /proc/self/maps; else the one shipped in

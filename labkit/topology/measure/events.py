@@ -10,6 +10,9 @@ from typing import Callable
 
 from labkit.topology.measure.results import Point
 
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
+
 
 def cuda_unavailable_reason() -> str | None:
     """Why nothing can be measured here (no torch, no CUDA GPU), or None when a GPU is visible."""

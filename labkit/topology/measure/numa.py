@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from labkit.core.machine import pci_numa_node
+
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
+
 NODE_DIR = Path("/sys/devices/system/node")
 
 
@@ -39,8 +44,6 @@ def expand_cpulist(text: str) -> list[int]:
 def gpu_numa_node(gpu: int) -> int | None:
     """The NUMA node of torch's GPU ``gpu``: its PCI bus id (torch, else NVML at the same index, which
     matches when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) looked up in sysfs."""
-    from labkit.core.machine import pci_numa_node
-
     try:
         import torch
 

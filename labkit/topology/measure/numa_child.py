@@ -11,6 +11,7 @@ to FILE and exits 0; anything else is a failure the parent reports as a reason, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from labkit.core.serialize import to_jsonable
 from labkit.topology.measure.copies import measure_host
 from labkit.topology.measure.numa import gpu_numa_node, numa_nodes_with_cpus
 from labkit.topology.measure.progress import log
@@ -57,8 +59,6 @@ def measure_numa(gpus: list[int], size: int, repeats: int = 5) -> tuple[list[Cop
 
 def run_child(node: int, gpus: list[int], size: int, repeats: int, result: str) -> None:
     """The child's side: bind to ``node``'s CPUs, measure, write the results to ``result``."""
-    from labkit.core.serialize import to_jsonable
-
     cpus = numa_nodes_with_cpus().get(node)
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)  # before CUDA starts, so its threads inherit it
@@ -77,8 +77,6 @@ def run_child(node: int, gpus: list[int], size: int, repeats: int, result: str) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(description="internal: NUMA-bound host<->device child")
     p.add_argument("--numa-child", type=int, required=True)
     p.add_argument("--gpus", required=True)

@@ -15,6 +15,9 @@ from labkit.topology.measure.events import time_events
 from labkit.topology.measure.progress import log
 from labkit.topology.p2ptable import P2PTable
 
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
+
 
 def measure_p2p(size: int = 256 * MiB, warmup: int = 2, repeats: int = 10, lat_count: int = 100) -> P2PTable:
     """GPU-to-GPU matrices (uni/bidirectional bandwidth, latency) with peer access off, then on."""

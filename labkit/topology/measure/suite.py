@@ -10,6 +10,9 @@ from labkit.topology.measure.p2p import measure_p2p, measure_p2p_torch
 from labkit.topology.measure.progress import log
 from labkit.topology.measure.results import LinkMeasurements, Skipped
 
+# torch (2.5 s to import: python -X importtime, 2-core machine) and the labkit modules that import it are imported
+# in the functions that run a verb: `labkit --help` imports this module.
+
 
 def measure_links(*, smoke: bool = False, p2p_size: int | None = None) -> LinkMeasurements:
     """All parts that can run here; the others are listed in ``skipped`` with the reason."""

@@ -212,8 +212,8 @@ def test_checkpointing_a_causal_lm_points_at_its_kv_cache_and_no_kv_cache_drops_
 
 def test_the_process_is_fresh_unless_told_warm(capsys):
     # a training script starts a fresh process: its cuBLAS workspaces are allocated at the first matmuls, from the
-    # cache (CudaTarget.warm_process False); a warm one (a notebook that ran matmuls) holds them in segments of their
-    # own before the model (CudaTarget's default, as measure_step's API keeps it)
+    # cache (CudaTarget.warm_process False, the API's default too); a warm one (a notebook that ran matmuls) holds
+    # them in segments of their own before the model
     from labkit.memory.trace.fake.fake_cuda import CudaTarget
     from labkit.memory.trace.step import FakeCuda
     from labkit.workloads.corpus import Case, predict
@@ -230,5 +230,5 @@ def test_the_process_is_fresh_unless_told_warm(capsys):
     arch, overrides, task = config_source("llama", layers=2, hidden=64, heads=4, vocab=256)
     case = Case(name="cli-llama", family="transformers", arch=arch, task=task, overrides=overrides, micro_batch=2,
                 seq=32, precision="fp32")
-    assert fresh["reserved_bytes"] == predict(case, fake=FakeCuda(target=CudaTarget(warm_process=False))).reserved_bytes
-    assert warm["reserved_bytes"] == predict(case).reserved_bytes
+    assert fresh["reserved_bytes"] == predict(case).reserved_bytes
+    assert warm["reserved_bytes"] == predict(case, fake=FakeCuda(target=CudaTarget(warm_process=True))).reserved_bytes

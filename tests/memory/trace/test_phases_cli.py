@@ -58,7 +58,7 @@ def test_profiler_memory_timeline_export(tmp_path):
     # microseconds, as torch writes them: the span read is the file's own (it was once divided by 1000 here and
     # again by the figure, two steps drawn 8 us apart)
     assert tl.times_us[-1] == times[-1] - times[0]
-    from labkit.viz.measure import profiler_timeline
+    from labkit.viz.trace import profiler_timeline
 
     fig = profiler_timeline(tl.times_us, tl.by_category, title="t", source="measured here")
     drawn = fig.renderers[0].data_source.data["t"]

@@ -76,10 +76,10 @@ def test_fake_reserved_with_the_replay_equals_four_traced_steps():
 
 def test_a_warm_process_has_both_cublas_workspaces_before_the_model():
     ws = 2 * CudaTarget().cublas_workspace_bytes
-    warm = _measure()
+    warm = _measure(CudaTarget(warm_process=True))
     init = next(p for p in warm.all_phases if p.phase == "init")
     assert init.start_bytes == 0 and init.peak_bytes >= ws and warm.emulation["cublas_workspaces"] == 2
-    cold = _measure(CudaTarget(warm_process=False))
+    cold = _measure()      # the default: a fresh process (RunSpec.process)
     init = next(p for p in cold.all_phases if p.phase == "init")
     assert init.peak_bytes < ws // 2 and cold.emulation["cublas_workspaces"] == 2
     assert warm.peak_bytes == cold.peak_bytes   # the steady step holds both either way

@@ -34,7 +34,7 @@ def _texts(fig) -> str:
 
 
 def test_recorded_sweeps_and_figures():
-    from labkit.viz import measure as vm
+    from labkit.viz import trace as vm
 
     doc = load_recorded("sweep_checkpointing.json", "measure_sweep")
     src = recorded_label(doc["provenance"])

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn import _reduction
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -56,8 +57,6 @@ def cross_entropy(*args: Any, **kwargs: Any) -> torch.Tensor:
     x, target, weight = p["input"], p["target"], p["weight"]
     reduction = p["reduction"]
     if p["size_average"] is not None or p["reduce"] is not None:
-        from torch.nn import _reduction
-
         reduction = _reduction.legacy_get_string(p["size_average"], p["reduce"])
     smoothing = float(p["label_smoothing"])
     class_dim = 0 if x.dim() == 1 else 1

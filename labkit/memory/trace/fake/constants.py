@@ -22,7 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._mode_utils import no_dispatch
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 aten = torch.ops.aten
@@ -36,9 +38,6 @@ KNOWN_NUMEL_LIMIT = 4096
 
 
 def _fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
     for m in reversed(_get_current_dispatch_mode_stack()):
         if isinstance(m, FakeTensorMode):
             return m
@@ -49,9 +48,6 @@ def known_value(func: Any, args: tuple, kwargs: dict, *, factories: bool = True)
     """``func``'s result as fake tensors that know their value (``constant``), where every input is a
     Python number or such a tensor and the result is small; else ``NotImplemented``. ``factories``: also
     tensors made from Python numbers alone (fake mode's ``init`` phase: a constructor's arithmetic)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._mode_utils import no_dispatch
-
     if not isinstance(func, torch._ops.OpOverload):
         return NotImplemented
     for a in args:      # the common case, an op on data, leaves at once

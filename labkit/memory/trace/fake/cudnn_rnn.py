@@ -40,6 +40,7 @@ import math
 from typing import Any, Sequence
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 # gates per cell (cuDNN's modes): RNN_RELU/RNN_TANH 1, LSTM 4, GRU 3
 GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
@@ -166,8 +167,6 @@ PACKED_ASSUMPTION = ("pack_padded_sequence's lengths are tensor values fake mode
 def _constant(mode: Any, values: list[int]) -> torch.Tensor:
     """A CPU int64 fake tensor that knows its values (made as FakeTensorMode makes its constants: the real
     tensor outside every mode)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with _disable_current_modes():
         real = torch.tensor(values, dtype=torch.int64)
         return mode.fake_tensor_converter.from_real_tensor(mode, real, make_constant=True)
@@ -175,8 +174,6 @@ def _constant(mode: Any, values: list[int]) -> torch.Tensor:
 
 def _values(t: Any) -> list[int] | None:
     """The values a fake tensor knows (its ``constant``, read outside the fake mode), or None."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     known = getattr(t, "constant", None)
     if known is None:
         return None

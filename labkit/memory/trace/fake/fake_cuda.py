@@ -55,23 +55,31 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch._subclasses.fake_tensor import FakeTensor, is_fake, unset_fake_temporarily
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from labkit.core.errors import LabkitError
 from labkit.core.facts import Facts
+from labkit.core.spec import default
+from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
 from labkit.memory.trace.fake.constants import known_value
+from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
 from labkit.memory.trace.fake.healthy_values import HealthyValues
+from labkit.memory.trace.fake.moe import RoutingOracle
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200
+
+# transformers (10 s to import: python -X importtime, 2-core machine) is imported where a model of its runs.
 
 # CUDA autocast op lists (torch ATen/autocast_mode.h), by Python-level function name.
 LOWER_PRECISION = frozenset({
@@ -127,15 +135,17 @@ class CudaTarget:
     keyed by (handle, stream), freed only at exit. So a process that ran any matmul forward and
     backward before (a warm-up, an earlier model, the recorded plain loops' earlier cases: their
     ``base_allocated`` is these 64 MiB) holds both workspaces in segments of their own before the model
-    is built (True, the default); a fresh process allocates each at its thread's first matmul, the
-    autograd thread's from whatever block the cache has free at the first backward matmul (False).
+    is built (True); a fresh process allocates each at its thread's first matmul, the autograd thread's
+    from whatever block the cache has free at the first backward matmul (False). The default is
+    ``RunSpec.process``'s (:mod:`labkit.core.spec`), the one ``labkit measure --process`` has: fresh, as a
+    training script runs; a step measured in a notebook that ran matmuls before is warm.
     """
 
     name: str = H200["name"]
     allocator_rounding: int = H200["allocator_rounding"]          # every allocation rounds up to this
     cublas_workspace_bytes: int = H200["cublas_workspace_bytes"]  # per cuBLAS handle and stream
     cublas_handles: int = H200["cublas_handles"]                  # forward thread + autograd device thread
-    warm_process: bool = True                 # the cuBLAS workspaces exist before the model (see below)
+    warm_process: bool = default("process") == "warm"   # the cuBLAS workspaces exist before the model (see above)
     torch_version: str = H200["torch_version"]                    # the torch whose kernel choices are reproduced
     sm: tuple[int, int] = tuple(H200["sm"])                       # type: ignore[assignment]  # compute capability
     cudnn_version: int = H200["cudnn_version"]                    # cuDNN runtime (SDPA gates: sdpa_gates.json)
@@ -305,9 +315,6 @@ class CudaEmulator:
     autocast_class = CudaAutocast  # the mode checkpointing's recomputation looks for (fake_runtime)
 
     def __init__(self, target: CudaTarget, policy: Any, moe_routing: Any = None) -> None:
-        from labkit.core.vocab import MoeRouting
-        from labkit.memory.trace.fake.moe import RoutingOracle
-
         self.target = target
         self.policy = policy
         self.torch = warn_if_other_torch(target)
@@ -502,8 +509,6 @@ class CudaEmulator:
 
     def _conv_workspace(self, backward: bool, args: tuple, out: Any, tracker: Any) -> None:
         # cuDNN's workspace, taken and freed inside each pass (labkit.memory.trace.fake.conv_workspace)
-        from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
-
         if backward:
             gy, x, w = args[0], args[1], args[2]
             stride, padding, dilation, transposed, groups, mask = args[4], args[5], args[6], args[7], args[9], args[10]
@@ -612,8 +617,6 @@ class CudaEmulator:
         return (_layout_like(out[0], args[0]),) + tuple(out[1:])
 
     def _scalar_read(self, x: torch.Tensor) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         const = getattr(x, "constant", None) if isinstance(x, FakeTensor) else None
         if const is not None:
             return NotImplemented
@@ -702,8 +705,6 @@ def data_dependent_choices(batch: Any = None,
     (``find_packed_sequence_indices`` run on the host values: packed rows get the block mask).
     Yields the list of choices made (for the report).
     """
-    import sys
-
     made: list[str] = []
     undo: list[tuple[Any, str, Any]] = []
     mu = sys.modules.get("transformers.masking_utils")
@@ -712,7 +713,6 @@ def data_dependent_choices(batch: Any = None,
             import transformers.masking_utils as mu
         except ImportError:
             mu = None
-    from torch._subclasses.fake_tensor import is_fake
 
     if mu is not None and hasattr(mu, "find_packed_sequence_indices"):
         original = mu.find_packed_sequence_indices
@@ -875,8 +875,6 @@ def reduction_global_buffer_bytes(shape: list[int], strides: list[int], reduce_d
 def _grouped_mm_fallback_output(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     """The output of CUDA's per-group ``_grouped_mm`` fallback (non-bf16 inputs, torch >= 2.9): the
     shape the bf16 kernel would give, in the inputs' dtype (no other device memory: one mm per group)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     def meta(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             dt = torch.bfloat16 if x.is_floating_point() else x.dtype
@@ -890,8 +888,6 @@ def _grouped_mm_fallback_output(func: Any, args: tuple, kwargs: dict) -> torch.T
 
 
 def _mode_active(cls: type) -> bool:
-    from torch.overrides import _get_current_function_mode_stack
-
     return any(isinstance(m, cls) for m in _get_current_function_mode_stack())
 
 

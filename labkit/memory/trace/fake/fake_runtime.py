@@ -25,11 +25,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import types
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
-from torch.overrides import TorchFunctionMode
+import torch.utils.checkpoint as cp
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, UnsupportedOperatorException,
+)
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+from labkit.core.errors import LabkitError
+from labkit.memory.trace.fake.cudnn_rnn import ASSUMPTION, pack_padded, pad_packed, run_cudnn_rnn
+from labkit.memory.trace.fake.sdpa import run_sdpa, select_backend
 
 
 class ModuleStack:
@@ -44,8 +54,6 @@ class ModuleStack:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
         def pre(mod: nn.Module, args: Any) -> None:
             self.stack.append(type(mod).__name__)
             self.ids.append(id(mod))
@@ -74,8 +82,6 @@ def composite_body(func: Any) -> Callable | None:
     """For a composite named in :data:`COMPOSITES`, the same function with its torch-function dispatch
     check answered "no" (a copy of it whose ``has_torch_function`` returns False), so that calling it
     inside a mode runs its body op by op; None for any other function."""
-    import types
-
     if getattr(func, "__name__", "") not in COMPOSITES or getattr(func, "__module__", "") != "torch.nn.functional":
         return None
     body = _BODIES.get(func)
@@ -122,8 +128,6 @@ class CudaFunctionRules(TorchFunctionMode):
         if out is not NotImplemented:
             return out
         if func is torch.nn.functional.scaled_dot_product_attention:
-            from labkit.memory.trace.fake.sdpa import run_sdpa, select_backend
-
             p = dict(_SDPA_DEFAULTS)
             p.update(zip(_SDPA_PARAMS, args))
             p.update(kwargs)
@@ -134,18 +138,13 @@ class CudaFunctionRules(TorchFunctionMode):
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
         if func is torch._VF._pack_padded_sequence:       # packed sequences' sizes (cudnn_rnn.py)
-            from labkit.memory.trace.fake.cudnn_rnn import pack_padded
 
             return pack_padded(args, kwargs, self.emulator.assume)
         if func is torch._VF._pad_packed_sequence:
-            from labkit.memory.trace.fake.cudnn_rnn import pad_packed
-
             out = pad_packed(args, kwargs)
             if out is not NotImplemented:
                 return out
         if func in _CUDNN_RNN and self.emulator._tracker is not None:
-            from labkit.memory.trace.fake.cudnn_rnn import ASSUMPTION, run_cudnn_rnn
-
             em = self.emulator
             dtype = em.policy.autocast_dtype if em.autocast_state.depth > 0 else None
             out = run_cudnn_rnn(_CUDNN_RNN[func], args, kwargs, em._tracker, dtype)
@@ -164,15 +163,11 @@ class CudaFunctionRules(TorchFunctionMode):
 
 
 def _mode_active(cls: type) -> bool:
-    from torch.overrides import _get_current_function_mode_stack
-
     return any(isinstance(m, cls) for m in _get_current_function_mode_stack())
 
 
 def _active_autocast(cls: type) -> Any:
     """The innermost active mode of ``cls`` (the emulator's autocast class), or None."""
-    from torch.overrides import _get_current_function_mode_stack
-
     for m in reversed(_get_current_function_mode_stack()):
         if isinstance(m, cls):
             return m
@@ -183,8 +178,6 @@ def _active_autocast(cls: type) -> Any:
 def checkpoint_autocast(emulator: Any) -> Iterator[None]:
     """Bind every function ``torch.utils.checkpoint`` receives to the emulated autocast active at
     that moment, so that its recomputation in backward casts as the forward did."""
-    import torch.utils.checkpoint as cp
-
     def bind(fn: Callable) -> Callable:
         mode = _active_autocast(emulator.autocast_class)
         region = emulator.autocast_factory(mode.dtype) if mode is not None else None
@@ -249,8 +242,6 @@ def fake_deepcopy() -> Iterator[None]:
     ``nn.TransformerDecoder`` clone their layer ``num_layers`` times with ``copy.deepcopy`` (``_get_clones``,
     torch/nn/modules/transformer.py). The method is set on the ``FakeTensor`` class for the fake run (no cost
     per op) and removed after."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     had = FakeTensor.__dict__.get("__deepcopy__")
     FakeTensor.__deepcopy__ = _fake_deepcopy  # type: ignore[method-assign]
     try:
@@ -265,8 +256,6 @@ def fake_deepcopy() -> Iterator[None]:
 @contextlib.contextmanager
 def fake_module_conversion() -> Iterator[None]:
     """``Module._apply`` on fake parameters: new ``Parameter`` objects, tied parameters kept tied."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     original = nn.Module._apply
 
     def _apply(self: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
@@ -311,11 +300,6 @@ def refusal(op: str, where: str, why: str) -> str:
 def fake_run(emulator: Any) -> Iterator[None]:
     """Everything above, for the duration of one fake ``measure_step``; what fake tensors still cannot
     run becomes one :class:`~labkit.core.errors.LabkitError` naming the op and the module."""
-    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
-                                               UnsupportedOperatorException)
-
-    from labkit.core.errors import LabkitError
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(emulator.modules.active())
         stack.enter_context(fake_module_conversion())

@@ -6,6 +6,7 @@ from labkit.core.machine import MachineInfo, probe
 from labkit.core.units import GB, GiB, fmt_bytes
 from labkit.env.server import ServerView, this_server
 from labkit.env.summary import machine_rows
+from labkit.viz.env import gpu_memory_figure, memory_rows, units_explorer
 from labkit.viz.section import Section
 
 __all__ = ["this_server", "machine", "gpu_memory", "units", "versions"]
@@ -52,7 +53,6 @@ def gpu_memory(view: ServerView) -> Section:
     if used:
         held = max(x.memory_total_bytes - x.memory_free_bytes for x in used)
         sec.claim("Most memory already in use on one GPU (other processes, CUDA contexts)", fmt_bytes(held))
-    from labkit.viz.env import gpu_memory_figure
 
     sec.figure(gpu_memory_figure(m, view.label))
     return sec
@@ -60,8 +60,6 @@ def gpu_memory(view: ServerView) -> Section:
 
 def units(view: ServerView) -> Section:
     """The GiB/GB toggle (interactive in JupyterLab), with the decimal table as its static result."""
-    from labkit.viz.env import memory_rows, units_explorer
-
     sec = Section("Try it: units", source=view.label)
     sec.table(["GPU", "name", "total", "free"], memory_rows(view.machine, False),
               caption="Static result: decimal GB (10^9 bytes)")

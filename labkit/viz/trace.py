@@ -1,5 +1,5 @@
-"""Bokeh figures for the measured-memory chapter (notebook 04). No computation here: the inputs
-are ``labkit.memory`` reports (or their recorded JSON rows) and already-computed numbers.
+"""Bokeh figures of the training-step tracer (``labkit.memory.trace``; notebooks 04 and 07). No computation
+here: the inputs are ``labkit.memory`` reports (or their recorded JSON rows) and already-computed numbers.
 
 Every figure takes a ``source`` string (``measured here``, ``recorded on <GPU>, <date>``, ``model``)
 and shows it in its title.
@@ -8,6 +8,10 @@ and shows it in its title.
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
+
+from bokeh.layouts import row
+from bokeh.models import ColumnDataSource, HoverTool, Legend, Title
+from bokeh.plotting import figure
 
 GIB = float(1 << 30)
 CATEGORY_COLORS = {
@@ -27,8 +31,6 @@ def _unit(max_bytes: float) -> tuple[float, str]:
 
 def _source_line(fig, source: str):
     """The source under the plot (a footnote), so the title stays short enough not to be clipped."""
-    from bokeh.models import Title
-
     fig.add_layout(Title(text=f"source: {source}", text_font_size="8pt", text_font_style="italic",
                          text_color="#555555"), "below")
     return fig
@@ -39,9 +41,6 @@ def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int
     the categories live at the peak stacked inside it, and the bytes at its end as a line.
     ``phases``: ``PhaseStats`` objects or dicts (step, phase, start_bytes, peak_bytes, end_bytes,
     peak_by_category)."""
-    from bokeh.models import ColumnDataSource, HoverTool, Legend
-    from bokeh.plotting import figure
-
     labels = [f"{_get(p, 'step')}:{_get(p, 'phase')}" for p in phases]
     cats = [c for c in CATEGORY_COLORS if any((_get(p, "peak_by_category") or {}).get(c, 0) for p in phases)]
     scale, unit = _unit(max((_get(p, "peak_bytes") for p in phases), default=0))
@@ -72,10 +71,6 @@ def phase_timeline(phases: Sequence[Any], *, title: str, source: str, width: int
 def sweep_bars(labels: Sequence[str], peak_bytes: Sequence[float], step_times_s: Sequence[float | None], *,
                title: str, source: str, baseline: int = 0, width: int = 760, height: int = 300):
     """Peak memory (bars, GiB) and step time overhead vs the first point (line, %) per policy."""
-    from bokeh.layouts import row
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     base_t = step_times_s[baseline]
     over = [None if (t is None or not base_t) else 100.0 * (t - base_t) / base_t for t in step_times_s]
     scale, unit = _unit(max(peak_bytes, default=0))
@@ -102,9 +97,6 @@ def sweep_bars(labels: Sequence[str], peak_bytes: Sequence[float], step_times_s:
 def category_bars(labels: Sequence[str], by_category: Sequence[Mapping[str, int]], *, title: str, source: str,
                   width: int = 760, height: int = 320):
     """Stacked bytes per category (at each case's peak) for several cases, e.g. precision policies."""
-    from bokeh.models import ColumnDataSource, Legend
-    from bokeh.plotting import figure
-
     cats = [c for c in CATEGORY_COLORS if any(b.get(c, 0) for b in by_category)]
     scale, unit = _unit(max((sum(b.values()) for b in by_category), default=0))
     data: dict[str, list] = {"x": list(labels)}
@@ -122,9 +114,6 @@ def category_bars(labels: Sequence[str], by_category: Sequence[Mapping[str, int]
 def prediction_scatter(names: Iterable[str], recorded: Sequence[int], predicted: Sequence[int], *, title: str,
                        source: str, band_pct: float = 5.0, width: int = 520, height: int = 480):
     """Predicted vs recorded peak per case, with the identity line and a +-band_pct band."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     names = list(names)
     r = [x / GIB for x in recorded]
     p = [x / GIB for x in predicted]
@@ -146,8 +135,6 @@ def prediction_scatter(names: Iterable[str], recorded: Sequence[int], predicted:
 def profiler_timeline(times_us: Sequence[float], by_category: Mapping[str, Sequence[int]], *, title: str, source: str,
                       width: int = 760, height: int = 300):
     """Stacked bytes per category over time, from ``torch.profiler``'s memory timeline."""
-    from bokeh.plotting import figure
-
     colors = {"parameters": "#1f77b4", "optimizer_state": "#2ca02c", "inputs": "#8c564b", "temporaries": "#9467bd",
               "activations": "#d62728", "gradients": "#ff7f0e", "autograd_detail": "#17becf", "unknown": "#7f7f7f"}
     cats = [c for c in colors if any(by_category.get(c, []))]
@@ -167,9 +154,6 @@ def predicted_vs_recorded(points: Sequence[tuple[str, int, int]], *, title: str,
                           width: int = 560, height: int = 360):
     """Each script's predicted peak against its recorded one (bytes), with the line where they agree.
     ``points``: (name, recorded bytes, predicted bytes)."""
-    from bokeh.models import ColumnDataSource, HoverTool
-    from bokeh.plotting import figure
-
     top = max([max(r, p) for _, r, p in points] or [GIB])
     div, unit = _unit(top)
     src = ColumnDataSource({"name": [n for n, _, _ in points], "recorded": [r / div for _, r, _ in points],

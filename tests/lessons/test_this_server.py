@@ -5,7 +5,7 @@ import pytest
 from labkit.core.machine import GPUInfo, MachineInfo
 from labkit.core.units import GB, GiB, fmt_bytes
 from labkit.env.server import ServerView
-from labkit.lessons import server as lesson
+from labkit.lessons import this_server as lesson
 
 
 def _machine(gpus):
