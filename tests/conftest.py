@@ -82,6 +82,7 @@ XDIST_GROUPS = (
     # kernel client's missed-edge stall showed (labkit/report/kernel.py)
     ("tests/browser/", "kernels"),
     ("tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode", "kernels"),
+    ("tests/notebooks/test_notebooks.py::test_a_smoke_run_folder_is_at_most_30_mb", "kernels"),  # reads those runs
     ("tests/report/test_runner.py", "kernels"),
     ("tests/report/test_history.py", "kernels"),
     # record_comm_smoke: the recording script run once, checked and read
@@ -108,7 +109,22 @@ LONG_FIRST = (
 )
 
 
+# session fixtures made once per worker: every test that uses one runs in its group, or the fixture is made
+# again on the other worker (a whole smoke run of the notebooks, minutes on CI)
+SHARED_FIXTURES = {"smoke_report": "kernels", "record_comm_smoke": "record_comm"}
+
+
+def _group(nodeid: str) -> str | None:
+    return next((g for prefix, g in XDIST_GROUPS if nodeid.startswith(prefix)), None)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in SHARED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()) and _group(item.nodeid) != group:
+                raise pytest.UsageError(f"{item.nodeid} uses the session fixture {fixture}: add it to XDIST_GROUPS "
+                                        f"(tests/conftest.py) in group {group!r}")
+
     def rank(item):
         return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), len(LONG_FIRST))
 
@@ -124,7 +140,6 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TableGroups(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            group = next((g for prefix, g in XDIST_GROUPS if nodeid.startswith(prefix)), None)
-            return group or super()._split_scope(nodeid)
+            return _group(nodeid) or super()._split_scope(nodeid)
 
     return TableGroups(config, log)
