@@ -245,22 +245,21 @@ class CachingAllocatorSim:
 
     def free(self, block: Block) -> None:
         """``free`` of a block without uses on other streams: ``free_block`` at once."""
-        block.allocated = False
-        p = block.pool.stat
-        decrease_stat(self.allocation, p, 1)
-        decrease_stat(self.allocated_bytes, p, block.size)
-        if self.rec is not None:
-            self._record("free_requested", block.addr, block.requested, block.stream)
-        if block.size >= self.max_split:
-            self.oversize_allocations[0] -= 1
+        self._release(block)
         self._free_block(block)
 
     def free_requested(self, block: Block) -> None:
         """``free`` of a block used on other streams (``record_stream``): it waits for their events."""
         if self.active is self.allocation:  # from now on active and allocation differ
             self.active, self.active_bytes = list(self.allocation), list(self.allocated_bytes)
-        block.allocated = False
+        self._release(block)
         block.pending = True
+        self.pending[id(block)] = block
+
+    def _release(self, block: Block) -> None:
+        """What ``free`` does before the block is freed or waits for its streams: no longer allocated, the
+        allocation stats decreased, the request recorded."""
+        block.allocated = False
         p = block.pool.stat
         decrease_stat(self.allocation, p, 1)
         decrease_stat(self.allocated_bytes, p, block.size)
@@ -268,7 +267,6 @@ class CachingAllocatorSim:
             self._record("free_requested", block.addr, block.requested, block.stream)
         if block.size >= self.max_split:
             self.oversize_allocations[0] -= 1
-        self.pending[id(block)] = block
 
     def free_completed(self, block: Block) -> None:
         """The block's last stream event completed (``process_events``): ``free_block``."""
@@ -876,7 +874,7 @@ ReferenceAllocatorSim = type("ReferenceAllocatorSim", (CachingAllocatorSim,), di
     _AS_WRITTEN, __doc__="The simulator with every method run as written (no generated code), for tests."))
 _INLINED_FUNCTIONS = [increase_stat, decrease_stat, _increase_counter, _splice]
 _INLINED_METHODS = [Pool.insert_into_blocks, Pool.erase, Pool.insert_unmapped, Pool.erase_unmapped, *(
-    CachingAllocatorSim.__dict__[n] for n in ("malloc", "free", "_get_free_block", "_should_split", "_alloc_found_block",
+    CachingAllocatorSim.__dict__[n] for n in ("malloc", "free", "_release", "_get_free_block", "_should_split", "_alloc_found_block",
                                               "_free_block", "_try_merge_blocks"))]
 try:
     _FAST = {name: inline(fn, _INLINED_FUNCTIONS, _INLINED_METHODS) for name, fn in _AS_WRITTEN.items()}
