@@ -37,6 +37,23 @@ def run_cli():
     return _run
 
 
+@pytest.fixture
+def bench_script(monkeypatch):
+    """``bench_script(name)``: a script of benchmarks/ or benchmarks/gpu/ as a module, for ``main(argv)`` in
+    this process: a recorder's smoke run without a new interpreter and a second import of torch and
+    transformers (3-4 s of CPU each on CI's cores). Its prints go to capsys; an argparse refusal is a
+    SystemExit(2)."""
+    import importlib
+
+    for folder in ("benchmarks", "benchmarks/gpu"):
+        monkeypatch.syspath_prepend(str(REPO / folder))
+
+    def _load(name: str):
+        return importlib.import_module(name)
+
+    return _load
+
+
 # ---- shared across test files, and the order under pytest-xdist -------------------------------------
 
 @pytest.fixture(scope="session")
@@ -101,7 +118,7 @@ LONG_FIRST = (
     "tests/lessons/test_critical_path.py",
     "tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode",
     "tests/browser/test_jupyterlab.py::test_report_html_renders_bokeh_offline",
-    "tests/comm/test_launch_teardown.py::test_the_bucket_sweep_runs_three_times_without_an_abort",
+    "tests/comm/test_launch_teardown.py::test_the_bucket_sweep_runs_without_an_abort",
     "tests/memory/estimate/test_gpu_script.py",
     # the suggested commands as typed: GPT-2 XL in fake mode (~50 s), two DDP bucket sweeps (~30 s each)
     "tests/test_suggested_commands.py::test_every_suggested_command_runs[measure_--hf-config_gpt2_--layers_48",

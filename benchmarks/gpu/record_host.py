@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pair", action="store_true", help="with --shrink: the full and the shrunk step alternate")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
+    global T0
+    T0 = time.perf_counter()  # the budget and the log are this run's: main() may be called again in one process (the tests)
+    LOG.clear()
     shrink = None
     if args.shrink:
         try:

@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     args = ap.parse_args(argv)
     global T0
-    T0 = time.perf_counter()  # the budget is this run's: main() may be called again in one process (the tests)
+    T0 = time.perf_counter()  # the budget and the log are this run's: main() may be called again in one process (the tests)
+    LOG.clear()
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"

@@ -365,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                          "--trace-case, allocator events)")
     ap.add_argument("--trace-case", default="tv-resnet50-b128-amp-bf16", help="a reference corpus case (--part trace)")
     args = ap.parse_args(argv)
+    global T0
+    T0 = time.perf_counter()  # the log is this run's: main() may be called again in one process (the tests)
+    LOG.clear()
     parts = set(args.part.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     import record_plain

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -138,29 +136,25 @@ def test_record_host_chunks_a_step_at_block_boundaries_forward_and_backward(monk
     assert not model.transformer.h[0]._forward_pre_hooks
 
 
-def test_record_host_smoke_runs_on_cpu(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
-                        "--only", "gpt2-b8-amp-bf16"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_record_host_smoke_runs_on_cpu(tmp_path, bench_script):
+    assert bench_script("record_host").main(["--out", str(tmp_path), "--smoke", "--only", "gpt2-b8-amp-bf16"]) == 0
     doc = load_measurement(tmp_path / "host_split.json", "host_split")
     (row,) = doc["data"]["cases"]
     assert row["name"] == "gpt2-b8-amp-bf16@tiny" and row["median_step_s"] > 0 and "error" not in row
     assert "host_s" not in row                           # no GPU: nothing to take apart
 
 
-def test_record_host_shrinks_the_batch_and_sequence_and_keeps_the_layers(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
-                        "--only", "gpt2-b8-amp-bf16,tv-resnet50", "--shrink", "1,16"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_record_host_shrinks_the_batch_and_sequence_and_keeps_the_layers(tmp_path, bench_script, capsys):
+    record_host = bench_script("record_host")
+    assert record_host.main(["--out", str(tmp_path), "--smoke", "--only", "gpt2-b8-amp-bf16,tv-resnet50",
+                             "--shrink", "1,16"]) == 0
     (row,) = load_measurement(tmp_path / "host_split.json", "host_split")["data"]["cases"]   # vision cases left out
     assert row["shrink"] == [1, 16] and (row["case"]["micro_batch"], row["case"]["seq"]) == (1, 16)
     assert row["case"]["overrides"] == get_case("gpt2-b8-amp-bf16@tiny").overrides and row["median_step_s"] > 0
-    bad = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
-                          "--shrink", "0,16"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert bad.returncode == 2 and "--shrink '0,16': expected two positive integers" in bad.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as bad:
+        record_host.main(["--out", str(tmp_path), "--smoke", "--shrink", "0,16"])
+    assert bad.value.code == 2 and "--shrink '0,16': expected two positive integers" in capsys.readouterr().err
 
 
 def test_shrunk_steps_are_priced_at_the_shape_they_ran():
@@ -176,14 +170,14 @@ def test_shrunk_steps_are_priced_at_the_shape_they_ran():
     assert ckpt.predicted_host_s > plain.predicted_host_s       # the recomputation's ops are priced in backward
 
 
-def test_record_host_pairs_the_full_and_the_shrunk_step_on_one_model(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke",
-                        "--only", "gpt2-b8-amp-bf16", "--shrink", "1,16", "--pair"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_record_host_pairs_the_full_and_the_shrunk_step_on_one_model(tmp_path, bench_script, capsys):
+    record_host = bench_script("record_host")
+    assert record_host.main(["--out", str(tmp_path), "--smoke", "--only", "gpt2-b8-amp-bf16", "--shrink", "1,16",
+                             "--pair"]) == 0
     (row,) = load_measurement(tmp_path / "host_split.json", "host_split")["data"]["cases"]
     assert row["paired"] and row["shrink"] == [1, 16] and row["case"]["micro_batch"] == 2   # the case's own batch
     assert len(row["step_times_s"]) == len(row["shrunk_step_times_s"]) == 7 and row["shrunk_step_s"] > 0
-    bad = subprocess.run([sys.executable, "benchmarks/gpu/record_host.py", "--out", str(tmp_path), "--smoke", "--pair"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert bad.returncode == 2 and "--pair needs --shrink" in bad.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as bad:
+        record_host.main(["--out", str(tmp_path), "--smoke", "--pair"])
+    assert bad.value.code == 2 and "--pair needs --shrink" in capsys.readouterr().err

@@ -1,9 +1,6 @@
 """The corpus definitions and the plain-loop recording script (its CPU smoke mode)."""
 
 import hashlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +10,6 @@ import torch
 from labkit.core.errors import LabkitError
 from labkit.core.provenance import load_measurement
 from labkit.workloads.corpus import CASES, corpus_cases, get_case, tiny
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_split_is_a_hash_of_the_name_and_holds_out_a_third():
@@ -88,12 +83,9 @@ def test_tiny_shrinks_layers_and_widths():
         get_case("llama-9000")
 
 
-def test_plain_recording_script_smoke_runs_on_cpu(tmp_path):
+def test_plain_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):
     """benchmarks/gpu/record_plain.py --smoke: the clue experiment and a case at CI size on the CPU."""
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path), "--smoke",
-                        "--only", "llama-gqa-b4-bf16"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert bench_script("record_plain").main(["--out", str(tmp_path), "--smoke", "--only", "llama-gqa-b4-bf16"]) == 0
     doc = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")
     assert "transformers" in doc["provenance"]
     (row,) = doc["data"]["cases"]
@@ -105,13 +97,11 @@ def test_plain_recording_script_smoke_runs_on_cpu(tmp_path):
     assert (tmp_path / "log.txt").read_text().count("clue:") == 6
 
 
-def test_plain_recording_script_runs_each_case_in_its_own_process(tmp_path):
+def test_plain_recording_script_runs_each_case_in_its_own_process(tmp_path, bench_script):
     """record_plain.py --fresh 2: one child process per case (``--case NAME --no-profile``), two at a time; the
     merged rows keep the corpus' order, say how they ran and carry no step times (timed beside each other)."""
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_plain.py", "--out", str(tmp_path), "--smoke",
-                        "--fresh", "2", "--only", "llama-gqa-b4-bf16,gpt2-b8-amp-bf16"], cwd=REPO,
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert bench_script("record_plain").main(["--out", str(tmp_path), "--smoke", "--fresh", "2",
+                                              "--only", "llama-gqa-b4-bf16,gpt2-b8-amp-bf16"]) == 0
     doc = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")
     assert doc["data"]["process"] == "fresh" and "own new process" in doc["provenance"]["fresh_note"]
     rows = doc["data"]["cases"]
@@ -123,19 +113,17 @@ def test_plain_recording_script_runs_each_case_in_its_own_process(tmp_path):
         assert f"--case {row['name']}" in child["provenance"]["command"]
 
 
-def test_plain_recording_script_refuses_an_unknown_case(tmp_path, capsys):
+def test_plain_recording_script_refuses_an_unknown_case(tmp_path, capsys, bench_script):
     with pytest.raises(SystemExit) as exit_:
-        _gpu_script("record_plain").main(["--out", str(tmp_path / "x"), "--smoke", "--case", "no-such-case"])
+        bench_script("record_plain").main(["--out", str(tmp_path / "x"), "--smoke", "--case", "no-such-case"])
     assert exit_.value.code == 2 and "--case 'no-such-case': no corpus case of that name" in capsys.readouterr().err
 
 
-def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
+def test_vision_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):
     """benchmarks/gpu/record_vision.py --smoke: a pure-bf16 torchvision case takes bf16 images (the first
     corpus run fed it float32 ones: ``Input type (float) and bias type (c10::BFloat16)``), and the
     convolution probes run forward and the three backward variants."""
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_vision.py", "--out", str(tmp_path), "--smoke"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert bench_script("record_vision").main(["--out", str(tmp_path), "--smoke"]) == 0
     (row,) = load_measurement(tmp_path / "plain_bf16.json", kind="measure_plain")["data"]["cases"]
     assert "error" not in row, row
     assert row["param_dtypes"] == ["torch.bfloat16"] and row["median_step_s"] > 0 and row["case"]["precision"] == "bf16"
@@ -146,16 +134,6 @@ def test_vision_recording_script_smoke_runs_on_cpu(tmp_path):
     for r in rows:
         assert r["output_shape"] == [2, 128, 28, 28]
         assert all(k in r for k in ("forward", "backward_data", "backward_filter", "backward"))
-
-
-def _gpu_script(name):
-    """A benchmarks/gpu script as a module (run in this process: no interpreter start, no second import of torch)."""
-    import importlib
-
-    path = str(REPO / "benchmarks" / "gpu")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    return importlib.import_module(name)
 
 
 def test_lora_orders_give_the_adapters_their_dtype():
@@ -184,11 +162,11 @@ def test_hand_built_cases_run_as_a_user_writes_them():
         assert all(p.grad is None for p in model.parameters())        # zero_grad(set_to_none=True) ran
 
 
-def test_plain_recording_script_records_several_named_cases(tmp_path):
+def test_plain_recording_script_records_several_named_cases(tmp_path, bench_script):
     """record_plain.py --case NAME, repeated: the new cases' families at CI size (in one process here; --fresh
     gives each its own, as the test above checks)."""
     names = ["hand-gru-b64-s256-amp-bf16", "tv-r3d_18-b16-fp32"]
-    record_plain = _gpu_script("record_plain")
+    record_plain = bench_script("record_plain")
     assert record_plain.main(["--out", str(tmp_path), "--smoke", "--no-clue", "--no-profile"]
                              + [a for n in names for a in ("--case", f"{n}@tiny")]) == 0
     rows = load_measurement(tmp_path / "plain_cases.json", kind="measure_plain")["data"]["cases"]
@@ -196,10 +174,10 @@ def test_plain_recording_script_records_several_named_cases(tmp_path):
     assert not any("error" in row for row in rows), rows
 
 
-def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
+def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path, bench_script):
     from labkit.core.provenance import header, write_measurement
 
-    merge = _gpu_script("merge_plain").merge
+    merge = bench_script("merge_plain").merge
     old = {"name": "gpt2-b8-fp32", "split": get_case("gpt2-b8-fp32").split, "peak_allocated": 1}
     into = write_measurement(tmp_path / "fresh.json", "measure_plain",
                              {"process": "fresh", "cases": [old]}, provenance=header("old run"))
@@ -221,8 +199,8 @@ def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path):
         merge(bad, into)
 
 
-def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path):
-    assert _gpu_script("record_handmade").main(["--out", str(tmp_path), "--smoke", "--part",
+def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):
+    assert bench_script("record_handmade").main(["--out", str(tmp_path), "--smoke", "--part",
                                                 "rnn,conv,conv2,conv3"]) == 0
     rnn = load_measurement(tmp_path / "rnn_cudnn.json", kind="cudnn_rnn")["data"]["rows"]
     conv = load_measurement(tmp_path / "conv_workspace_3d_transposed.json", kind="conv_workspace")["data"]["rows"]

@@ -1,20 +1,11 @@
 """benchmarks/gpu/record_ckpt_nodes.py (the per-node memory trace of a checkpointed math-SDPA step) runs
 on the CPU in its smoke mode and hooks every autograd node of the step."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from labkit.core.provenance import load_measurement
 
-REPO = Path(__file__).resolve().parents[3]
 
-
-def test_ckpt_node_trace_smoke_runs_on_cpu(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_ckpt_nodes.py", "--out", str(tmp_path), "--smoke"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_ckpt_node_trace_smoke_runs_on_cpu(tmp_path, bench_script):
+    assert bench_script("record_ckpt_nodes").main(["--out", str(tmp_path), "--smoke"]) == 0
     cases = load_measurement(tmp_path / "ckpt_nodes.json", kind="ckpt_nodes")["data"]["cases"]
     assert [c["case"]["checkpoint_impl"] for c in cases] == ["hf", "torch"]
     for c in cases:
