@@ -93,10 +93,11 @@ def test_topo_and_place_on_a_sample(capsys):
     assert "CUDA_VISIBLE_DEVICES" in out
 
 
-def test_report_refuses_an_unknown_notebook_before_running_any(run_cli):
-    r = run_cli("report", "--only", "no_such_notebook")
-    assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "unknown notebook" in r.stderr
+def test_report_refuses_an_unknown_notebook_before_running_any(capsys, tmp_path):
+    rc, _, err = call(capsys, "report", "--only", "no_such_notebook", "--out", str(tmp_path / "reports"))
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and "unknown notebook" in err
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())
 
 
 def test_comm_bench_on_two_gloo_ranks(capsys):

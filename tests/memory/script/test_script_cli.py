@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from labkit.cli import main
+
 REPO = Path(__file__).resolve().parents[3]
 
 TINY = textwrap.dedent('''
@@ -58,19 +60,21 @@ def test_script_text_report(run_cli, tiny):
     assert "step 9 loss" in r.stdout
 
 
-def test_script_refusals(run_cli, tmp_path, tiny):
+def test_script_refusals(run_cli, tmp_path, tiny, capsys):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nx = torch.randn(100, device='cuda')\ny = x[x > 0]\n")   # a data-dependent shape
     r = run_cli("measure", "--script", str(bad))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr   # the banner and one line
     assert "bad.py:3" in r.stderr and "aten.nonzero" in r.stderr and "labkit watch -- python" in r.stderr
-    assert run_cli("measure", "--script", str(tmp_path / "missing.py")).returncode == 2
-    r = run_cli("measure", "--script", str(tiny), "--layers", "4")
-    assert r.returncode == 2 and "--layers do not apply with --script" in r.stderr
-    r = run_cli("measure", "--layers", "2", "--", "--width", "3")
-    assert r.returncode == 2 and "arguments after -- are a script's" in r.stderr
-    r = run_cli("measure", "--nproc-per-node", "2")
-    assert r.returncode == 2 and "applies to a script" in r.stderr
+    # the argument refusals through the CLI's entry point in this process (no interpreter start-up each)
+    for argv, says in ((["--script", str(tmp_path / "missing.py")], "missing.py"),
+                       (["--script", str(tiny), "--layers", "4"], "--layers do not apply with --script"),
+                       (["--layers", "2", "--", "--width", "3"], "arguments after -- are a script's"),
+                       (["--nproc-per-node", "2"], "applies to a script")):
+        capsys.readouterr()
+        assert main(["measure", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, (argv, err)
 
 
 def test_suggested_command_runs(run_cli, tmp_path):
@@ -101,7 +105,7 @@ DDP = textwrap.dedent('''
 ''')
 
 
-def test_ranks_of_a_launch(run_cli, tmp_path):
+def test_ranks_of_a_launch(run_cli, tmp_path, capsys):
     p = tmp_path / "ddp.py"
     p.write_text(DDP)
     r = run_cli("measure", "--script", str(p), "--nproc-per-node", "2", "--ranks", "all", "--json")
@@ -112,8 +116,8 @@ def test_ranks_of_a_launch(run_cli, tmp_path):
     assert r0["peak_bytes"] == r1["peak_bytes"] > 0       # data parallel: every rank alike
     assert r0["outside_allocator"]["nccl_communicators"] == 1
     assert any("fake process group" in n for n in r0["notes"])
-    r = run_cli("measure", "--script", str(p), "--nproc-per-node", "2", "--ranks", "5")
-    assert r.returncode == 2 and "rank 5 is outside 0..1" in r.stderr
+    assert main(["measure", "--script", str(p), "--nproc-per-node", "2", "--ranks", "5"]) == 2   # in this process
+    assert "rank 5 is outside 0..1" in capsys.readouterr().err
 
 
 def _recorded(kind: str, name: str) -> dict:
