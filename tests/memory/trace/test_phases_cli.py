@@ -132,20 +132,13 @@ def test_measure_replays_reserved_from_a_snapshots_segments(tmp_path, capsys):
     assert len(err) == 1 and "none.pickle" in err[0], err
 
 
-def test_gpu_recording_script_dry_runs_on_cpu(tmp_path):
+def test_gpu_recording_script_dry_runs_on_cpu(tmp_path, bench_script, capsys):
     """benchmarks/gpu/record_measure.py --smoke: tiny cases on the CPU, the same files as on a GPU."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from labkit.core.provenance import load_measurement
 
-    repo = Path(__file__).resolve().parents[3]
-    r = subprocess.run([sys.executable, "benchmarks/gpu/record_measure.py", "--out", str(tmp_path), "--smoke"],
-                       cwd=repo, capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
-                                                                                  "PYTHONPATH": str(repo)})
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "no CUDA GPU" in r.stdout or "device cuda" in r.stdout
+    bench_script("record_measure").main(["--out", str(tmp_path), "--smoke"])
+    out = capsys.readouterr().out
+    assert "no CUDA GPU" in out or "device cuda" in out
     peaks = load_measurement(tmp_path / "reference_peaks.json", kind="measure_peaks")
     cases = peaks["data"]["cases"]
     assert {c["model"] for c in cases} == {"labkit-gpt", "hf-gpt2"}
