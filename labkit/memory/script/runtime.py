@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.abc
 import importlib.util
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -47,7 +49,7 @@ from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, Cuda
 from labkit.memory.trace.fake.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
 from labkit.memory.trace.storage import Roles
 
-# transformers (10 s to import: python -X importtime, 2-core machine) is imported where a script uses it.
+# transformers (3-4 s of CPU to import its masking_utils here) is imported where a script uses it.
 
 
 #: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
@@ -57,12 +59,55 @@ from labkit.memory.trace.storage import Roles
 _UNPADDED = {"attention_mask": torch.ones(1)}
 
 
-def _import_masking_utils() -> None:
-    if importlib.util.find_spec("transformers") is not None:
+class _ThenCall(importlib.abc.Loader):
+    """A module's own loader, then ``callback(module)`` once its code has run."""
+
+    def __init__(self, loader: Any, callback: Any) -> None:
+        self.loader, self.callback = loader, callback
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.callback(module)
+
+    def __getattr__(self, name: str) -> Any:      # get_source, get_resource_reader, ... are the loader's
+        return getattr(self.loader, name)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds module ``name`` as the other finders do and has ``callback`` run right after its import."""
+
+    def __init__(self, name: str, callback: Any) -> None:
+        self.name, self.callback, self.busy = name, callback, False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True
         try:
-            import transformers.masking_utils  # noqa: F401
-        except Exception:  # noqa: BLE001 - an unusable transformers: its models cannot run either
-            pass
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenCall(spec.loader, self.callback)
+        return spec
+
+
+@contextlib.contextmanager
+def _after_import(name: str, callback: Any) -> Iterator[None]:
+    """``callback(module)`` now if module ``name`` is imported, else as soon as the program imports it."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+        yield
+        return
+    finder = _AfterImport(name, callback)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 class StopScript(BaseException):
@@ -277,11 +322,16 @@ class FakeGPU:
         try:
             st.enter_context(_quiet_fake_tensor_warnings())
             # transformers' mask checks, answered as measure_step answers them for a batch without padding,
-            # unless the mask's values were read on the host (the library is imported first when it is
-            # installed: the script imports it later)
-            _import_masking_utils()
-            self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED,
-                                                                       host_values=self.tracker.host_values))
+            # unless the mask's values were read on the host: once the program imports transformers'
+            # masking_utils (right after its code runs, before a model can call it), or now if it did. A
+            # script that never imports transformers does not pay for its import (3-4 s of CPU).
+            self._hf_choices: list[str] = []
+
+            def answer_masks(_module: Any) -> None:
+                self._hf_choices = st.enter_context(data_dependent_choices(_UNPADDED,
+                                                                           host_values=self.tracker.host_values))
+
+            st.enter_context(_after_import("transformers.masking_utils", answer_masks))
             st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())
