@@ -54,6 +54,14 @@ class HfTraits:
     top_k: int = 0                       # experts per token
     expert_ffn: int = 0                  # one expert's intermediate size
     shared_ffn: int = 0                  # Qwen2-MoE's shared expert's intermediate size (0: none)
+    rel_bias: int = 0                    # T5: buckets of the learned relative-position bias added to every
+                                         # self-attention's scores (0: none); it requires grad, so SDPA runs its
+                                         # math path (activations.attention_path)
+    mlp_dropout: bool = False            # T5: a dropout on the MLP's hidden activation (T5DenseActDense.dropout)
+    rel_span: int = 0                    # DeBERTa-v2: rows of relative embeddings each attention reads (2 x
+                                         # position_buckets); 0: no disentangled attention
+    pos_att: int = 0                     # DeBERTa-v2: its position terms (c2p, p2c: 2)
+    share_att_key: bool = False          # DeBERTa-v2: the position terms reuse the content projections
 
 
 @dataclass(frozen=True)
