@@ -383,6 +383,11 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float,
             # float32 and keeps that copy instead of the 16-bit input, and tanh and 1 + tanh are float32
             if by.autocast:
                 extra = (4 - act) + 2 * 4 + act
+                if m.gated_mlp:
+                    # the output is float32 then too (its last product reads 1 + tanh), and a gated MLP's product
+                    # keeps it as it is, where a plain MLP's down projection keeps its 16-bit cast (the fake-mode
+                    # trace of mt5-small-b16-amp-bf16: T5DenseGatedActDense's ``hidden_gelu * hidden_linear``)
+                    extra += 4 - act
             else:
                 extra = 3 * act
             out.append(("gelu_new: the tanh formula's intermediates", sb * x.f / x.t * extra, False))
