@@ -36,6 +36,10 @@ PINNED = {
     "vit-base-b64-fp32": "ViT: patches + [CLS] as the sequence, the images kept by the patch convolution",
     "bart-base-b16-fp32": "BART: two stacks, the decoder's cross-attention, the loss in the logits' dtype",
     "bart-base-b16-amp-bf16": "BART under autocast: the float32 final_logits_bias makes the logits float32",
+    "t5-base-b16-fp32": "T5: its relative bias sends SDPA down the math path; cross-attention, the MLP's dropout",
+    "t5-base-b16-amp-bf16": "T5 under autocast: the math path in float32, the loss in the logits' dtype",
+    "deberta-v2-mlm-b16-fp32": "DeBERTa-v2: disentangled attention's c2p/p2c blocks and position projections",
+    "deberta-v2-mlm-b16-amp-bf16": "DeBERTa-v2 under autocast: the softmax in float32, the probabilities cast back",
     "mixtral-b4-bf16": "MoE: grouped_mm's T x k rows (no routing assumption needed)",
     "qwen2-moe-b4-bf16": "MoE with a shared expert and its sigmoid gate",
 }
