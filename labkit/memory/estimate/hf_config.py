@@ -54,7 +54,8 @@ def load_hf_config(source: str | Path) -> dict[str, Any]:
 #: 126 layers, 16,384 hidden, 128 heads and 256k vocabularies.
 _BOUNDS = {"num_hidden_layers": 512, "n_layer": 512, "hidden_size": 1 << 17, "n_embd": 1 << 17,
            "num_attention_heads": 1024, "n_head": 1024, "vocab_size": 1 << 22, "intermediate_size": 1 << 20,
-           "ffn_dim": 1 << 20}
+           "ffn_dim": 1 << 20, "num_layers": 512, "num_decoder_layers": 512, "d_model": 1 << 17, "num_heads": 1024,
+           "d_ff": 1 << 20, "d_kv": 1 << 14}
 
 
 def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: bool = True) -> int | None:
@@ -74,8 +75,8 @@ def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: str | None = None,
                         layers: int | None = None, hidden: int | None = None) -> ModelSpec:
-    """The ModelSpec of a transformers config (decoder-only LMs, Mixtral / Qwen2-MoE, BERT / RoBERTa, BART, ViT);
-    ``layers``/``hidden`` override the file."""
+    """The ModelSpec of a transformers config (decoder-only LMs, Mixtral / Qwen2-MoE, BERT / RoBERTa / DeBERTa-v2, BART,
+    T5 / mT5, ViT); ``layers``/``hidden`` override the file."""
     if not isinstance(cfg, dict):
         raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
     mt = str(cfg.get("model_type") or "")
