@@ -265,7 +265,7 @@ def hf_traits(cfg: dict[str, Any]) -> HfTraits:
                     mlp_in_linears=2 if mt in _SEPARATE_GATE_UP or (t5 and ff.startswith("gated-")) else 1,
                     parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)),
                     rel_bias=int(cfg.get("relative_attention_num_buckets") or 32) if t5 else 0,
-                    mlp_dropout=t5,
+                    mlp_dropout=t5, norm_keeps_input=t5,
                     rel_span=2 * span if rel_att else 0,
                     pos_att=sum(t in ("c2p", "p2c") for t in pos_att) if rel_att else 0,
                     share_att_key=bool(cfg.get("share_att_key")),

@@ -58,6 +58,8 @@ class HfTraits:
                                          # self-attention's scores (0: none); it requires grad, so SDPA runs its
                                          # math path (activations.attention_path)
     mlp_dropout: bool = False            # T5: a dropout on the MLP's hidden activation (T5DenseActDense.dropout)
+    norm_keeps_input: bool = False       # T5LayerNorm multiplies its input itself (not its float32 copy) by the
+                                         # rsqrt: with a 16-bit residual stream it keeps the input besides the copy
     rel_span: int = 0                    # DeBERTa-v2: rows of relative embeddings each attention reads (2 x
                                          # position_buckets); 0: no disentangled attention
     pos_att: int = 0                     # DeBERTa-v2: its position terms (c2p, p2c: 2)
