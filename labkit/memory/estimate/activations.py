@@ -91,8 +91,9 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         ("QKV input", sb * x.h * act / (1 if gathered else x.t_sp), False),
     ]
     hf = m.hf if (m.hf is not None and pt) else None
-    # SDPA's math path computes in float32 for 16-bit inputs (attention.cpp, _scaled_dot_product_attention_math:
-    # ``at::opmath_type``; T5's self-attention under autocast: the fake-mode trace of t5-base-b16-amp-bf16)
+    # SDPA's math path computes in float32 for 16-bit inputs (aten/src/ATen/native/transformers/attention.cpp,
+    # _scaled_dot_product_attention_math: "Keep query, key, value in high precision", ``query_.to(at::kFloat)`` for
+    # half and bfloat16 unless allowFP16BF16ReductionMathSDP; T5's self-attention under autocast and in bf16)
     mb = 4 if (math and hf is not None and hf.attn_impl == "sdpa") else act
     if math and hf is not None:
         # PyTorch's math path (attention.cpp, _scaled_dot_product_attention_math) scales q and k by
@@ -109,14 +110,15 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
             terms.append(("attention log-sum-exp (fp32)", sb * (x.a / x.t) * 4, True))
     else:
         scores = (x.a / x.t) * x.s * x.s * x.b
-        if hf is not None and hf.rel_span:
+        deberta = hf is not None and hf.model_type == "deberta-v2"
+        if deberta:
             terms += disentangled_terms(m, x, by)
             # its plain softmax: a float32 op under autocast (the output kept), whose dropout's output the context
             # bmm casts back to 16 bits for itself
             terms.append(("softmax output", scores * (4 if by.autocast else act), True))
         else:
             terms.append(("softmax output", scores * mb, True))
-        if hf is not None and hf.attn_impl == "eager" and act != 4 and not hf.rel_span:
+        if hf is not None and hf.attn_impl == "eager" and act != 4 and not deberta:
             # transformers' eager attention takes the softmax in float32 and casts it back
             # (modeling_bloom.py: F.softmax(..., dtype=torch.float32).to(input_dtype)): both are kept
             terms.append(("softmax output (float32)", scores * 4, True))
@@ -242,7 +244,8 @@ def disentangled_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, fl
     (``pos_key_proj`` / ``pos_query_proj`` of the relative embeddings, ``.repeat`` to every sequence of the batch:
     b x heads x rel_span x d each); c2p's and p2c's (b x heads, s, rel_span) score blocks, which ``torch.gather``
     keeps; the gathers' (s, s) int64 indices; the mask ``masked_fill`` keeps (b, 1, s, s booleans); the relative
-    embeddings' dropout mask and the position projections' input (under autocast, one 16-bit cast each)."""
+    embeddings' dropout mask and the position projections' input (under autocast, one 16-bit cast each). Without
+    relative attention (``relative_attention`` false: rel_span 0) only the mask."""
     e = m.hf
     sb = x.s * x.b
     act = by.act
@@ -250,7 +253,7 @@ def disentangled_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, fl
     n = e.pos_att
     out = [("DeBERTa: the key p2c's bmm reads (the scaled one counted as the math path's)", sb * q_local * act, False)
            ] if n > 1 else []
-    if n:
+    if n and e.rel_span:
         out += [("DeBERTa: position keys/queries repeated over the batch", n * x.b * e.rel_span * q_local * act, False),
                 ("DeBERTa: c2p/p2c score blocks kept by gather", n * x.b * (x.a / x.t) * x.s * e.rel_span * act, True),
                 ("DeBERTa: gather indices (int64)", n * x.s * x.s * 8, False),

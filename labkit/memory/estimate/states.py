@@ -149,7 +149,7 @@ def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) ->
 def total_params(m: ModelSpec) -> int:
     """All parameters of the model (tied embeddings counted once)."""
     layer, _ = layer_params(m, 1)
-    if m.hf is not None and (m.hf.patch or m.hf.decoder_layers or m.hf.rel_span):
+    if m.hf is not None and (m.hf.patch or m.hf.decoder_layers or m.hf.model_type == "deberta-v2"):
         return m.layers * layer + stage_params(m, ParallelSpec(), 0).embedding + stage_params(m, ParallelSpec(), 0).head
     emb = m.vocab * m.hidden + (m.seq * m.hidden if m.learned_pos_emb else 0)
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
@@ -189,13 +189,14 @@ def stage_params(m: ModelSpec, par: ParallelSpec, stage: int) -> ParamCounts:
             head, head_mm = norm + m.vocab * m.hidden + m.vocab, m.vocab * m.hidden
         return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=head, head_matmul=head_mm,
                            layers=m.layers // par.pp)
-    if first and m.hf is not None and m.hf.rel_span:
-        # DeBERTa-v2: the encoder's relative embeddings (rel_span x hidden) and the embeddings' LayerNorm
+    if first and m.hf is not None and m.hf.model_type == "deberta-v2":
+        # DeBERTa-v2: the encoder's relative embeddings (rel_span x hidden, with relative attention) and the
+        # embeddings' LayerNorm
         emb += m.hf.rel_span * m.hidden + norm
     if last:
         head = norm
         head_mm = word
-        if m.hf is not None and m.hf.rel_span:
+        if m.hf is not None and m.hf.model_type == "deberta-v2":
             # its masked-LM head (BertLMPredictionHead's layout): the transform's dense (weight and bias) and the
             # decoder's bias of vocab entries, besides the transform's LayerNorm (``norm``)
             head += m.hidden * m.hidden + m.hidden + m.vocab

@@ -133,3 +133,12 @@ def test_hub_configs_read_as_transformers_reads_them():
                                "relative_attention": True, "position_buckets": 256, "pos_att_type": "p2c|c2p",
                                "position_biased_input": False})
     assert (deb.hf.rel_span, deb.hf.pos_att, deb.learned_pos_emb, deb.hf.mlm_head) == (512, 2, False, True)
+    # DeBERTa-v2's own defaults: no relative attention, absolute positions; parameters still transformers' own
+    import transformers
+
+    cfg = dict(model_type="deberta-v2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=128, vocab_size=512)
+    plain = spec_from_hf_config(cfg)
+    built = transformers.AutoModelForMaskedLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    assert (plain.hf.rel_span, plain.learned_pos_emb) == (0, True)
+    assert total_params(plain) == sum(p.numel() for p in built.parameters())
