@@ -142,3 +142,20 @@ def test_hub_configs_read_as_transformers_reads_them():
     built = transformers.AutoModelForMaskedLM.from_config(transformers.AutoConfig.for_model(**cfg))
     assert (plain.hf.rel_span, plain.learned_pos_emb) == (0, True)
     assert total_params(plain) == sum(p.numel() for p in built.parameters())
+
+
+def test_validate_prints_the_variants_beside_the_recorded_cases(capsys):
+    """``python benchmarks/bench_estimate.py --validate --no-trace --only ...``: a recorded T5 case against the H200,
+    a variant against its recorded trace, each in its split."""
+    import importlib.util
+
+    from labkit.core import paths
+
+    spec = importlib.util.spec_from_file_location("bench_estimate", paths.REPO_ROOT / "benchmarks" / "bench_estimate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--validate", "--no-trace", "--only", "t5-base-b16-fp32,t5-small-b32-fp32"]) == 0
+    out = capsys.readouterr().out
+    ref, held = out.split("held-out cases")
+    assert "t5-base-b16-fp32" in ref and "vs recorded: 1 of 1 within 5%" in ref
+    assert "t5-small-b32-fp32" in held and "variant" in held and "vs trace: 1 of 1 within 5%" in held
