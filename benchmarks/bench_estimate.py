@@ -112,26 +112,26 @@ def main(argv=None) -> int:
 
 def write_traced_variants(args) -> int:
     from labkit.core.provenance import load_measurement, write_measurement
-    from labkit.memory.estimate.accuracy import TRACED_VARIANTS, trace_variants
+    from labkit.memory.estimate.accuracy import VARIANT_TRACES, trace_variants
 
     rows = trace_variants(args.only.split(",") if args.only else None)
     kept = []
-    if args.only and TRACED_VARIANTS.exists():  # nothing already written is lost: other cases' rows stay
-        kept = [r for r in load_measurement(TRACED_VARIANTS, "estimate_traced_variants")["data"]
+    if args.only and VARIANT_TRACES.exists():  # nothing already written is lost: other cases' rows stay
+        kept = [r for r in load_measurement(VARIANT_TRACES, "estimate_traced_variants")["data"]
                 if r["name"] not in {x["name"] for x in rows}]
-    write_measurement(TRACED_VARIANTS, "estimate_traced_variants", kept + rows,
+    write_measurement(VARIANT_TRACES, "estimate_traced_variants", kept + rows,
                       command="python benchmarks/bench_estimate.py --trace-variants"
                               + (f" --only {args.only}" if args.only else ""))
     for r in rows:
         print(f"{r['name']:40s} traced {r['peak_bytes'] / 2**30:7.2f} GiB  estimated {r['estimated'] / 2**30:7.2f} GiB "
               f"({(r['estimated'] / r['peak_bytes'] - 1) * 100:+.1f}%)")
-    print(f"wrote {TRACED_VARIANTS.relative_to(ROOT)}")
+    print(f"wrote {VARIANT_TRACES.relative_to(ROOT)}")
     return 0
 
 
 def validate(args) -> int:
     from labkit.core.units import fmt_bytes
-    from labkit.memory.estimate.accuracy import (RANK_RECORDING, RECORDING, TOLERANCE_PCT, TRACED_VARIANTS, check,
+    from labkit.memory.estimate.accuracy import (RANK_RECORDING, RECORDING, TOLERANCE_PCT, VARIANT_TRACES, check,
                                                  check_ranks, summary)
 
     rows = check(args.only.split(",") if args.only else None, trace=not args.no_trace)
@@ -144,7 +144,7 @@ def validate(args) -> int:
         return 0
     print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.memory.trace.corpus_check.predict_as_recorded "
           "(fake-cuda, H200 target, the program the recording's transformers ran); 'variant' rows: "
-          f"corpus.TRACED_VARIANTS, not recorded, their trace from {TRACED_VARIANTS.relative_to(ROOT)} "
+          f"corpus.TRACED_VARIANTS, not recorded, their trace from {VARIANT_TRACES.relative_to(ROOT)} "
           "(--trace-variants)")
 
     def pct(e):

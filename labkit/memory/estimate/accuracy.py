@@ -10,7 +10,7 @@ LoRA cases (a frozen bfloat16 base, peft's adapters: ``TrainSpec.lora``), BERT-l
 (``HfTraits.decoder_layers``), T5 / mT5 (``HfTraits.rel_bias``: the relative-position bias that sends SDPA down its
 math path), ViT image classifiers (``HfTraits.patch``) and Mixtral / Qwen2-MoE mixtures of experts
 (``HfTraits.experts``) are estimated. Beside the recorded cases, ``corpus.TRACED_VARIANTS`` (more T5 and DeBERTa
-configurations, not recorded on the H200) are compared with their fake-mode trace (:data:`TRACED_VARIANTS`).
+configurations, not recorded on the H200) are compared with their fake-mode trace (:data:`VARIANT_TRACES`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from labkit.memory.trace.corpus_check import predict_as_recorded
 RECORDING = paths.DATA_DIR / "measurements" / "measure" / "plain__fresh.json"
 #: the fake-mode traces of corpus.TRACED_VARIANTS (T5 and DeBERTa configurations not recorded on the H200), written by
 #: ``python benchmarks/bench_estimate.py --trace-variants``
-TRACED_VARIANTS = paths.DATA_DIR / "measurements" / "estimate" / "traced_variants.json"
+VARIANT_TRACES = paths.DATA_DIR / "measurements" / "estimate" / "traced_variants.json"
 TOLERANCE_PCT = 5.0
 # What `python benchmarks/bench_estimate.py --validate` measured (tests/memory/estimate/test_hf_rules.py
 # keeps the recorded half of it true); advise and the planner state it where they use the estimator.
@@ -135,7 +135,7 @@ def check(names: list[str] | None = None, *, trace: bool = False) -> list[Estima
     return out
 
 
-def traced_variant_peaks(path=TRACED_VARIANTS) -> dict[str, int]:
+def traced_variant_peaks(path=VARIANT_TRACES) -> dict[str, int]:
     """name -> the traced peak of each of corpus.TRACED_VARIANTS (fake mode, the H200 target), as recorded in
     ``path``; empty where the file does not exist yet."""
     if not path.exists():

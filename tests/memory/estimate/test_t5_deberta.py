@@ -14,14 +14,14 @@ import pytest
 
 from labkit.core.provenance import load_measurement
 from labkit.memory.estimate import estimate
-from labkit.memory.estimate.accuracy import TOLERANCE_PCT, TRACED_VARIANTS, case_inputs, check
+from labkit.memory.estimate.accuracy import TOLERANCE_PCT, VARIANT_TRACES, case_inputs, check
 from labkit.memory.estimate.activations import attention_path, layer_terms, logits_bytes
 from labkit.memory.estimate.hf_config import spec_from_hf_config
 from labkit.memory.estimate.states import precision_bytes, total_params
 from labkit.workloads import corpus
 from labkit.workloads.corpus import get_case
 
-TRACED = {r["name"]: r for r in load_measurement(TRACED_VARIANTS, "estimate_traced_variants")["data"]}
+TRACED = {r["name"]: r for r in load_measurement(VARIANT_TRACES, "estimate_traced_variants")["data"]}
 VARIANTS = [c.name for c in corpus.TRACED_VARIANTS]
 
 
