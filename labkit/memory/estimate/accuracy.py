@@ -36,6 +36,8 @@ RECORDING = paths.DATA_DIR / "measurements" / "measure" / "plain__fresh.json"
 #: the fake-mode traces of corpus.TRACED_VARIANTS (T5 and DeBERTa configurations not recorded on the H200), written by
 #: ``python benchmarks/bench_estimate.py --trace-variants``
 VARIANT_TRACES = paths.DATA_DIR / "measurements" / "estimate" / "traced_variants.json"
+#: their H200 recording, where there is one (``benchmarks/gpu/record_plain.py --variants``)
+VARIANT_RECORDING = paths.DATA_DIR / "measurements" / "measure" / "plain__variants.json"
 TOLERANCE_PCT = 5.0
 # What `python benchmarks/bench_estimate.py --validate` measured (tests/memory/estimate/test_hf_rules.py
 # keeps the recorded half of it true); advise and the planner state it where they use the estimator.
@@ -94,10 +96,14 @@ def case_inputs(case: Any):
 
 
 def recorded_rows(path=RECORDING) -> dict[str, dict]:
-    """name -> the recorded row, with the recording's transformers version under ``transformers``."""
+    """name -> the recorded row, with the recording's transformers version under ``transformers``; the corpus
+    recording's rows include those of :data:`VARIANT_RECORDING` where it exists."""
     doc = load_measurement(path)
     version = doc["provenance"].get("transformers")
-    return {c["name"]: {**c, "transformers": version} for c in doc["data"]["cases"] if c.get("peak_allocated")}
+    rows = {c["name"]: {**c, "transformers": version} for c in doc["data"]["cases"] if c.get("peak_allocated")}
+    if path == RECORDING and VARIANT_RECORDING.exists():
+        rows.update(recorded_rows(VARIANT_RECORDING))
+    return rows
 
 
 def recorded_peaks(path=RECORDING) -> dict[str, int]:
@@ -105,8 +111,9 @@ def recorded_peaks(path=RECORDING) -> dict[str, int]:
 
 
 def check(names: list[str] | None = None, *, trace: bool = False) -> list[EstimateCheck]:
-    """One row per recorded transformers case (``names``: only these); ``trace`` also runs fake mode
-    (about 10 s a case on a 2-core CPU)."""
+    """One row per recorded transformers case and per traced variant (``names``: only these); ``trace`` also runs
+    fake mode on the recorded cases (about 10 s a case on a 2-core CPU). A variant's trace is always the one
+    :data:`VARIANT_TRACES` holds (``bench_estimate.py --trace-variants`` writes it)."""
     from labkit.workloads import corpus
 
     from labkit.memory.trace.step import FakeModeUnsupported
@@ -120,12 +127,12 @@ def check(names: list[str] | None = None, *, trace: bool = False) -> list[Estima
             continue
         r = rec.get(case.name, {})
         row = EstimateCheck(case.name, case.split, None, int(r["peak_allocated"]) if r else None,
-                            None if r else variants[case.name])
+                            variants.get(case.name))
         try:
             row.estimated = estimate(*case_inputs(case)).peak_allocated
         except LabkitError as exc:
             row.reason = str(exc).split(": ", 1)[-1]
-        if trace and row.estimated is not None and r:
+        if trace and row.estimated is not None and r and row.traced is None:
             # the program the recording ran (its transformers' attention, rotary embedding, cache dtype)
             try:
                 row.traced = predict_as_recorded(case, r.get("transformers"), r.get("attn_implementation"))[0].peak_bytes
