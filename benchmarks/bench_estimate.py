@@ -15,8 +15,8 @@ Medians over --repeat runs; measured on this machine.
 prints instead the estimator against the fake-mode trace and the H200 recording at tp=pp=dp=1 on
 every recorded transformers case of the corpus (labkit.memory.estimate.accuracy), reference and
 held-out cases apart; the trace takes about 10 s a case on a 2-core CPU (--no-trace: recorded only).
-The T5 and DeBERTa configuration variants (corpus.TRACED_VARIANTS, not recorded) are compared with their
-trace as written by
+The T5 and DeBERTa configuration variants (corpus.TRACED_VARIANTS, recorded apart by
+benchmarks/gpu/record_plain.py --variants) are compared with their recording and their trace as written by
 
     PYTHONPATH=. python benchmarks/bench_estimate.py --trace-variants [--only NAME,NAME]
 
@@ -131,8 +131,8 @@ def write_traced_variants(args) -> int:
 
 def validate(args) -> int:
     from labkit.core.units import fmt_bytes
-    from labkit.memory.estimate.accuracy import (RANK_RECORDING, RECORDING, TOLERANCE_PCT, VARIANT_TRACES, check,
-                                                 check_ranks, summary)
+    from labkit.memory.estimate.accuracy import (RANK_RECORDING, RECORDING, TOLERANCE_PCT, VARIANT_RECORDING,
+                                                 VARIANT_TRACES, check, check_ranks, summary)
 
     rows = check(args.only.split(",") if args.only else None, trace=not args.no_trace)
     if args.json:
@@ -143,9 +143,9 @@ def validate(args) -> int:
                           "ranks_vs_recorded": summary(ranks, "recorded")}, indent=1))
         return 0
     print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.memory.trace.corpus_check.predict_as_recorded "
-          "(fake-cuda, H200 target, the program the recording's transformers ran); 'variant' rows: "
-          f"corpus.TRACED_VARIANTS, not recorded, their trace from {VARIANT_TRACES.relative_to(ROOT)} "
-          "(--trace-variants)")
+          "(fake-cuda, H200 target, the program the recording's transformers ran); the T5 and DeBERTa variants "
+          f"(corpus.TRACED_VARIANTS): recorded in {VARIANT_RECORDING.relative_to(ROOT)}, their trace from "
+          f"{VARIANT_TRACES.relative_to(ROOT)} (--trace-variants; 'variant' where not recorded)")
 
     def pct(e):
         return "" if e is None else f"{e:+.1f}%"

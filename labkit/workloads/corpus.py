@@ -742,8 +742,9 @@ def _cases() -> list[Case]:
 CASES: tuple[Case, ...] = tuple(_cases())
 
 # Configuration variants of the T5 and DeBERTa families for the analytical estimator's check against the trace (issue
-# 26; added 2026-12-03). Traced here in fake mode, not recorded on the H200 (the tracer's own check is the recorded
-# CASES, t5-base and deberta-v2 among them): their traced peaks are in data/measurements/estimate/traced_variants.json.
+# 26; added 2026-12-03), apart from CASES (the tracer's own corpus, t5-base and deberta-v2 among them). Estimated, then
+# traced here in fake mode (data/measurements/estimate/traced_variants.json), then recorded on the H200
+# (record_plain.py --variants: data/measurements/measure/plain__variants.json; the trace within 0.03% of it).
 # The dimensions are the published checkpoints' (config.json of google-t5/t5-small, google/flan-t5-base,
 # google/mt5-small, microsoft/deberta-v3-xsmall, -small and -base), with random weights; names' hash decides the split.
 # Each was estimated before it was traced: the first nine within 3%; the three bf16 ones (added later) within 3.1%,
