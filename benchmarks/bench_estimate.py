@@ -15,6 +15,12 @@ Medians over --repeat runs; measured on this machine.
 prints instead the estimator against the fake-mode trace and the H200 recording at tp=pp=dp=1 on
 every recorded transformers case of the corpus (labkit.memory.estimate.accuracy), reference and
 held-out cases apart; the trace takes about 10 s a case on a 2-core CPU (--no-trace: recorded only).
+The T5 and DeBERTa configuration variants (corpus.TRACED_VARIANTS, recorded apart by
+benchmarks/gpu/record_plain.py --variants) are compared with their recording and their trace as written by
+
+    PYTHONPATH=. python benchmarks/bench_estimate.py --trace-variants [--only NAME,NAME]
+
+(data/measurements/estimate/traced_variants.json, about 30 s a case here).
 Then the same for sharded layouts (FSDP2, DDP, DTensor TP at world 2 to 8, a 2-stage pipeline): the
 estimator against one rank (rank 0, or each stage's) of the bundled torchrun scripts (data/scripts/ranks/),
 traced here on a fake process group and recorded on the H200 with one
@@ -49,8 +55,13 @@ def main(argv=None) -> int:
     ap.add_argument("--validate", action="store_true", help="estimator vs trace vs recorded, per corpus case")
     ap.add_argument("--no-trace", action="store_true", help="--validate without fake mode (recorded only)")
     ap.add_argument("--only", help="--validate: comma-separated case names")
+    ap.add_argument("--trace-variants", action="store_true",
+                    help="trace corpus.TRACED_VARIANTS in fake mode and write their peaks to "
+                         "data/measurements/estimate/traced_variants.json (with --only: those, merged into the file)")
     args = ap.parse_args(argv)
     print(format_header(header()), flush=True)
+    if args.trace_variants:
+        return write_traced_variants(args)
     if args.validate:
         return validate(args)
     m = get_preset("llama2-70b")
@@ -99,9 +110,29 @@ def main(argv=None) -> int:
     return 0 if res["estimate_ok"] and res["plan_ok"] and res["plan_max_ok"] else 1
 
 
+def write_traced_variants(args) -> int:
+    from labkit.core.provenance import load_measurement, write_measurement
+    from labkit.memory.estimate.accuracy import VARIANT_TRACES, trace_variants
+
+    rows = trace_variants(args.only.split(",") if args.only else None)
+    kept = []
+    if args.only and VARIANT_TRACES.exists():  # nothing already written is lost: other cases' rows stay
+        kept = [r for r in load_measurement(VARIANT_TRACES, "estimate_traced_variants")["data"]
+                if r["name"] not in {x["name"] for x in rows}]
+    write_measurement(VARIANT_TRACES, "estimate_traced_variants", kept + rows,
+                      command="python benchmarks/bench_estimate.py --trace-variants"
+                              + (f" --only {args.only}" if args.only else ""))
+    for r in rows:
+        print(f"{r['name']:40s} traced {r['peak_bytes'] / 2**30:7.2f} GiB  estimated {r['estimated'] / 2**30:7.2f} GiB "
+              f"({(r['estimated'] / r['peak_bytes'] - 1) * 100:+.1f}%)")
+    print(f"wrote {VARIANT_TRACES.relative_to(ROOT)}")
+    return 0
+
+
 def validate(args) -> int:
     from labkit.core.units import fmt_bytes
-    from labkit.memory.estimate.accuracy import RANK_RECORDING, RECORDING, TOLERANCE_PCT, check, check_ranks, summary
+    from labkit.memory.estimate.accuracy import (RANK_RECORDING, RECORDING, TOLERANCE_PCT, VARIANT_RECORDING,
+                                                 VARIANT_TRACES, check, check_ranks, summary)
 
     rows = check(args.only.split(",") if args.only else None, trace=not args.no_trace)
     if args.json:
@@ -112,7 +143,9 @@ def validate(args) -> int:
                           "ranks_vs_recorded": summary(ranks, "recorded")}, indent=1))
         return 0
     print(f"recorded: {RECORDING.relative_to(ROOT)}; trace: labkit.memory.trace.corpus_check.predict_as_recorded "
-          "(fake-cuda, H200 target, the program the recording's transformers ran)")
+          "(fake-cuda, H200 target, the program the recording's transformers ran); the T5 and DeBERTa variants "
+          f"(corpus.TRACED_VARIANTS): recorded in {VARIANT_RECORDING.relative_to(ROOT)}, their trace from "
+          f"{VARIANT_TRACES.relative_to(ROOT)} (--trace-variants; 'variant' where not recorded)")
 
     def pct(e):
         return "" if e is None else f"{e:+.1f}%"
@@ -126,7 +159,8 @@ def validate(args) -> int:
             if r.split != split or r.estimated is None:
                 continue
             print(f"{r.name:46s} {fmt_bytes(r.estimated):>10s} {fmt_bytes(r.traced) if r.traced else '':>10s} "
-                  f"{fmt_bytes(r.recorded):>10s} {pct(r.err('trace')):>9s} {pct(r.err('recorded')):>8s}")
+                  f"{fmt_bytes(r.recorded) if r.recorded else 'variant':>10s} {pct(r.err('trace')):>9s} "
+                  f"{pct(r.err('recorded')):>8s}")
         for against in ("trace", "recorded"):
             s = summary(rows, against)[split]
             if s["cases"]:

@@ -16,7 +16,10 @@ by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``m
 (the tracer attached), to isolate why the traced recording is higher than the plain loop.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
-        [--case NAME --case NAME ...]
+        [--case NAME --case NAME ...] [--variants]
+
+``--variants``: the T5 and DeBERTa configuration variants of ``corpus.TRACED_VARIANTS`` (issue 26: traced and
+estimated before any recording, data/measurements/estimate/traced_variants.json) instead of ``CASES``.
 
 ``--smoke``: a few cases at CI size on the CPU (no peaks: there is no allocator to ask), to check the script.
 ``--no-profile``: no profiled step after a case (no kernel list). A control on the H200
@@ -53,7 +56,7 @@ from typing import Any
 import torch
 
 from labkit.core.provenance import header, write_measurement
-from labkit.workloads.corpus import CASES, Case, plain_step, prepare_plain, tiny
+from labkit.workloads.corpus import CASES, TRACED_VARIANTS, Case, plain_step, prepare_plain, tiny
 
 T0 = time.perf_counter()
 LOG: list[str] = []
@@ -344,7 +347,8 @@ def run_fresh(todo: list[Case], args: argparse.Namespace, smoke: bool) -> list[d
             out = args.out / "fresh" / case.name
             out.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, __file__, "--out", str(out), "--case", case.name, "--no-clue", "--no-profile",
-                   "--budget", str(args.case_timeout)] + (["--smoke"] if smoke else [])
+                   "--budget", str(args.case_timeout)] + (["--smoke"] if smoke else []) + (
+                       ["--variants"] if args.variants else [])
             with open(out / "child.log", "w") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
             running[case.name] = (proc, need, out, time.perf_counter())
@@ -397,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="GB a --fresh case without a recording is expected to reserve (default 48)")
     ap.add_argument("--case-timeout", type=float, default=240.0, help="seconds for one --fresh case (default 240)")
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
+    ap.add_argument("--variants", action="store_true",
+                    help="corpus.TRACED_VARIANTS (T5 and DeBERTa configurations) instead of the corpus's CASES")
     args = ap.parse_args(argv)
     global T0
     T0 = time.perf_counter()  # the budget and the log are this run's: main() may be called again in one process (the tests)
@@ -413,9 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         global STEPS
         STEPS = 2
-        todo = [tiny(c) for c in CASES if c.name in SMOKE_CASES or f"{c.name}@tiny" in (args.case or ())]
+        pool = TRACED_VARIANTS if args.variants else CASES
+        todo = [tiny(c) for c in pool if c.name in SMOKE_CASES or f"{c.name}@tiny" in (args.case or ())]
     else:
-        todo = list(CASES)
+        todo = list(TRACED_VARIANTS if args.variants else CASES)
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     if args.case:

@@ -741,6 +741,30 @@ def _cases() -> list[Case]:
 
 CASES: tuple[Case, ...] = tuple(_cases())
 
+# Configuration variants of the T5 and DeBERTa families for the analytical estimator's check against the trace (issue
+# 26; added 2026-12-03), apart from CASES (the tracer's own corpus, t5-base and deberta-v2 among them). Estimated, then
+# traced here in fake mode (data/measurements/estimate/traced_variants.json), then recorded on the H200
+# (record_plain.py --variants: data/measurements/measure/plain__variants.json; the trace within 0.03% of it).
+# The dimensions are the published checkpoints' (config.json of google-t5/t5-small, google/flan-t5-base,
+# google/mt5-small, microsoft/deberta-v3-xsmall, -small and -base), with random weights; names' hash decides the split.
+# Each was estimated before it was traced: the first nine within 3%; the three bf16 ones (added later) within 3.1%,
+# and the T5LayerNorm rule (activations.t5_norm_input) then found on the reference mt5-small-b16-bf16.
+T5_SMALL = dict(T5, d_model=512, d_ff=2048, num_layers=6, num_heads=8)
+FLAN_T5_BASE = dict(T5, d_ff=2048, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+MT5_SMALL = dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, d_kv=64, vocab_size=250112,
+                 feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0)
+DEBERTA_SMALL = dict(DEBERTA, num_hidden_layers=6)
+DEBERTA_XSMALL = dict(DEBERTA, hidden_size=384, num_attention_heads=6, intermediate_size=1536)
+TRACED_VARIANTS: tuple[Case, ...] = tuple(
+    _hf("t5-small-b32", "t5", "seq2seq-lm", T5_SMALL, 32, 512, ALL3)
+    + _hf("flan-t5-base-b16", "t5", "seq2seq-lm", FLAN_T5_BASE, 16, 512, ("amp-bf16",))
+    + _hf("flan-t5-base-b8-s1024", "t5", "seq2seq-lm", FLAN_T5_BASE, 8, 1024, ("fp32",))
+    + _hf("mt5-small-b16", "mt5", "seq2seq-lm", MT5_SMALL, 16, 512, AMP_BF16)
+    + _hf("deberta-v3-small-b32", "deberta-v2", "masked-lm", DEBERTA_SMALL, 32, 512, ALL3)
+    + _hf("deberta-v3-xsmall-b32", "deberta-v2", "masked-lm", DEBERTA_XSMALL, 32, 512, ("fp32",))
+    + _hf("deberta-v3-base-b8-s1024", "deberta-v2", "masked-lm", dict(DEBERTA, max_position_embeddings=1024), 8, 1024,
+          ("amp-bf16",)))
+
 # Model types the compatibility corpus adds at CI size (not recorded on the GPU), already small.
 _T = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=512,
           max_position_embeddings=128)
@@ -822,10 +846,10 @@ def compat_cases() -> list[Case]:
 
 def get_case(name: str) -> Case:
     base = name[:-len("@tiny")] if name.endswith("@tiny") else name
-    for c in CASES:
+    for c in CASES + TRACED_VARIANTS:
         if c.name == base:
             return tiny(c) if base != name else c
-    raise LabkitError(f"unknown corpus case {name!r}; see labkit.workloads.corpus.CASES")
+    raise LabkitError(f"unknown corpus case {name!r}; see labkit.workloads.corpus.CASES (and TRACED_VARIANTS)")
 
 
 def corpus_cases(split: str | None = None) -> list[Case]:
@@ -835,5 +859,5 @@ def corpus_cases(split: str | None = None) -> list[Case]:
     return [c for c in CASES if split is None or c.split == split]
 
 
-__all__ = ["CASES", "COMPAT_EXTRA", "Case", "build_model", "compat_cases", "corpus_cases", "get_case", "layer_count",
+__all__ = ["CASES", "COMPAT_EXTRA", "TRACED_VARIANTS", "Case", "build_model", "compat_cases", "corpus_cases", "get_case", "layer_count",
            "make_batch", "plain_step", "predict", "prepare_plain", "step_hooks", "tiny"]

@@ -90,12 +90,17 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         ("norm 1 input (residual stream)", sb * x.h * res / x.t_sp, False),
         ("QKV input", sb * x.h * act / (1 if gathered else x.t_sp), False),
     ]
-    if math and m.hf is not None and pt:
+    hf = m.hf if (m.hf is not None and pt) else None
+    # SDPA's math path computes in float32 for 16-bit inputs (aten/src/ATen/native/transformers/attention.cpp,
+    # _scaled_dot_product_attention_math: "Keep query, key, value in high precision", ``query_.to(at::kFloat)`` for
+    # half and bfloat16 unless allowFP16BF16ReductionMathSDP; T5's self-attention under autocast and in bf16)
+    mb = 4 if (math and hf is not None and hf.attn_impl == "sdpa") else act
+    if math and hf is not None:
         # PyTorch's math path (attention.cpp, _scaled_dot_product_attention_math) scales q and k by
         # sqrt(scale) and repeats GQA's k and v to every query head before the matmuls, which save
         # them; BLOOM's eager attention (no GQA) keeps a query, key and value per head likewise
         terms.append(("Q, K, V as the math path saves them (scaled, repeated to every head)",
-                      3 * sb * q_local * act, False))
+                      3 * sb * q_local * mb, False))
     else:
         terms += [("Q, K", sb * (q_local + kv_local) * act, False), ("V", sb * kv_local * act, False)]
     if not math:
@@ -105,15 +110,22 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
             terms.append(("attention log-sum-exp (fp32)", sb * (x.a / x.t) * 4, True))
     else:
         scores = (x.a / x.t) * x.s * x.s * x.b
-        terms.append(("softmax output", scores * act, True))
-        if m.hf is not None and pt and m.hf.attn_impl == "eager" and act != 4:
+        deberta = hf is not None and hf.model_type == "deberta-v2"
+        if deberta:
+            terms += disentangled_terms(m, x, by)
+            # its plain softmax: a float32 op under autocast (the output kept), whose dropout's output the context
+            # bmm casts back to 16 bits for itself
+            terms.append(("softmax output", scores * (4 if by.autocast else act), True))
+        else:
+            terms.append(("softmax output", scores * mb, True))
+        if hf is not None and hf.attn_impl == "eager" and act != 4 and not deberta:
             # transformers' eager attention takes the softmax in float32 and casts it back
             # (modeling_bloom.py: F.softmax(..., dtype=torch.float32).to(input_dtype)): both are kept
             terms.append(("softmax output (float32)", scores * 4, True))
         attn_drop = drop if m.hf is None else m.hf.attn_dropout > 0
         if attn_drop:
             terms.append(("attention dropout mask", scores * 1, True))
-            terms.append(("attention dropout output", scores * act, True))
+            terms.append(("attention dropout output", scores * mb, True))
     terms.append(("projection input", sb * q_local * act, False))
     if m.hf is not None and pt:
         terms += mask_terms(m, x, train, act)
@@ -132,6 +144,14 @@ def layer_terms(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) ->
         terms.append(("MLP gate/up and activation outputs", n_f * sb * x.f / x.t * act, False))
     else:
         terms.append(("MLP up output, activation output", 2 * sb * x.f / x.t * act, False))
+    if hf is not None and hf.mlp_dropout and hidden_dropout(m, train) > 0:
+        # T5 drops out the MLP's hidden activation before wo (modeling_t5.py, T5DenseActDense.forward and
+        # T5DenseGatedActDense.forward): the dropout's mask is kept, and wo keeps the dropout's output (under
+        # autocast its 16-bit cast of the float32 copy T5 makes to match wo's weight) instead of the activation's
+        # (ReLU's output, then no longer the down projection's input) or the gate's product (the same size)
+        terms.append(("MLP hidden dropout: mask, and ReLU's output beside wo's input" if hf.act == "relu"
+                      and not m.gated_mlp else "MLP hidden dropout mask",
+                      sb * x.f / x.t * (1 + (act if hf.act == "relu" and not m.gated_mlp else 0)), False))
     if drop:
         terms.append(("MLP residual dropout mask", sb * x.h / x.t_sp, False))
     if pt:
@@ -216,19 +236,73 @@ def moe_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool
     return out
 
 
-def cross_attention_bytes(x: "Dims", by: Bytes) -> float:
+def disentangled_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool]]:
+    """DeBERTa-v2's disentangled attention (He et al. 2020, arXiv:2006.03654; modeling_deberta_v2.py,
+    DisentangledSelfAttention.forward and disentangled_attention_bias), beyond the query, the scaled key
+    (``key_layer.transpose(-1, -2) / scale``: a new tensor the content bmm keeps) and the value, counted as the math
+    path's: the key itself, which p2c's bmm keeps; the position keys and queries
+    (``pos_key_proj`` / ``pos_query_proj`` of the relative embeddings, ``.repeat`` to every sequence of the batch:
+    b x heads x rel_span x d each); c2p's and p2c's (b x heads, s, rel_span) score blocks, which ``torch.gather``
+    keeps; the gathers' (s, s) int64 indices; the mask ``masked_fill`` keeps (b, 1, s, s booleans); the relative
+    embeddings' dropout mask and the position projections' input (under autocast, one 16-bit cast each). Without
+    relative attention (``relative_attention`` false: rel_span 0) only the mask."""
+    e = m.hf
+    sb = x.s * x.b
+    act = by.act
+    q_local = x.a * x.d / x.t
+    n = e.pos_att
+    out = [("DeBERTa: the key p2c's bmm reads (the scaled one counted as the math path's)", sb * q_local * act, False)
+           ] if n > 1 else []
+    if n and e.rel_span:
+        out += [("DeBERTa: position keys/queries repeated over the batch", n * x.b * e.rel_span * q_local * act, False),
+                ("DeBERTa: c2p/p2c score blocks kept by gather", n * x.b * (x.a / x.t) * x.s * e.rel_span * act, True),
+                ("DeBERTa: gather indices (int64)", n * x.s * x.s * 8, False),
+                ("DeBERTa: relative embeddings' dropout mask and the projections' input",
+                 e.rel_span * x.h * (1 + (n * act if by.autocast else act)), False)]
+    out.append(("DeBERTa: masked_fill's mask", x.b * x.s * x.s, False))
+    return out
+
+
+def cross_attention_bytes(m: ModelSpec, x: "Dims", by: Bytes) -> float:
     """What a BART decoder layer's cross-attention block keeps (modeling_bart.py, BartDecoderLayer.forward:
     ``encoder_attn``, its dropout, residual add and ``encoder_attn_layer_norm``): the query, key and value
     projections' outputs (keys and values from the encoder's output), the fused kernel's output and log-sum-exp,
     the residual sum (the LayerNorm's input), the LayerNorm's output and statistics, the dropout's mask. Under
     autocast the query reads a 16-bit copy of the float32 LayerNorm output, and the key and value projections
-    each cast the float32 encoder output for themselves (autocast caches only weights)."""
+    each cast the float32 encoder output for themselves (autocast caches only weights). T5's block
+    (modeling_t5.py, T5LayerCrossAttention: pre-norm, then ``EncDecAttention``, dropout, residual add) keeps the
+    same, its T5LayerNorm keeping a float32 normalised copy and one statistic per token (see hf_layer_terms'
+    RMSNorm); its attention has no relative bias (a zeros bias that does not require grad: the fused kernel runs)."""
     sb = x.s * x.b
     act, res = by.act, by.resid
-    kept = 4 * sb * x.h * act + x.b * x.a * x.s * 4 + sb * x.h * res + sb * x.h * act + sb * x.h + sb * 8
+    inner = x.a * x.d
+    stats = sb * 8 if m.norm == "layernorm" else sb * 4 + sb * x.h * 4
+    stats += sb * x.h * res if t5_norm_input(m, by) else 0
+    kept = 4 * sb * inner * act + x.b * x.a * x.s * 4 + sb * x.h * res + sb * x.h * act + sb * x.h + stats
     if by.autocast:
         kept += 2 * sb * x.h * act
     return kept
+
+
+def encoder_decoder_extras(m: ModelSpec, x: "Dims", by: Bytes) -> tuple[float, float]:
+    """(embedding side, head side) of a T5 model beyond one stack's embedding and head (modeling_t5.py, T5Stack.forward
+    and T5ForConditionalGeneration.forward). Each stack keeps its token ids, its input dropout's mask and its
+    relative-position buckets ((s, s) int64, the bias embedding's backward: ``compute_bias``, once per stack; the
+    other layers reuse the bias it returns). The encoder ends in T5LayerNorm (its input, float32 normalised copy and
+    statistic) and a dropout (its mask); its output is the cross-attention keys' and values' input, one tensor kept
+    for every decoder layer (under autocast each layer's projections keep their own casts instead, counted in
+    cross_attention_bytes). The decoder's end adds the same norm's float32 copy and statistic and the dropout's mask
+    to the generic head (the norm's input, the LM head's input: the output scaled by d_model**-0.5 where the head is
+    tied, ``scale_decoder_outputs``, a new tensor either way). Each decoder self-attention keeps the boolean causal mask
+    ``create_position_bias_mask`` (integrations/sdpa_attention.py) selects the bias with (``torch.where``)."""
+    sb = x.s * x.b
+    stack_in = sb * 8 + sb * x.h + x.s * x.s * 8
+    norm_end = sb * x.h * by.resid + sb * x.h * 4 + sb * 4 + sb * x.h
+    kept_input = sb * x.h * by.resid if t5_norm_input(m, by) else 0
+    emb = (2 * stack_in + norm_end + kept_input + (0 if by.autocast else sb * x.h * by.act)
+           + m.hf.decoder_layers * x.s * x.s)
+    head = sb * x.h * 4 + sb * 4 + sb * x.h + kept_input
+    return emb, head
 
 
 def mask_terms(m: ModelSpec, x: "Dims", train: TrainSpec, act: int) -> list[tuple[str, float, bool]]:
@@ -270,10 +344,23 @@ def attention_path(m: ModelSpec, train: TrainSpec) -> str:
         return "fused"
     if m.hf.attn_impl == "eager":
         return "math"
+    # T5's learned relative-position bias is SDPA's mask and requires grad: the mem-efficient kernel and cuDNN refuse
+    # such a mask (sdp_utils.cpp; the H200 ran the math path: labkit.memory.trace.fake.sdpa)
+    if m.hf.rel_bias:
+        return "math"
     # Falcon calls SDPA itself with keys and values expanded to every head (modeling_falcon.py)
     if train.precision == "fp32" and m.kv < m.heads and m.hf.model_type != "falcon":
         return "math"
     return "fused"
+
+
+def t5_norm_input(m: ModelSpec, by: Bytes) -> bool:
+    """Whether each T5LayerNorm keeps its input besides the generic RMSNorm's tensors: T5LayerNorm.forward
+    (modeling_t5.py) computes the variance on ``hidden_states.to(torch.float32)`` but multiplies ``hidden_states``
+    itself by the rsqrt, where LlamaRMSNorm multiplies the float32 copy. With a float32 residual stream (fp32,
+    autocast) the copy is the input (``.to`` returns it), so nothing more; with a 16-bit one (bf16) the product keeps
+    the 16-bit input beside the copy (the fake-mode trace of mt5-small-b16-bf16: -1.6% without it)."""
+    return m.hf is not None and m.hf.norm_keeps_input and by.resid != 4
 
 
 def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float, bool]]:
@@ -292,6 +379,9 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float,
     out: list[tuple[str, float, bool]] = []
     if m.norm == "rmsnorm":
         out.append(("RMSNorm float32 intermediates (2 norms)", 2 * sb * x.h * 4 / x.t_sp, False))
+        if t5_norm_input(m, by):
+            out.append(("T5LayerNorm: its 16-bit input, which the rsqrt multiplies (2 norms)",
+                        2 * sb * x.h * by.resid / x.t_sp, False))
         if m.hf.qk_norm:
             q_local = x.a * x.d / x.t
             kv_local = max(x.kv // x.t, 1) * x.d if x.kv < x.t else x.kv * x.d / x.t
@@ -304,13 +394,18 @@ def hf_layer_terms(m: ModelSpec, x: "Dims", by: Bytes) -> list[tuple[str, float,
         # copy per norm; q, k and v apart make two more, gate and up apart one more. Replicated under TP.
         out.append(("autocast: 16-bit copies of a norm's output, one per linear reading it", casts * sb * x.h * act,
                     False))
-    if not m.gated_mlp:
+    if not m.gated_mlp or m.hf.act in ("gelu_new", "gelu_fast"):   # T5 v1.1 gates with gelu_new
         if m.hf.act in ("gelu_new", "gelu_fast"):
             # kept besides the input and the output: tanh's output, 0.5 * input and 1 + tanh. Under
             # autocast pow is a float32 op (CUDA autocast's op list, torch.amp docs): it casts the input to
             # float32 and keeps that copy instead of the 16-bit input, and tanh and 1 + tanh are float32
             if by.autocast:
                 extra = (4 - act) + 2 * 4 + act
+                if m.gated_mlp:
+                    # the output is float32 then too (its last product reads 1 + tanh), and a gated MLP's product
+                    # keeps it as it is, where a plain MLP's down projection keeps its 16-bit cast (the fake-mode
+                    # trace of mt5-small-b16-amp-bf16: T5DenseGatedActDense's ``hidden_gelu * hidden_linear``)
+                    extra += 4 - act
             else:
                 extra = 3 * act
             out.append(("gelu_new: the tanh formula's intermediates", sb * x.f / x.t * extra, False))
@@ -397,9 +492,13 @@ def stage_activations(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Byt
 
             raise LabkitError(f"{m.name}: recomputation of an encoder-decoder is not modelled by the estimator; "
                               "use `labkit measure --hf-config` (the tracer)")
-        layers += m.hf.decoder_layers * cross_attention_bytes(x, by)
-        # the decoder's embedding too: its ids, the position add (the embedding LayerNorm's input), dropout's mask
-        emb = 2 * emb + 2 * sb * x.h * by.resid
+        layers += m.hf.decoder_layers * cross_attention_bytes(m, x, by)
+        if m.hf.rel_bias:
+            emb, extra = encoder_decoder_extras(m, x, by)
+            head += extra
+        else:
+            # the decoder's embedding too: its ids, the position add (the embedding LayerNorm's input), dropout's mask
+            emb = 2 * emb + 2 * sb * x.h * by.resid
     cache, retained, tail = kv_cache_terms(m, par, train, by, la, n)
     return StageActivations(layers=int(layers), embedding=int(emb), head=int(head), recompute_work=int(recompute_work),
                             backward_work=la.backward_work, kv_cache=int(cache), cache_retained=int(retained),
@@ -496,7 +595,7 @@ def logits_bytes(m: ModelSpec, par: ParallelSpec, train: TrainSpec, by: Bytes) -
         fwd = n * a + n * 4
         bwd = n * 4 + n * a + kept
         return LogitsBytes(held=int(held), forward_peak=int(fwd), backward_peak=int(bwd), output=int(n * a))
-    if m.hf is not None and m.hf.decoder_layers and by.autocast:
+    if m.hf is not None and m.hf.decoder_layers and not m.hf.rel_bias and by.autocast:
         # BART adds its float32 final_logits_bias buffer to the 16-bit logits (modeling_bart.py,
         # BartForConditionalGeneration.forward): type promotion makes the logits float32, and the loss runs on them
         held = n * 4 + kept

@@ -4,8 +4,8 @@
 The field names follow the configs of the families below (as ``transformers`` writes them);
 anything else with the common names (``num_hidden_layers``, ``hidden_size``,
 ``num_attention_heads``, ``vocab_size``) is read the Llama way. Mixtral and Qwen2-MoE mixtures of experts,
-BERT / RoBERTa encoders, BART and ViT are read with their own traits (``HfTraits``); other mixture-of-experts
-configs and other encoder-decoders are refused in one line (the tracer handles them).
+BERT / RoBERTa / DeBERTa-v2 encoders, BART, T5 / mT5 and ViT are read with their own traits (``HfTraits``); other
+mixture-of-experts configs and other encoder-decoders are refused in one line (the tracer handles them).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def load_hf_config(source: str | Path) -> dict[str, Any]:
 #: 126 layers, 16,384 hidden, 128 heads and 256k vocabularies.
 _BOUNDS = {"num_hidden_layers": 512, "n_layer": 512, "hidden_size": 1 << 17, "n_embd": 1 << 17,
            "num_attention_heads": 1024, "n_head": 1024, "vocab_size": 1 << 22, "intermediate_size": 1 << 20,
-           "ffn_dim": 1 << 20}
+           "ffn_dim": 1 << 20, "num_layers": 512, "num_decoder_layers": 512, "d_model": 1 << 17, "num_heads": 1024,
+           "d_ff": 1 << 20, "d_kv": 1 << 14}
 
 
 def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: bool = True) -> int | None:
@@ -74,8 +75,8 @@ def _int(cfg: dict, key: str, *alts: str, default: int | None = None, required: 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: str | None = None,
                         layers: int | None = None, hidden: int | None = None) -> ModelSpec:
-    """The ModelSpec of a transformers config (decoder-only LMs, Mixtral / Qwen2-MoE, BERT / RoBERTa, BART, ViT);
-    ``layers``/``hidden`` override the file."""
+    """The ModelSpec of a transformers config (decoder-only LMs, Mixtral / Qwen2-MoE, BERT / RoBERTa / DeBERTa-v2, BART,
+    T5 / mT5, ViT); ``layers``/``hidden`` override the file."""
     if not isinstance(cfg, dict):
         raise LabkitError(f"hf config: expected a dict, got {type(cfg).__name__}")
     mt = str(cfg.get("model_type") or "")
@@ -85,8 +86,8 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
             raise LabkitError(f"hf config {mt}: a mixture-of-experts model ({k}={cfg[k]}) the analytical model does "
                               f"not read (it reads {', '.join(sorted(_MOE_TYPES))} with every layer sparse): use "
                               "`labkit measure --hf-config` (the tracer) instead")
-    if cfg.get("is_encoder_decoder") and mt != "bart":
-        raise LabkitError(f"hf config {mt}: an encoder-decoder model other than BART; the analytical model does not "
+    if cfg.get("is_encoder_decoder") and mt not in ("bart",) + _T5:
+        raise LabkitError(f"hf config {mt}: an encoder-decoder model other than BART and T5; the analytical model does not "
                           "read it: use `labkit measure --hf-config` (the tracer) instead")
     name = name or cfg.get("_name_or_path") or mt or "hf-config"
     tied = bool(cfg.get("tie_word_embeddings", True))
@@ -108,7 +109,8 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     heads=_int(cfg, "num_attention_heads"), vocab=_int(cfg, "vocab_size"),
                     seq=seq or _int(cfg, "max_position_embeddings", default=512),
                     ffn=_int(cfg, "intermediate_size", required=False), norm="layernorm", bias=True,
-                    learned_pos_emb=True, tied_embeddings=tied)
+                    # DeBERTa-v2 adds no absolute positions where position_biased_input is false (v3's configs)
+                    learned_pos_emb=bool(cfg.get("position_biased_input", True)), tied_embeddings=tied)
     elif mt == "bart":
         # BART (Lewis et al. 2019, arXiv:1910.13461; modeling_bart.py): post-norm encoder and decoder stacks of
         # BERT's layer, the decoder's with a cross-attention block; read as one stack of both, the decoder last
@@ -121,6 +123,17 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     vocab=_int(cfg, "vocab_size"), seq=seq or _int(cfg, "max_position_embeddings", default=1024),
                     ffn=_int(cfg, "encoder_ffn_dim"), norm="layernorm", bias=True, learned_pos_emb=True,
                     tied_embeddings=tied)
+    elif mt in _T5:
+        # T5 (Raffel et al. 2019, arXiv:1910.10683; modeling_t5.py): pre-norm encoder and decoder stacks with T5LayerNorm
+        # (RMS, no bias), no biases in the linears, a relative-position bias instead of position embeddings, d_kv per
+        # head (mT5-small: 6 x 64 = 384 for d_model 512); the decoder's layers also cross-attend. Read as one stack
+        # of both, the decoder last (as BART); v1.1, mT5 and Flan-T5 gate the MLP (feed_forward_proj "gated-gelu")
+        enc = _int(cfg, "num_layers")
+        dec = _int(cfg, "num_decoder_layers", default=enc)
+        spec = dict(layers=enc + dec, hidden=_int(cfg, "d_model"), heads=_int(cfg, "num_heads"),
+                    head_dim=_int(cfg, "d_kv", default=64), vocab=_int(cfg, "vocab_size"), seq=seq or 512,
+                    ffn=_int(cfg, "d_ff"), gated_mlp=str(cfg.get("feed_forward_proj", "relu")).startswith("gated-"),
+                    norm="rmsnorm", bias=False, learned_pos_emb=False, tied_embeddings=tied)
     elif mt == "vit":
         # ViT (Dosovitskiy et al. 2020, arXiv:2010.11929; modeling_vit.py): pre-norm LayerNorm layers over the
         # patches and a [CLS] token, the classifier on [CLS]: seq is patches + 1, vocab the number of labels
@@ -171,18 +184,21 @@ def _float(cfg: dict, *keys: str) -> float:
     return 0.0
 
 
-# encoder-only models the estimator reads (BERT's layout); DeBERTa's disentangled attention is not among them
-_ENCODERS = ("bert", "roberta")
+# encoder-only models the estimator reads (BERT's layout; DeBERTa-v2's with its disentangled attention, HfTraits.rel_span)
+_ENCODERS = ("bert", "roberta", "deberta-v2")
+# T5's family (modeling_t5.py; modeling_mt5.py is the same code)
+_T5 = ("t5", "mt5")
 
 # model types whose attention projects queries, keys and values with three linears (the others fuse them:
 # GPT-2's c_attn, BLOOM's, Falcon's and GPT-NeoX's query_key_value, Phi-3's qkv_proj, InternLM2's wqkv), and
 # whose gated MLP has separate gate and up linears (Phi-3 fuses them in gate_up_proj; StarCoder2 has c_fc alone)
-_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt", "vit", "bart"} | set(_ENCODERS)
+_SEPARATE_QKV = (_LLAMA_LIKE - {"phi3", "internlm2"}) | {"opt", "vit", "bart"} | set(_ENCODERS) | set(_T5)
 _SEPARATE_GATE_UP = _LLAMA_LIKE - {"phi3", "starcoder2"}
 
 # model types whose transformers implementation has no SDPA path (their own softmax(QK^T)V): BLOOM adds
-# its ALiBi bias with baddbmm and upcasts the scores (modeling_bloom.py, BloomAttention.forward)
-_EAGER_ONLY = {"bloom"}
+# its ALiBi bias with baddbmm and upcasts the scores (modeling_bloom.py, BloomAttention.forward); DeBERTa-v2 adds its
+# c2p/p2c scores with bmm and gather (modeling_deberta_v2.py, DisentangledSelfAttention.forward)
+_EAGER_ONLY = {"bloom", "deberta-v2"}
 
 
 def _with_defaults(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
@@ -200,32 +216,59 @@ def _with_defaults(cfg: dict[str, Any], mt: str) -> dict[str, Any]:
 def hf_traits(cfg: dict[str, Any]) -> HfTraits:
     """What the transformers implementation of ``cfg`` does beyond the dimensions (see HfTraits)."""
     mt = str(cfg.get("model_type") or "")
+    # T5Config makes num_decoder_layers num_layers where a config leaves it out (the default config's 6 would not)
+    t5_decoder = int(cfg.get("num_decoder_layers") or cfg.get("num_layers") or 6) if mt in _T5 else 0
     cfg = _with_defaults(cfg, mt) if mt else cfg
     act = str(cfg.get("activation_function") or cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation")
               or ("gelu_new" if mt == "gpt2" else "silu"))
+    t5 = mt in _T5
+    if t5:
+        # T5Config.__init__ derives dense_act_fn and is_gated_act from feed_forward_proj: "relu", "gated-gelu" (whose
+        # activation is gelu_new, for backwards compatibility) or "[gated-]ACT"
+        ff = str(cfg.get("feed_forward_proj") or "relu")
+        act = "gelu_new" if ff == "gated-gelu" else ff.split("-")[-1]
     impl = "eager" if mt in _EAGER_ONLY else str(cfg.get("_attn_implementation") or cfg.get("attn_implementation")
                                                  or "sdpa")
     softcap = cfg.get("final_logit_softcapping")
+    pos_att = cfg.get("pos_att_type") or []
+    pos_att = pos_att.lower().split("|") if isinstance(pos_att, str) else list(pos_att)  # older configs: "p2c|c2p"
+    # DeBERTa-v2's relative embeddings: 2 x position_buckets rows (or 2 x max_relative_positions, itself
+    # max_position_embeddings where below 1: DisentangledSelfAttention.__init__, pos_ebd_size)
+    buckets = int(cfg.get("position_buckets") or -1)
+    span = buckets if buckets > 0 else (int(cfg.get("max_relative_positions") or -1) if int(
+        cfg.get("max_relative_positions") or -1) >= 1 else int(cfg.get("max_position_embeddings") or 512))
+    rel_att = mt == "deberta-v2" and bool(cfg.get("relative_attention"))
     return HfTraits(model_type=mt, act=act, attn_impl="eager" if impl == "eager" else "sdpa",
-                    attn_dropout=_float(cfg, "attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
-                    hidden_dropout=_float(cfg, "resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"),
-                    # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings)
-                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS
+                    attn_dropout=_float(cfg, *(("dropout_rate",) if t5 else ()), "attn_pdrop", "attention_dropout",
+                                        "attention_probs_dropout_prob"),
+                    hidden_dropout=_float(cfg, *(("dropout_rate",) if t5 else ()), "resid_pdrop", "hidden_dropout",
+                                          "dropout", "hidden_dropout_prob"),
+                    # BERT's embeddings end in a dropout of hidden_dropout_prob (modeling_bert.py, BertEmbeddings); T5's
+                    # stacks start with a dropout of dropout_rate (T5Stack.forward)
+                    embd_dropout=_float(cfg, *(("hidden_dropout_prob",) if mt in _ENCODERS else ("dropout_rate",) if t5
                                                else ("dropout",) if mt == "bart" else ("embd_pdrop", "embed_dropout"))),
                     # an encoder builds no KV cache (BertModel: only a decoder, is_decoder=True, does)
-                    # BartForConditionalGeneration turns the cache off when given labels
-                    use_cache=bool(cfg.get("use_cache", True)) and mt not in ("vit", "bart") and (mt not in _ENCODERS
-                                                                                   or bool(cfg.get("is_decoder"))),
+                    # BartForConditionalGeneration turns the cache off when given labels; T5Stack builds one only when
+                    # the caller passes use_cache=True (its forward reads the argument, not the config)
+                    use_cache=bool(cfg.get("use_cache", True)) and mt not in ("vit", "bart") + _T5 and (
+                        mt not in _ENCODERS or bool(cfg.get("is_decoder"))),
                     mlm_head=mt in _ENCODERS,
                     patch=int(cfg.get("patch_size") or 16) if mt == "vit" else 0,
                     channels=int(cfg.get("num_channels") or 3),
-                    decoder_layers=int(cfg.get("decoder_layers") or 0) if mt == "bart" else 0,
+                    decoder_layers=(int(cfg.get("decoder_layers") or 0) if mt == "bart" else
+                                    t5_decoder),
                     # BartLearnedPositionalEmbedding: max_position_embeddings + 2 rows (its offset of 2)
                     positions=int(cfg.get("max_position_embeddings") or 1024) + 2 if mt == "bart" else 0,
                     logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
                     qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe"),
-                    attn_in_linears=3 if mt in _SEPARATE_QKV else 1, mlp_in_linears=2 if mt in _SEPARATE_GATE_UP else 1,
+                    attn_in_linears=3 if mt in _SEPARATE_QKV else 1,
+                    mlp_in_linears=2 if mt in _SEPARATE_GATE_UP or (t5 and ff.startswith("gated-")) else 1,
                     parallel_residual=mt == "gpt_neox" and bool(cfg.get("use_parallel_residual", True)),
+                    rel_bias=int(cfg.get("relative_attention_num_buckets") or 32) if t5 else 0,
+                    mlp_dropout=t5, norm_keeps_input=t5,
+                    rel_span=2 * span if rel_att else 0,
+                    pos_att=sum(t in ("c2p", "p2c") for t in pos_att) if rel_att else 0,
+                    share_att_key=bool(cfg.get("share_att_key")),
                     **moe_traits(cfg, mt))
 
 

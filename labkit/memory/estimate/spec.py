@@ -47,13 +47,23 @@ class HfTraits:
     patch: int = 0                       # a ViT (modeling_vit.py): the patch side of its convolutional embedding (the
                                          # model's seq is then patches + 1, its vocab the classifier's labels); 0: text
     channels: int = 3                    # the image's channels (ViT)
-    decoder_layers: int = 0              # an encoder-decoder (BART): the last decoder_layers of the model's layers
+    decoder_layers: int = 0              # an encoder-decoder (BART, T5): the last decoder_layers of the model's layers
                                          # also cross-attend to the encoder's output; 0: one stack
     positions: int = 0                   # BART: rows of each stack's learned position table
     experts: int = 0                     # a mixture-of-experts MLP (Mixtral, Qwen2-MoE): routed experts, 0: dense
     top_k: int = 0                       # experts per token
     expert_ffn: int = 0                  # one expert's intermediate size
     shared_ffn: int = 0                  # Qwen2-MoE's shared expert's intermediate size (0: none)
+    rel_bias: int = 0                    # T5: buckets of the learned relative-position bias added to every
+                                         # self-attention's scores (0: none); it requires grad, so SDPA runs its
+                                         # math path (activations.attention_path)
+    mlp_dropout: bool = False            # T5: a dropout on the MLP's hidden activation (T5DenseActDense.dropout)
+    norm_keeps_input: bool = False       # T5LayerNorm multiplies its input itself (not its float32 copy) by the
+                                         # rsqrt: with a 16-bit residual stream it keeps the input besides the copy
+    rel_span: int = 0                    # DeBERTa-v2: rows of relative embeddings each attention reads (2 x
+                                         # position_buckets); 0: no disentangled attention
+    pos_att: int = 0                     # DeBERTa-v2: its position terms (c2p, p2c: 2)
+    share_att_key: bool = False          # DeBERTa-v2: the position terms reuse the content projections
 
 
 @dataclass(frozen=True)
@@ -278,7 +288,7 @@ def validate(model: ModelSpec, par: ParallelSpec, train: TrainSpec) -> None:
     if par.shard_size is not None and (par.shard_size < 1 or (par.dp * par.cp) % par.shard_size):
         raise LabkitError(f"shard size {par.shard_size} does not divide the data-parallel group dp x cp = {par.dp * par.cp}")
     if model.hf is not None and model.hf.decoder_layers and (par.pp > 1 or par.tp > 1):
-        raise LabkitError(f"{model.name}: an encoder-decoder (BART) is read as one stack on one pipeline stage without "
+        raise LabkitError(f"{model.name}: an encoder-decoder (BART, T5) is read as one stack on one pipeline stage without "
                           "tensor parallelism (tp=pp=1); trace other layouts with `labkit measure --script`")
     if train.lora is not None:
         if par.world > 1:

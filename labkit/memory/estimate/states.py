@@ -114,6 +114,10 @@ def layer_params(m: ModelSpec, tp: int = 1) -> tuple[int, int]:
         shared = 3 * h * e.shared_ffn + h if e.shared_ffn else 0
         mlp_w = (h * e.experts + e.experts * 3 * h * e.expert_ffn + shared) // tp
         mlp_b = 0
+    if m.hf is not None and m.hf.rel_span and not m.hf.share_att_key:
+        # DeBERTa-v2's pos_key_proj (c2p) and pos_query_proj (p2c), biased (DisentangledSelfAttention.__init__)
+        attn_w += m.hf.pos_att * h * q
+        attn_b += m.hf.pos_att * q
     norm = (2 if m.norm == "layernorm" else 1) * h
     matmul = attn_w + mlp_w
     return matmul + attn_b + mlp_b + 2 * norm, matmul
@@ -145,7 +149,7 @@ def lora_states(m: ModelSpec, pc: "ParamCounts", train: TrainSpec, by: Bytes) ->
 def total_params(m: ModelSpec) -> int:
     """All parameters of the model (tied embeddings counted once)."""
     layer, _ = layer_params(m, 1)
-    if m.hf is not None and (m.hf.patch or m.hf.decoder_layers):
+    if m.hf is not None and (m.hf.patch or m.hf.decoder_layers or m.hf.model_type == "deberta-v2"):
         return m.layers * layer + stage_params(m, ParallelSpec(), 0).embedding + stage_params(m, ParallelSpec(), 0).head
     emb = m.vocab * m.hidden + (m.seq * m.hidden if m.learned_pos_emb else 0)
     norm = (2 if m.norm == "layernorm" else 1) * m.hidden
@@ -164,12 +168,19 @@ def stage_params(m: ModelSpec, par: ParallelSpec, stage: int) -> ParamCounts:
     head_mm = 0
     if m.hf is not None and m.hf.decoder_layers:
         # BART (pp=1): the shared word embedding (tied to the LM head), each stack's position table and embedding
-        # LayerNorm, and the decoder layers' cross-attention (q, k, v, o with biases, its LayerNorm)
-        h = m.hidden
-        cross = m.hf.decoder_layers * (4 * h * h + 4 * h + 2 * h)
-        emb = m.vocab * h + 2 * m.hf.positions * h + 2 * 2 * h + cross
-        return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=0, head_matmul=m.vocab * h,
-                           layers=m.layers)
+        # LayerNorm, and the decoder layers' cross-attention (q, k, v, o with biases, its LayerNorm). T5
+        # (modeling_t5.py): the shared embedding, each stack's relative-position bias table (buckets x heads, in its
+        # first layer's self-attention) and final T5LayerNorm, the cross-attention (q, k, v, o of d_kv x heads, no
+        # biases, its T5LayerNorm); the LM head is the shared embedding unless tie_word_embeddings is false
+        h, inner = m.hidden, m.heads * m.d_head
+        norm = (2 if m.norm == "layernorm" else 1) * h
+        cross = m.hf.decoder_layers * (4 * h * inner + (3 * inner + h if m.bias else 0) + norm)
+        if m.hf.rel_bias:
+            emb = m.vocab * h + 2 * m.hf.rel_bias * m.heads + 2 * norm + cross
+        else:
+            emb = m.vocab * h + 2 * m.hf.positions * h + 2 * norm + cross
+        return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb,
+                           head=0 if m.tied_embeddings else m.vocab * h, head_matmul=m.vocab * h, layers=m.layers)
     if m.hf is not None and m.hf.patch:
         # ViT: the patch convolution (weight and bias) and the [CLS] token, the position table; the classifier
         p = m.hf.patch
@@ -178,9 +189,17 @@ def stage_params(m: ModelSpec, par: ParallelSpec, stage: int) -> ParamCounts:
             head, head_mm = norm + m.vocab * m.hidden + m.vocab, m.vocab * m.hidden
         return ParamCounts(layer=layer, layer_matmul=layer_mm, embedding=emb, head=head, head_matmul=head_mm,
                            layers=m.layers // par.pp)
+    if first and m.hf is not None and m.hf.model_type == "deberta-v2":
+        # DeBERTa-v2: the encoder's relative embeddings (rel_span x hidden, with relative attention) and the
+        # embeddings' LayerNorm
+        emb += m.hf.rel_span * m.hidden + norm
     if last:
         head = norm
         head_mm = word
+        if m.hf is not None and m.hf.model_type == "deberta-v2":
+            # its masked-LM head (BertLMPredictionHead's layout): the transform's dense (weight and bias) and the
+            # decoder's bias of vocab entries, besides the transform's LayerNorm (``norm``)
+            head += m.hidden * m.hidden + m.hidden + m.vocab
         if not m.tied_embeddings or not first:
             # untied head, or (Megatron) the tied word embedding copied to the last stage
             head += word
