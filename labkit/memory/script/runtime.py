@@ -44,7 +44,9 @@ from labkit.memory.script.tensor_placement import DeviceMode, local_tensor, repo
 from labkit.memory.script.tracker import GpuTracker, Sites, resized_storages
 from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
                                            data_dependent_choices)
-from labkit.memory.trace.fake.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
+from labkit.memory.trace.fake.addresses import FakeAddresses, fake_data_pointers
+from labkit.memory.trace.fake.fake_runtime import (CudaFunctionRules, checkpoint_autocast, fake_deepcopy,
+                                                   fake_module_conversion)
 from labkit.memory.trace.storage import Roles
 
 # transformers (10 s to import: python -X importtime, 2-core machine) is imported where a script uses it.
@@ -151,8 +153,9 @@ def _autocast_cache(state: _AutocastState) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_fake_tensor_warnings() -> Iterator[None]:
-    """``copy.deepcopy`` of a module reads each tensor's data pointer (``Tensor.__deepcopy__``), which fake
-    tensors answer with a deprecation warning about the fake tensor, not about the program: not shown."""
+    """PyTorch's C++ code that reads a fake storage's data pointer (Python reads answer from
+    :mod:`labkit.memory.trace.fake.addresses`) warns that the pointer of a fake tensor was read: a warning about
+    the fake tensor, not about the program, not shown."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         yield
@@ -184,6 +187,8 @@ class FakeGPU:
         self.tracker.on_alloc = self.live.sync
         self.roles = Roles()
         self.emulator.attach(None, self.tracker, self.roles)
+        # data pointers: a GPU storage's simulated block address, a host one's from a counter (addresses.py)
+        self.addresses = FakeAddresses(lambda st: self.live.address(self.tracker.sid_of_storage(st)))
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
         self._stack: contextlib.ExitStack | None = None
         self._depth = 0                      # top-level module calls running
@@ -285,6 +290,8 @@ class FakeGPU:
             st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())
+            st.enter_context(fake_deepcopy())
+            st.enter_context(fake_data_pointers(self.addresses))
             st.enter_context(checkpoint_autocast(self.emulator))
             st.enter_context(_autocast_cache(self.emulator.autocast_state))
             st.enter_context(cuda_answers(self.facts, self.live, self.note, self.local_rank))

@@ -126,6 +126,11 @@ class GpuTracker(StorageTracker):
             self.site_of[before] = self.sites.here()
         return n
 
+    def sid_of_storage(self, st: Any) -> int | None:
+        """The tracker's id of GPU storage ``st``, or None when the fake GPU did not allocate it."""
+        known = self._ids.get(id(st))
+        return known[1] if known is not None and known[0]() is st else None
+
     def storage_resized(self, st: Any, nbytes: int) -> None:
         """``UntypedStorage.resize_`` on a GPU storage (FSDP2 frees an unsharded parameter's memory with
         ``resize_(0)`` and allocates it again with ``resize_(n)``, the tensor kept): a free, then a new block.
