@@ -160,9 +160,19 @@ class GpuTracker(StorageTracker):
             return d == "gpu"
         if is_cuda_device(kwargs.get("device")):
             return True
-        for leaf in tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and self.storage_id(leaf) is not None:
-                return True
+        # an ATen op's arguments are tensors, lists of tensors (``Tensor[]``, ``Tensor?[]``) and non-tensors
+        ids = self._ids
+        for group in (args, kwargs.values()):
+            for a in group:
+                for t in (a,) if isinstance(a, torch.Tensor) else a if isinstance(a, (list, tuple)) else ():
+                    if isinstance(t, torch.Tensor):
+                        try:
+                            st = t.untyped_storage()
+                        except (NotImplementedError, RuntimeError):  # sparse, nested or functional wrappers
+                            continue
+                        known = ids.get(id(st))
+                        if known is not None and known[0]() is st:
+                            return True
         return False
 
     supports_higher_order_operators = True
@@ -183,7 +193,7 @@ class GpuTracker(StorageTracker):
         try:
             if not gpu:
                 return self._host_op(func, args, kwargs)
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            out = _TRACK(self, func, types, args, kwargs)
         finally:
             p.internal -= 1
         if func is torch.ops.aten._to_copy.default:
@@ -214,6 +224,11 @@ class GpuTracker(StorageTracker):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         return out
+
+
+# StorageTracker's dispatch without the dynamo-disable wrapper TorchDispatchMode puts on every subclass's
+# __torch_dispatch__ (torch/utils/_python_dispatch.py): it runs inside GpuTracker's, already wrapped
+_TRACK = getattr(StorageTracker.__torch_dispatch__, "__wrapped__", StorageTracker.__torch_dispatch__)
 
 
 @contextlib.contextmanager
