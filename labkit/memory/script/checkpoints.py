@@ -305,15 +305,16 @@ def load_torch_placeholder(data: bytes, map_location: Any, weights_only: bool, n
             return tensors[pid]
         key, nbytes, dtype_name, shape, stride, offset, requires_grad, param, loc = records[pid]
         device = _device_for(loc, map_location, note)
+        dtype = getattr(torch, dtype_name)
         base = bases.get(key)
         if base is None:
+            # the storage, typed as its first tensor (so a host storage is real or fake as the saved one was)
             dev = "cuda" if is_cuda_device(device) else device
-            base = bases[key] = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            base = bases[key] = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device=dev)
             if key in values and not is_fake(base):
                 with unset_fake_temporarily():
-                    base.copy_(torch.frombuffer(bytearray(values[key]), dtype=torch.uint8))
-        dtype = getattr(torch, dtype_name)
-        t = base.view(dtype).as_strided(shape, stride, offset)
+                    base.view(torch.uint8).copy_(torch.frombuffer(bytearray(values[key]), dtype=torch.uint8))
+        t = (base if base.dtype == dtype else base.view(torch.uint8).view(dtype)).as_strided(shape, stride, offset)
         t = nn.Parameter(t, requires_grad=requires_grad) if param else t.requires_grad_(requires_grad)
         tensors[pid] = t
         return t
@@ -408,7 +409,7 @@ def fake_checkpoints(gpu: Any) -> Iterator[Placeholders]:
                 if header is not None:
                     gpu.note(f"safetensors safe_open({os.fsdecode(filename)!r}): read from its header (shapes and "
                              "dtypes); fake tensors have no values, so none were read")
-            if header is None or framework not in ("pt", "torch"):
+            if header is None or framework not in ("pt", "torch", "pytorch"):
                 return real_open(filename, framework, device, *a, **k)
             return FakeSafeOpen(header, device)
 

@@ -217,19 +217,22 @@ def test_a_script_that_saves_and_loads_its_own_checkpoints(tmp_path):
 
 
 def test_torch_save_placeholders_in_this_process(tmp_path):
-    """torch.save/torch.load on the fake GPU: views keep sharing one storage, map_location moves tensors,
-    weights_only refuses what PyTorch refuses, and a file object works as a path does."""
+    """torch.save/torch.load on the fake GPU: views keep sharing one storage, map_location moves tensors, a real
+    host tensor keeps its values, weights_only refuses what PyTorch refuses, and a file object works as a path
+    does."""
     import io
     import pickle
 
     with fake_gpu():
         w = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
-        torch.save({"w": w, "half": w[:32], "p": nn.Parameter(torch.empty(8))}, tmp_path / "x.pt")
+        idx = torch.arange(10_000)                                  # a real host tensor (80 KB): values kept
+        torch.save({"w": w, "half": w[:32], "p": nn.Parameter(torch.empty(8)), "idx": idx}, tmp_path / "x.pt")
         before = torch.cuda.memory_allocated()
         got = torch.load(tmp_path / "x.pt")
         assert torch.cuda.memory_allocated() - before == 4096      # one storage: the view shares it
         assert got["w"].is_cuda and got["w"].dtype == torch.bfloat16 and got["half"].shape == (32, 32)
         assert got["half"].data_ptr() == got["w"].data_ptr() and isinstance(got["p"], nn.Parameter)
+        assert got["idx"].sum().item() == 49_995_000 and not got["idx"].is_cuda
         host = torch.load(tmp_path / "x.pt", map_location="cpu")
         assert not host["w"].is_cuda and torch.cuda.memory_allocated() - before == 4096
         buf = io.BytesIO()
