@@ -242,3 +242,16 @@ def test_torch_save_placeholders_in_this_process(tmp_path):
             torch.load(buf)
         buf.seek(0)
         assert torch.load(buf, weights_only=False) is fake_gpu
+
+
+def test_a_real_safetensors_file_is_read_from_its_header(tmp_path):
+    """safe_open of a real checkpoint on the fake GPU reads no values: tensors of its shapes and dtypes, on the
+    device asked for, and a note says so."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({"w": torch.ones(300, 300, dtype=torch.float16), "b": torch.arange(3)}, str(tmp_path / "real.safetensors"))
+    with fake_gpu() as gpu:
+        got = load_file(str(tmp_path / "real.safetensors"), device="cuda")
+        assert got["w"].is_cuda and got["w"].shape == (300, 300) and got["w"].dtype == torch.float16
+        assert got["b"].dtype == torch.int64 and torch.cuda.memory_allocated() == 180_224 + 512
+    assert any("read from its header" in n for n in gpu.report().notes)

@@ -239,9 +239,9 @@ def fake_deepcopy() -> Iterator[None]:
     otherwise its storage is deep-copied and its ``__dict__`` with it, ``fake_mode`` included: the copy belongs
     to a new fake mode ("Mixing fake modes NYI" at its first use). A fake tensor's pointer is not 0 where fake
     storages have addresses (:mod:`labkit.memory.trace.fake.addresses`, the script runtime's) or where it is a
-    view at an offset, so the clone must not depend on it. A parameter made in fake mode is a ``FakeTensor`` flagged ``_is_param``
-    (``Parameter.__new__`` for a custom tensor type, torch/nn/parameter.py), so ``Parameter.__deepcopy__`` does
-    not apply either. PyTorch's own modules copy themselves this way: ``nn.TransformerEncoder`` and
+    view at an offset, so the clone must not depend on it. A parameter made in fake mode is a ``FakeTensor``
+    flagged ``_is_param`` (``Parameter.__new__`` for a custom tensor type, torch/nn/parameter.py), so
+    ``Parameter.__deepcopy__`` does not apply either. PyTorch's own modules copy themselves this way: ``nn.TransformerEncoder`` and
     ``nn.TransformerDecoder`` clone their layer ``num_layers`` times with ``copy.deepcopy`` (``_get_clones``,
     torch/nn/modules/transformer.py). The method is set on the ``FakeTensor`` class for the fake run (no cost
     per op) and removed after."""
