@@ -53,9 +53,10 @@ from labkit.memory.trace.storage import Roles
 
 
 #: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
-#: anything and the mask's values are unknown (made on the GPU, or too large to be real on the host): nothing
-#: (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an explicit mask on
-#: the GPU. A mask copied from the host is read there (GpuTracker.host_values). Said in the report's notes.
+#: anything and the mask's values are unknown (made on the GPU from unknown values, or too large to be real on
+#: the host): nothing (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an
+#: explicit mask on the GPU. A mask copied from the host, or made on the GPU from known values or integers drawn
+#: there, is read from its values (GpuTracker.host_values). Said in the report's notes.
 _UNPADDED = {"attention_mask": torch.ones(1)}
 
 

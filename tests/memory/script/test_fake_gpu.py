@@ -255,3 +255,26 @@ def test_a_real_safetensors_file_is_read_from_its_header(tmp_path):
         assert got["w"].is_cuda and got["w"].shape == (300, 300) and got["w"].dtype == torch.float16
         assert got["b"].dtype == torch.int64 and torch.cuda.memory_allocated() == 180_224 + 512
     assert any("read from its header" in n for n in gpu.report().notes)
+
+
+def test_small_integer_gpu_tensors_carry_their_values():
+    """A padding mask made on the GPU from ids and lengths drawn there: every op on known values is run again on
+    the host, random draws come from a host stream of their own (the program's host draws are unchanged), and a
+    write from unknown values makes the storage's values unknown, every view of it included."""
+    torch.manual_seed(1)
+    expected = torch.randint(0, 1000, (3,)).tolist()
+    torch.manual_seed(1)
+    with fake_gpu() as gpu:
+        lengths = torch.randint(8, 17, (4,), device="cuda")
+        ids = torch.randint(1, 100, (4, 16), device="cuda")
+        ids = ids.masked_fill(torch.arange(16, device="cuda")[None, :] >= lengths[:, None], 0)
+        mask = (ids != 0).long()
+        known, n = gpu.tracker.host_values(mask), gpu.tracker.host_values(lengths)
+        assert known is not None and known.sum(1).tolist() == n.tolist() and known.dtype == torch.int64
+        assert torch.randint(0, 1000, (3,)).tolist() == expected      # host draws: the program's own stream
+        row = mask[0]
+        assert gpu.tracker.host_values(row).tolist() == known[0].tolist()
+        mask.copy_(torch.randn(4, 16, device="cuda") > 0)               # unknown values written into it
+        assert gpu.tracker.host_values(mask) is None and gpu.tracker.host_values(row) is None
+        assert gpu.tracker.host_values(torch.randn(4, device="cuda")) is None   # floats carry no values
+    assert any("drawn on the host" in n for n in gpu.report().notes)
