@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+from torch._weights_only_unpickler import Unpickler as WeightsOnly    # what torch.load(weights_only=True) unpickles with
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.tensor_placement import is_cuda_device
@@ -321,8 +322,6 @@ def load_torch_placeholder(data: bytes, map_location: Any, weights_only: bool, n
 
     body = io.BytesIO(data[start + n:])
     if weights_only:
-        from torch._weights_only_unpickler import Unpickler as WeightsOnly
-
         unpickler: Any = WeightsOnly(body, encoding="utf-8")
         unpickler.persistent_load = persistent_load
         try:
