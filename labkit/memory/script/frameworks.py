@@ -8,8 +8,9 @@ it did in the run's notes:
   not pinned (pinned memory is host memory; the GPU's figures do not change).
 * ``torch.compile``: the program runs eagerly; a compiled graph usually holds fewer activations, so the
   figures are the eager program's (said in the notes).
-* ``torch.save`` and safetensors' ``save_file`` / ``save`` (what ``save_pretrained`` of transformers and peft
-  write with): fake tensors have no values; nothing is written (said in the notes).
+* ``torch.save`` / ``torch.load`` and safetensors' ``save_file`` / ``save`` / ``safe_open`` / ``load_file`` (what
+  ``save_pretrained`` and ``from_pretrained`` of transformers and peft use): placeholders with shapes and dtypes and
+  no values, which the fake GPU loads back (:mod:`.checkpoints`; said in the notes).
 * Lightning, accelerate and Hugging Face ``Trainer`` read the GPU through ``torch.cuda`` (answered in
   :mod:`.cuda_api`) and move tensors with ``.to(device)`` (:mod:`.tensor_placement`): nothing of theirs is patched.
 """
@@ -17,14 +18,14 @@ it did in the run's notes:
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import weakref
 from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 import torch.utils.data as tud
+
+from labkit.memory.script.checkpoints import fake_checkpoints
 
 
 @contextlib.contextmanager
@@ -65,54 +66,6 @@ def _compile(gpu: Any) -> Any:
         return model
 
     return _patched(torch, "compile", compile)
-
-
-def _save(gpu: Any) -> Any:
-    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        gpu.note("torch.save: fake tensors have no values; nothing was written")
-
-    return _patched(torch, "save", save)
-
-
-@contextlib.contextmanager
-def _safetensors_save(gpu: Any) -> Iterator[None]:
-    """``safetensors.torch.save_file`` and ``save`` write nothing. Libraries bind them under their own names at
-    import (``from safetensors.torch import save_file as safe_save_file`` in transformers' modeling_utils and
-    peft's peft_model), so every module attribute that is the function is swapped, and swapped back after
-    the run, including in modules the script imported meanwhile (they bound the stand-in)."""
-    try:
-        import safetensors.torch as st
-    except ImportError:  # no safetensors: nothing binds it
-        yield
-        return
-
-    def save_file(tensors: Any, filename: Any, metadata: Any = None) -> None:
-        gpu.note(f"safetensors save_file({os.fspath(filename)!r}): fake tensors have no values; nothing was written")
-
-    def save(tensors: Any, metadata: Any = None) -> bytes:
-        gpu.note("safetensors save: fake tensors have no values; empty bytes returned")
-        return b""
-
-    swaps = {st.save_file: save_file, st.save: save}
-
-    def swap(table: dict) -> None:
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict):
-                continue
-            for name, value in list(namespace.items()):
-                try:
-                    new = table.get(value)
-                except TypeError:  # an unhashable attribute
-                    continue
-                if new is not None:
-                    namespace[name] = new
-
-    swap(swaps)
-    try:
-        yield
-    finally:
-        swap({new: old for old, new in swaps.items()})
 
 
 @contextlib.contextmanager
@@ -156,6 +109,6 @@ def _optimizers_follow_parameters() -> Iterator[None]:
 @contextlib.contextmanager
 def framework_adapters(gpu: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        for cm in (_data_loader(gpu), _compile(gpu), _save(gpu), _safetensors_save(gpu), _optimizers_follow_parameters()):
+        for cm in (_data_loader(gpu), _compile(gpu), fake_checkpoints(gpu), _optimizers_follow_parameters()):
             stack.enter_context(cm)
         yield

@@ -102,6 +102,14 @@ class LiveAllocator:
             i += 1
         self.cursor = n
 
+    def address(self, sid: int | None) -> int | None:
+        """The simulated block address of tracker storage ``sid`` while it is allocated, else None."""
+        if sid is None:
+            return None
+        self.sync()
+        b = self._blocks.get(sid)
+        return None if b is None else b.addr
+
     def _out_of_memory(self, nbytes: int, event: int) -> None:
         self.oom = OomEvent(requested=nbytes, allocated=self.allocated, reserved=self.reserved, event=event,
                             limit=self.device_bytes)

@@ -46,16 +46,19 @@ from labkit.memory.script.tensor_placement import DeviceMode, local_tensor, repo
 from labkit.memory.script.tracker import GpuTracker, Sites, resized_storages
 from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, CudaTarget, _AutocastState,
                                            data_dependent_choices)
-from labkit.memory.trace.fake.fake_runtime import CudaFunctionRules, checkpoint_autocast, fake_module_conversion
+from labkit.memory.trace.fake.addresses import FakeAddresses, fake_data_pointers
+from labkit.memory.trace.fake.fake_runtime import (CudaFunctionRules, checkpoint_autocast, fake_deepcopy,
+                                                   fake_module_conversion)
 from labkit.memory.trace.storage import Roles
 
 # transformers (3-4 s of CPU to import its masking_utils here) is imported where a script uses it.
 
 
 #: What fake mode assumes of a script's batches where transformers asks whether the attention mask masks
-#: anything and the mask's values are unknown (made on the GPU, or too large to be real on the host): nothing
-#: (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an explicit mask on
-#: the GPU. A mask copied from the host is read there (GpuTracker.host_values). Said in the report's notes.
+#: anything and the mask's values are unknown (made on the GPU from unknown values, or too large to be real on
+#: the host): nothing (a training batch of equal-length or packed-by-row sequences); a padded batch keeps an
+#: explicit mask on the GPU. A mask copied from the host, or made on the GPU from known values or integers drawn
+#: there, is read from its values (GpuTracker.host_values). Said in the report's notes.
 _UNPADDED = {"attention_mask": torch.ones(1)}
 
 
@@ -196,8 +199,9 @@ def _autocast_cache(state: _AutocastState) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_fake_tensor_warnings() -> Iterator[None]:
-    """``copy.deepcopy`` of a module reads each tensor's data pointer (``Tensor.__deepcopy__``), which fake
-    tensors answer with a deprecation warning about the fake tensor, not about the program: not shown."""
+    """PyTorch's C++ code that reads a fake storage's data pointer (Python reads answer from
+    :mod:`labkit.memory.trace.fake.addresses`) warns that the pointer of a fake tensor was read: a warning about
+    the fake tensor, not about the program, not shown."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         yield
@@ -229,6 +233,8 @@ class FakeGPU:
         self.tracker.on_alloc = self.live.sync
         self.roles = Roles()
         self.emulator.attach(None, self.tracker, self.roles)
+        # data pointers: a GPU storage's simulated block address, a host one's from a counter (addresses.py)
+        self.addresses = FakeAddresses(lambda st: self.live.address(self.tracker.sid_of_storage(st)))
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
         self._stack: contextlib.ExitStack | None = None
         self._depth = 0                      # top-level module calls running
@@ -335,6 +341,8 @@ class FakeGPU:
             st.enter_context(self.fake)
             st.enter_context(self.emulator.modules.active())
             st.enter_context(fake_module_conversion())
+            st.enter_context(fake_deepcopy())
+            st.enter_context(fake_data_pointers(self.addresses))
             st.enter_context(checkpoint_autocast(self.emulator))
             st.enter_context(_autocast_cache(self.emulator.autocast_state))
             st.enter_context(cuda_answers(self.facts, self.live, self.note, self.local_rank))

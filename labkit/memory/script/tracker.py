@@ -103,21 +103,104 @@ class GpuTracker(StorageTracker):
 
         self._emptied: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # GPU storages resized to 0
         self.on_alloc: Any = None               # called after each tracked op (the live allocator)
-        self._host: WeakIdKeyDictionary = WeakIdKeyDictionary()   # GPU tensor -> the host values it was copied from
+        self._host: WeakIdKeyDictionary = WeakIdKeyDictionary()   # GPU tensor -> the values it carries (host)
+        self._carried: set[int] = set()          # storage ids of GPU tensors that carry values
+        self._poisoned: set[int] = set()         # ... whose values were overwritten with unknown ones
+        self._drawn: set[int] = set()            # ... whose values come from random draws (made on the host)
+        with unset_fake_temporarily():           # the host's stand-in for the GPU's random stream
+            self._draws = torch.Generator().manual_seed(0).get_state()
 
-    def _remember_values(self, src: Any, out: Any) -> None:
-        """A real (small) host tensor of integers or booleans copied to the GPU: its values, kept on the host
-        for the data-dependent questions fake mode later answers from them (:meth:`host_values`)."""
-        if (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and not is_fake(src)
-                and not src.is_floating_point() and not src.is_complex()):
-            with unset_fake_temporarily():
-                self._host[out] = src.detach().clone()
+    def _known(self, x: Any) -> Any:
+        """The real values of op argument ``x``: itself when it is not a tensor or a real host tensor, the values
+        a GPU tensor carries (:meth:`_remember_values`), else :data:`_UNKNOWN`."""
+        if not isinstance(x, torch.Tensor) or not is_fake(x):
+            return x
+        v = self._host.get(x)
+        if v is None or self.storage_id(x) in self._poisoned:
+            return _UNKNOWN
+        return v
+
+    def _remember_values(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Integer and boolean GPU tensors of up to :data:`REAL_HOST_NUMEL` elements carry their values, kept on
+        the host for the data-dependent questions fake mode later answers from them (:meth:`host_values`): one
+        copied from a real host tensor, or made by a GPU op from values that are all known (real host tensors,
+        Python numbers, GPU tensors that carry values), the op run again on those values on the host. A random
+        op (ATen's ``nondeterministic_seeded`` tag: ``randint``, ``randperm``, ...) draws on the host: the same
+        distribution, not the GPU's numbers (said in the notes). An op that writes into a tensor from unknown
+        values makes its storage's carried values unknown (every view of it included)."""
+        mutable = _MUTABLE.get(func)
+        if mutable is None:
+            mutable = _MUTABLE[func] = bool(func._schema.is_mutable)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        small = bool(outs) and all(isinstance(o, torch.Tensor) and not o.is_floating_point() and not o.is_complex()
+                                   and o.numel() <= REAL_HOST_NUMEL for o in outs)
+        if not small and not mutable:
+            return
+        real = None
+        if small and not getattr(func, "__name__", "").startswith(("empty", "new_empty")):  # empty: no values
+            real = self._run_on_values(func, args, kwargs)
+        if real is None:
+            if mutable:
+                self._forget(args, kwargs)
+            return
+        drawn = torch.Tag.nondeterministic_seeded in func.tags or any(
+            self.storage_id(x) in self._drawn for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
+        reals = real if isinstance(real, (tuple, list)) else (real,)
+        for o, r in zip(outs, reals):
+            if isinstance(r, torch.Tensor) and r.shape == o.shape:
+                self._host[o] = r
+                sid = self.storage_id(o)
+                if sid is not None:
+                    self._carried.add(sid)
+                    if drawn:
+                        self._drawn.add(sid)
+
+    def _run_on_values(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func`` run on the host on its arguments' known values; None if one is unknown or the host fails."""
+        def known(a: Any) -> Any:
+            if isinstance(a, (list, tuple)):
+                items = [self._known(x) for x in a]
+                return _UNKNOWN if any(x is _UNKNOWN for x in items) else type(a)(items)
+            return self._known(a)
+
+        rargs = [known(a) for a in args]
+        rkw = {k: known(v) for k, v in kwargs.items()}
+        if any(a is _UNKNOWN for a in rargs) or any(v is _UNKNOWN for v in rkw.values()):
+            return None
+        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        with unset_fake_temporarily():
+            if seeded:                                  # a stream of its own: the program's host draws are its own
+                saved = torch.get_rng_state()
+                torch.set_rng_state(self._draws)
+            try:
+                return func(*rargs, **rkw)
+            except Exception:  # noqa: BLE001 - the host cannot run it as the GPU does: its values stay unknown
+                return None
+            finally:
+                if seeded:
+                    self._draws = torch.get_rng_state()
+                    torch.set_rng_state(saved)
+
+    def _forget(self, args: tuple, kwargs: dict) -> None:
+        """An op wrote into its arguments from values not known here: their storages carry no values any more."""
+        if self._carried:
+            for leaf in tree_leaves((args, kwargs)):
+                sid = self.storage_id(leaf) if isinstance(leaf, torch.Tensor) else None
+                if sid in self._carried:
+                    self._poisoned.add(sid)
 
     def host_values(self, t: Any) -> torch.Tensor | None:
-        """The values of GPU tensor ``t`` where it was copied from real host values (an attention mask, position
-        ids), as a real host tensor; None when they are unknown (made on the GPU, or a host tensor too large to
-        be real: :data:`REAL_HOST_NUMEL`)."""
-        return self._host.get(t)
+        """The values GPU tensor ``t`` carries (an attention mask, position ids: :meth:`_remember_values`), as a
+        real host tensor; None when they are unknown (made on the GPU from unknown values, or from a host tensor
+        too large to be real: :data:`REAL_HOST_NUMEL`)."""
+        v = self._known(t)
+        if v is _UNKNOWN or v is t:
+            return None
+        if self.storage_id(t) in self._drawn and self.emulator is not None:
+            self.emulator.assume("values drawn at random on the fake GPU (tensors of up to 65,536 elements) are drawn on "
+                                 "the host, the same distribution and not the GPU's numbers; transformers' padding or "
+                                 "packing check was answered from values made from them")
+        return v
 
     def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
         before = self._next_id
@@ -125,6 +208,11 @@ class GpuTracker(StorageTracker):
         if self._next_id != before:
             self.site_of[before] = self.sites.here()
         return n
+
+    def sid_of_storage(self, st: Any) -> int | None:
+        """The tracker's id of GPU storage ``st``, or None when the fake GPU did not allocate it."""
+        known = self._ids.get(id(st))
+        return known[1] if known is not None and known[0]() is st else None
 
     def storage_resized(self, st: Any, nbytes: int) -> None:
         """``UntypedStorage.resize_`` on a GPU storage (FSDP2 frees an unsharded parameter's memory with
@@ -155,9 +243,19 @@ class GpuTracker(StorageTracker):
             return d == "gpu"
         if is_cuda_device(kwargs.get("device")):
             return True
-        for leaf in tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and self.storage_id(leaf) is not None:
-                return True
+        # an ATen op's arguments are tensors, lists of tensors (``Tensor[]``, ``Tensor?[]``) and non-tensors
+        ids = self._ids
+        for group in (args, kwargs.values()):
+            for a in group:
+                for t in (a,) if isinstance(a, torch.Tensor) else a if isinstance(a, (list, tuple)) else ():
+                    if isinstance(t, torch.Tensor):
+                        try:
+                            st = t.untyped_storage()
+                        except (NotImplementedError, RuntimeError):  # sparse, nested or functional wrappers
+                            continue
+                        known = ids.get(id(st))
+                        if known is not None and known[0]() is st:
+                            return True
         return False
 
     supports_higher_order_operators = True
@@ -178,11 +276,10 @@ class GpuTracker(StorageTracker):
         try:
             if not gpu:
                 return self._host_op(func, args, kwargs)
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            out = _TRACK(self, func, types, args, kwargs)
         finally:
             p.internal -= 1
-        if func is torch.ops.aten._to_copy.default:
-            self._remember_values(args[0], out)
+        self._remember_values(func, args, kwargs, out)
         if self.on_alloc is not None:
             self.on_alloc()
         return out
@@ -209,6 +306,15 @@ class GpuTracker(StorageTracker):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         return out
+
+
+_MUTABLE: dict[Any, bool] = {}    # op overload -> whether it writes into an argument (its schema)
+_UNKNOWN = object()
+
+
+# StorageTracker's dispatch without the dynamo-disable wrapper TorchDispatchMode puts on every subclass's
+# __torch_dispatch__ (torch/utils/_python_dispatch.py): it runs inside GpuTracker's, already wrapped
+_TRACK = getattr(StorageTracker.__torch_dispatch__, "__wrapped__", StorageTracker.__torch_dispatch__)
 
 
 @contextlib.contextmanager

@@ -127,39 +127,154 @@ def test_bad_arguments():
         fake_gpu(max_steps=0)
 
 
-SAVE_ADAPTERS = '''
+def test_fake_storages_have_unique_stable_addresses():
+    """data_ptr(): a GPU storage answers its simulated block's address, a host one an address of its own range;
+    views add their offset; tensors that share a storage share its address; 0 bytes answer 0; deepcopy still
+    copies on the GPU (gradient included) without reading any pointer."""
+    with fake_gpu() as gpu:
+        a = torch.empty(1000, device="cuda")
+        b = torch.empty(1000, device="cuda")
+        h = torch.empty(100_000)                            # a large host tensor: fake
+        assert len({a.data_ptr(), b.data_ptr(), h.data_ptr()}) == 3 and 0 not in (a.data_ptr(), h.data_ptr())
+        assert b.data_ptr() - a.data_ptr() == 4096          # 4,000 B rounded to 512 B, next in the small segment
+        assert a.data_ptr() == a.untyped_storage().data_ptr() and a.data_ptr() % 512 == 0
+        assert a[10:].data_ptr() == a.data_ptr() + 40 and a.view(10, 100).data_ptr() == a.data_ptr()
+        assert h.data_ptr() == h.data_ptr() and h[1:].untyped_storage().data_ptr() == h.data_ptr()
+        assert torch.empty(0, device="cuda").data_ptr() == 0
+        model = nn.Linear(100, 100).cuda()
+        model(torch.randn(3, 100, device="cuda")).sum().backward()
+        before = torch.cuda.memory_allocated()
+        twin = copy.deepcopy(model)
+        assert twin.weight.is_cuda and twin.weight.grad is not None and twin.weight.grad.is_cuda
+        assert twin.weight.data_ptr() != model.weight.data_ptr()
+        assert torch.cuda.memory_allocated() - before == 2 * (40_448 + 512)   # weights, biases and their grads
+        del a
+        c = torch.empty(1000, device="cuda")               # the freed block is reused, as the allocator does
+        assert c.data_ptr() == b.data_ptr() - 4096
+    assert gpu.report().peak_bytes > 0
+
+
+SAVE_AND_LOAD = '''
+import os
 import sys
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+out = sys.argv[1]
 cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=512)
-model = get_peft_model(LlamaForCausalLM(cfg).to(torch.bfloat16),
-                       LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")).cuda()
+                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True)
+LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(os.path.join(out, "base"))   # every weight: unique pointers
+base = AutoModelForCausalLM.from_pretrained(os.path.join(out, "base"), device_map="cuda")
+assert base.lm_head.weight is base.model.embed_tokens.weight and base.dtype == torch.bfloat16
+model = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 ids = torch.randint(0, 512, (2, 32), device="cuda")
 model(input_ids=ids, labels=ids).loss.backward()
-model.save_pretrained(sys.argv[1])
+model.save_pretrained(os.path.join(out, "adapters"))
+torch.save({"model": model.state_dict(), "step": torch.tensor(7), "rng": torch.get_rng_state()},
+           os.path.join(out, "ckpt.pt"))
+ckpt = torch.load(os.path.join(out, "ckpt.pt"))
+assert ckpt["step"].item() == 7 and all(t.is_cuda for t in ckpt["model"].values())
+torch.set_rng_state(ckpt["rng"])
+again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(os.path.join(out, "base")),
+                                  os.path.join(out, "adapters"))
+w = again.base_model.model.model.layers[0].self_attn.q_proj.lora_A["default"].weight
+print("loaded", tuple(w.shape), w.dtype, torch.cuda.memory_allocated())
 '''
 
 
-def test_a_script_that_saves_its_adapters_runs_and_writes_nothing(tmp_path):
-    """peft's save_pretrained (the usual last line of a LoRA script) writes with safetensors' save_file, bound
-    under another name at import: on the fake GPU it writes no tensors, says so, and the real functions are
-    back after the run, under every name that held them."""
+def test_a_script_that_saves_and_loads_its_own_checkpoints(tmp_path):
+    """save_pretrained of a whole model (every weight has its own pointer now: nothing looks shared), peft's
+    adapters and torch.save write placeholders; from_pretrained, PeftModel.from_pretrained and torch.load of them
+    give tensors of the saved shapes and dtypes, on the GPU where they were saved from (a small host tensor keeps
+    its values). A real reader refuses a placeholder; the real functions are back after the run, under every
+    name that held them, and a real save still writes."""
     import peft.peft_model
     import safetensors.torch
     import transformers.modeling_utils
 
+    from labkit.memory.script.checkpoints import MAGIC
     from labkit.memory.script.run import run_script
 
-    real = safetensors.torch.save_file
-    script = tmp_path / "lora_save.py"
-    script.write_text(SAVE_ADAPTERS)
-    rep = run_script(str(script), [str(tmp_path / "adapters")], banner=False)
-    assert rep.peak_bytes > 0
-    assert any("save_file" in n and "nothing was written" in n for n in rep.notes), rep.notes
-    assert not list((tmp_path / "adapters").glob("*.safetensors"))
-    assert safetensors.torch.save_file is real
-    assert peft.peft_model.safe_save_file is real and transformers.modeling_utils.safe_save_file is real
+    real = safetensors.torch.save_file, safetensors.torch.safe_open, torch.save, torch.load
+    script = tmp_path / "save_load.py"
+    script.write_text(SAVE_AND_LOAD)
+    existing = tmp_path / "ckpt.pt"
+    existing.write_bytes(b"a real checkpoint")
+    rep = run_script(str(script), [str(tmp_path)], banner=False)
+    assert rep.peak_bytes > 0 and "failed" not in str(rep.outcome), rep.outcome
+    assert any("save_file" in n and "placeholder" in n for n in rep.notes), rep.notes
+    assert any("ckpt.pt" in n and "was kept" in n for n in rep.notes), rep.notes
+    assert existing.read_bytes() == b"a real checkpoint"            # nothing already written is lost
+    placeholder = tmp_path / "base" / "model.safetensors"
+    assert 0 < placeholder.stat().st_size < 20_000                 # a header: no data
+    with pytest.raises(Exception, match="header|metadata|covered"):
+        safetensors.torch.load_file(str(placeholder))
+    assert (safetensors.torch.save_file, safetensors.torch.safe_open, torch.save, torch.load) == real
+    assert peft.peft_model.safe_save_file is real[0] and transformers.modeling_utils.safe_open is real[1]
     safetensors.torch.save_file({"x": torch.ones(2)}, str(tmp_path / "real.safetensors"))  # a real save still writes
-    assert (tmp_path / "real.safetensors").stat().st_size > 0
+    assert safetensors.torch.load_file(str(tmp_path / "real.safetensors"))["x"].tolist() == [1.0, 1.0]
+    assert not MAGIC.startswith(b"PK")                             # not a zip: torch.load refuses it outside
+
+
+def test_torch_save_placeholders_in_this_process(tmp_path):
+    """torch.save/torch.load on the fake GPU: views keep sharing one storage, map_location moves tensors, a real
+    host tensor keeps its values, weights_only refuses what PyTorch refuses, and a file object works as a path
+    does."""
+    import io
+    import pickle
+
+    with fake_gpu():
+        w = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+        idx = torch.arange(10_000)                                  # a real host tensor (80 KB): values kept
+        torch.save({"w": w, "half": w[:32], "p": nn.Parameter(torch.empty(8)), "idx": idx}, tmp_path / "x.pt")
+        before = torch.cuda.memory_allocated()
+        got = torch.load(tmp_path / "x.pt")
+        assert torch.cuda.memory_allocated() - before == 4096      # one storage: the view shares it
+        assert got["w"].is_cuda and got["w"].dtype == torch.bfloat16 and got["half"].shape == (32, 32)
+        assert got["half"].data_ptr() == got["w"].data_ptr() and isinstance(got["p"], nn.Parameter)
+        assert got["idx"].sum().item() == 49_995_000 and not got["idx"].is_cuda
+        host = torch.load(tmp_path / "x.pt", map_location="cpu")
+        assert not host["w"].is_cuda and torch.cuda.memory_allocated() - before == 4096
+        buf = io.BytesIO()
+        torch.save(fake_gpu, buf)                                   # a function: not a weights-only global
+        buf.seek(0)
+        with pytest.raises(pickle.UnpicklingError, match="Weights only"):
+            torch.load(buf)
+        buf.seek(0)
+        assert torch.load(buf, weights_only=False) is fake_gpu
+
+
+def test_a_real_safetensors_file_is_read_from_its_header(tmp_path):
+    """safe_open of a real checkpoint on the fake GPU reads no values: tensors of its shapes and dtypes, on the
+    device asked for, and a note says so."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({"w": torch.ones(300, 300, dtype=torch.float16), "b": torch.arange(3)}, str(tmp_path / "real.safetensors"))
+    with fake_gpu() as gpu:
+        got = load_file(str(tmp_path / "real.safetensors"), device="cuda")
+        assert got["w"].is_cuda and got["w"].shape == (300, 300) and got["w"].dtype == torch.float16
+        assert got["b"].dtype == torch.int64 and torch.cuda.memory_allocated() == 180_224 + 512
+    assert any("read from its header" in n for n in gpu.report().notes)
+
+
+def test_small_integer_gpu_tensors_carry_their_values():
+    """A padding mask made on the GPU from ids and lengths drawn there: every op on known values is run again on
+    the host, random draws come from a host stream of their own (the program's host draws are unchanged), and a
+    write from unknown values makes the storage's values unknown, every view of it included."""
+    torch.manual_seed(1)
+    expected = torch.randint(0, 1000, (3,)).tolist()
+    torch.manual_seed(1)
+    with fake_gpu() as gpu:
+        lengths = torch.randint(8, 17, (4,), device="cuda")
+        ids = torch.randint(1, 100, (4, 16), device="cuda")
+        ids = ids.masked_fill(torch.arange(16, device="cuda")[None, :] >= lengths[:, None], 0)
+        mask = (ids != 0).long()
+        known, n = gpu.tracker.host_values(mask), gpu.tracker.host_values(lengths)
+        assert known is not None and known.sum(1).tolist() == n.tolist() and known.dtype == torch.int64
+        assert torch.randint(0, 1000, (3,)).tolist() == expected      # host draws: the program's own stream
+        row = mask[0]
+        assert gpu.tracker.host_values(row).tolist() == known[0].tolist()
+        mask.copy_(torch.randn(4, 16, device="cuda") > 0)               # unknown values written into it
+        assert gpu.tracker.host_values(mask) is None and gpu.tracker.host_values(row) is None
+        assert gpu.tracker.host_values(torch.randn(4, device="cuda")) is None   # floats carry no values
+    assert any("drawn on the host" in n for n in gpu.report().notes)

@@ -192,6 +192,11 @@ HF_MASK = textwrap.dedent('''
     batch = {k: v.to("cuda") for k, v in batch.items()}
     if sys.argv[1] == "gpu-mask":
         batch["attention_mask"] = torch.ones(4, 128, dtype=torch.long, device="cuda")
+    if sys.argv[1] == "gpu-padded":                     # lengths drawn on the GPU, the mask made there
+        lengths = torch.randint(64, 97, (4,), device="cuda")
+        batch["attention_mask"] = (torch.arange(128, device="cuda")[None, :] < lengths[:, None]).long()
+    if sys.argv[1] == "unknown-mask":                   # made from values no one knows without the GPU
+        batch["attention_mask"] = (torch.randn(4, 128, device="cuda") > -1e9).long()
     model(**batch).loss.backward()
 ''')
 
@@ -201,22 +206,27 @@ def test_a_scripts_attention_mask_and_positions_are_read_on_the_host(tmp_path):
     ``_ignore_causal_mask_sdpa``) and no row packs several documents (``find_packed_sequence_indices``); a padded
     or packed batch keeps a (batch, 1, seq, seq) mask and, without enable_gqa, repeats K and V to every query head.
     A mask or position ids copied from the host are read there (recorded on the H200: ``lora-padded_batch`` of
-    data/measurements/script/lora.json); a mask made on the GPU is assumed to mask nothing."""
+    data/measurements/script/lora.json), and so is one made on the GPU from known values or integers drawn there
+    (``lora-gpu_mask``); a mask made from unknown values is assumed to mask nothing."""
     from labkit.memory.script.run import run_script
 
     p = tmp_path / "hf_mask.py"
     p.write_text(HF_MASK)
     rep = {kind: run_script(str(p), [kind], banner=False)
-           for kind in ("ones", "padded", "gpu-mask", "packed", "positions")}
+           for kind in ("ones", "padded", "gpu-mask", "gpu-padded", "unknown-mask", "packed", "positions")}
     notes = {kind: " ".join(n for n in r.notes if "mask checks" in n) for kind, r in rep.items()}
     assert "hf-padding (the attention_mask read on the host masks tokens)" in notes["padded"]
     assert "hf-no-padding (the attention_mask read on the host masks nothing)" in notes["ones"]
-    assert "assumed: the batches are not padded" in notes["gpu-mask"]
+    assert "hf-no-padding (the attention_mask read on the host masks nothing)" in notes["gpu-mask"]
+    assert "hf-padding (the attention_mask read on the host masks tokens)" in notes["gpu-padded"]
+    assert any("drawn on the host" in n for n in rep["gpu-padded"].notes)
+    assert "assumed: the batches are not padded" in notes["unknown-mask"]
     assert "hf-packed-sequences (position ids read on the host)" in notes["packed"]
     assert "hf-unpacked-sequences (position ids read on the host)" in notes["positions"]
     assert rep["padded"].peak_bytes > rep["ones"].peak_bytes
     assert rep["packed"].peak_bytes > rep["positions"].peak_bytes
-    assert rep["gpu-mask"].peak_bytes == rep["ones"].peak_bytes
+    assert rep["gpu-mask"].peak_bytes == rep["ones"].peak_bytes == rep["unknown-mask"].peak_bytes
+    assert rep["gpu-padded"].peak_bytes > rep["ones"].peak_bytes
 
 
 def test_recorded_lora_padded_batch(run_cli):

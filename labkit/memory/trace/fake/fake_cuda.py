@@ -309,6 +309,10 @@ class _AutocastState:
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+# an op overload's name and its base name ("mm.default", "mm"), looked up once per op (CudaEmulator.after)
+_OP_NAMES: dict[Any, tuple[str, str]] = {}
+
+
 class CudaEmulator:
     """Hooks for :class:`~labkit.memory.trace.storage.StorageTracker` that add the GPU's own allocations."""
 
@@ -398,8 +402,11 @@ class CudaEmulator:
         self.healthy.observe(func, args, kwargs, out)
         if not self.target.emulate_kernels:
             return
-        name = getattr(func, "__name__", str(func))
-        base = name.split(".")[0]
+        names = _OP_NAMES.get(func)
+        if names is None:
+            name = getattr(func, "__name__", str(func))
+            names = _OP_NAMES[func] = (name, name.split(".")[0])
+        name, base = names
         if base in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"):
             self._cublas(tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu":

@@ -222,6 +222,8 @@ def _fake_deepcopy(t: Any, memo: dict) -> Any:
     with torch.no_grad():
         new = t.clone(memory_format=torch.preserve_format)
     new.requires_grad_(t.requires_grad)
+    if t.grad is not None:                   # as Tensor.__deepcopy__: the gradient is copied too
+        new.grad = _fake_deepcopy(t.grad, memo)
     for key, value in t.__dict__.items():    # _is_param and the user's attributes; not the fake tensor's own
         if key not in new.__dict__:          # fields (its fake_mode above all: a deep copy of it is a new mode)
             new.__dict__[key] = copy.deepcopy(value, memo)
@@ -234,11 +236,12 @@ def fake_deepcopy() -> Iterator[None]:
     """``copy.deepcopy`` of a fake tensor makes a clone in the same fake mode.
 
     ``Tensor.__deepcopy__`` (torch/_tensor.py) clones a wrapper subclass only when its ``data_ptr()`` is 0;
-    a ``FakeTensor`` answers the read with a warning and a nonzero pointer, so its storage is deep-copied and
-    its ``__dict__`` with it, ``fake_mode`` included: the copy belongs to a new fake mode ("Mixing fake modes
-    NYI" at its first use). A parameter made in fake mode is a ``FakeTensor`` flagged ``_is_param``
-    (``Parameter.__new__`` for a custom tensor type, torch/nn/parameter.py), so ``Parameter.__deepcopy__`` does
-    not apply either. PyTorch's own modules copy themselves this way: ``nn.TransformerEncoder`` and
+    otherwise its storage is deep-copied and its ``__dict__`` with it, ``fake_mode`` included: the copy belongs
+    to a new fake mode ("Mixing fake modes NYI" at its first use). A fake tensor's pointer is not 0 where fake
+    storages have addresses (:mod:`labkit.memory.trace.fake.addresses`, the script runtime's) or where it is a
+    view at an offset, so the clone must not depend on it. A parameter made in fake mode is a ``FakeTensor``
+    flagged ``_is_param`` (``Parameter.__new__`` for a custom tensor type, torch/nn/parameter.py), so
+    ``Parameter.__deepcopy__`` does not apply either. PyTorch's own modules copy themselves this way: ``nn.TransformerEncoder`` and
     ``nn.TransformerDecoder`` clone their layer ``num_layers`` times with ``copy.deepcopy`` (``_get_clones``,
     torch/nn/modules/transformer.py). The method is set on the ``FakeTensor`` class for the fake run (no cost
     per op) and removed after."""
