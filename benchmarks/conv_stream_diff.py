@@ -5,7 +5,8 @@ stream was recorded (``benchmarks/gpu/record_alloc_stream.py``, ``data/measureme
 
 The convolution workspaces are transient blocks: allocated and freed with nothing allocated between them, in fake
 mode's stream (``labkit.memory.trace.fake.conv_workspace``) as in the H200's. The transients of 1 MiB or more of one
-steady step are aligned in order (``difflib`` on 4 MiB bins; runs of equal length are paired position by position)
+steady step are aligned in order (``difflib`` on sizes to 0.01 MiB; between two matches, runs of equal length are
+paired position by position, others left unpaired)
 and each fake one is labelled with the convolution pass that took it. Printed: every pass where the two differ by
 more than 0.01 MiB. ``--substitute`` predicts the case again with the H200's size in place of the rule's for every
 paired pass (the same pass, same shapes: cuDNN's heuristics choose by the problem alone) and prints the reserved
@@ -93,7 +94,7 @@ def pair(calls: list, events: list, real: list[int]) -> list[tuple[tuple | None,
             label = pending.pop(0)[0]
         if size >= MiB:
             fake.append((size, label))
-    sm = difflib.SequenceMatcher(None, [round(s / MiB / 4) for s, _ in fake], [round(s / MiB / 4) for s in real],
+    sm = difflib.SequenceMatcher(None, [round(s / MiB, 2) for s, _ in fake], [round(s / MiB, 2) for s in real],
                                  autojunk=False)
     out = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
