@@ -563,8 +563,8 @@ def _built_by_hand_4() -> list[Case]:
     """Issue 27, a fourth batch (added 2026-12-03, predicted in fake mode before they were recorded:
     ``predicted__issue27_batch4.json``; every name hashes to reference): float32 CNNs at large batches in fresh
     processes, the setting of the two held-out reserved misses (RegNet-X 800MF b128, ResNet-34 b256), on other
-    models and batches, so that the cause can be found without tuning on those two. ResNets at batches whose
-    activations are whole multiples of 2 MiB, and RegNet-X (16 or 24 channels per group) at two sizes."""
+    models and batches, so that the cause can be found without tuning on those two: ResNets at batch 128-256, and
+    RegNet-X with 16 (400MF) or 24 (1.6GF) channels per group."""
     return [Case(f"tv-{arch}-b{b}-fp32", "torchvision", arch, "image-classification", {}, b, 224, "fp32")
             for arch, b in (("resnet18", 128), ("resnet34", 192), ("resnet50", 256), ("resnet101", 128),
                             ("regnet_x_400mf", 128), ("regnet_x_400mf", 256), ("regnet_x_1_6gf", 128))]
