@@ -8,7 +8,10 @@ the peak is the max of ``torch.cuda.max_memory_allocated`` over steps 2-4 (likew
 ``max_memory_reserved``), the step time the median of steps 2-4 (CUDA-synchronised wall time). One more
 step runs under ``torch.profiler`` to list the CUDA kernels that ran (the attention kernels tell
 which SDPA backend the GPU chose). No labkit code runs during the measured steps: the model comes
-from its configuration, the loop is :func:`labkit.workloads.corpus.plain_step`.
+from its configuration, the loop is :func:`labkit.workloads.corpus.plain_step`. After the last step each row
+keeps what the allocator held: ``end_segments`` (each segment's address and size), ``end_blocks`` (their
+blocks, sizes and states) and ``allocator_stats`` (segments and bytes per pool, the cached free bytes of split
+blocks, ``cudaMalloc``/``cudaFree`` counts), so that a reserved miss can be traced to segments.
 
 Then the clue experiment of issue 11: the same GPT-2 large case (the lab's HF GPT-2 spec, batch 4 x 1024,
 amp-bf16, fused AdamW) run as a plain loop with the output dropped / kept, with foreach AdamW,
@@ -146,6 +149,14 @@ def sdpa_backends(ops: dict[str, int]) -> list[str]:
     return found
 
 
+# what the allocator held after the last step, by pool (the small pool's 2 MiB segments, the large pool's), and the
+# cached free bytes inside split blocks: where a reserved miss comes from (torch.cuda.memory_stats' keys)
+ALLOCATOR_STATS = tuple(f"{what}.{pool}.{when}" for what in ("segment", "reserved_bytes", "allocated_bytes")
+                        for pool in ("large_pool", "small_pool") for when in ("current", "peak")) + (
+    "inactive_split_bytes.all.current", "inactive_split.all.current", "oversize_segments.peak",
+    "oversize_allocations.peak", "num_device_alloc", "num_device_free", "max_split_size")
+
+
 def measure_loop(step: Any, cuda: bool, steps: int | None = None) -> dict[str, Any]:
     """Run ``step()`` ``steps`` times; peaks and times of steps 2..steps."""
     peaks, reserved, times = [], [], []
@@ -171,6 +182,7 @@ def measure_loop(step: Any, cuda: bool, steps: int | None = None) -> dict[str, A
         "end_allocated": torch.cuda.memory_allocated() if cuda else None,
         "step_times_s": times, "median_step_s": statistics.median(times),
         "num_alloc_retries": int(st.get("num_alloc_retries", 0)),
+        "allocator_stats": {k: int(st[k]) for k in ALLOCATOR_STATS if k in st} if cuda else None,
     }
 
 
@@ -199,6 +211,7 @@ def run_case(case: Case, device: str, profile: bool = True) -> dict[str, Any]:
 
         row.update(measure_loop(step, cuda))
         row["end_segments"] = segment_addresses() if cuda else None
+        row["end_blocks"] = base_segments() if cuda else None     # the same segments with their blocks and states
         if profile:
             kernels, ops = profile_step(step, cuda)
             row["attention_kernels"] = [k for k in kernels if ATTENTION_KERNEL.search(k)]

@@ -559,6 +559,17 @@ def _built_by_hand_3() -> list[Case]:
     return c
 
 
+def _built_by_hand_4() -> list[Case]:
+    """Issue 27, a fourth batch (added 2026-12-03, predicted in fake mode before they were recorded:
+    ``predicted__issue27_batch4.json``; every name hashes to reference): float32 CNNs at large batches in fresh
+    processes, the setting of the two held-out reserved misses (RegNet-X 800MF b128, ResNet-34 b256), on other
+    models and batches, so that the cause can be found without tuning on those two: ResNets at batch 128-256, and
+    RegNet-X with 16 (400MF) or 24 (1.6GF) channels per group."""
+    return [Case(f"tv-{arch}-b{b}-fp32", "torchvision", arch, "image-classification", {}, b, 224, "fp32")
+            for arch, b in (("resnet18", 128), ("resnet34", 192), ("resnet50", 256), ("resnet101", 128),
+                            ("regnet_x_400mf", 128), ("regnet_x_400mf", 256), ("regnet_x_1_6gf", 128))]
+
+
 def _cases() -> list[Case]:
     c: list[Case] = []
     c += _hf("gpt2-b8", "gpt2", "causal-lm", GPT2["gpt2"], 8, 1024, ALL3)
@@ -732,6 +743,7 @@ def _cases() -> list[Case]:
     c += _built_by_hand()
     c += _built_by_hand_2()
     c += _built_by_hand_3()
+    c += _built_by_hand_4()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
