@@ -1,23 +1,12 @@
 """The H200 kernel-recording script (benchmarks/gpu/record_kernels.py) runs end to end on the CPU
 (--smoke) and writes every table advise's step-time model reads, with provenance."""
 
-import importlib.util
-from pathlib import Path
 
 from labkit.core.provenance import load_measurement
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("record_kernels", ROOT / "benchmarks/gpu/record_kernels.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_smoke_run_writes_every_table_with_provenance(tmp_path, capsys):
-    mod = _load()
+def test_smoke_run_writes_every_table_with_provenance(tmp_path, capsys, bench_script):
+    mod = bench_script("record_kernels")
     assert mod.main(["--smoke", "--budget", "0", "--out", str(tmp_path)]) == 0
     assert "# command: python3 benchmarks/gpu/record_kernels.py" in capsys.readouterr().out   # the header
     doc = load_measurement(tmp_path / "kernel_rates.json", "kernel_rates")
@@ -37,16 +26,16 @@ def test_smoke_run_writes_every_table_with_provenance(tmp_path, capsys):
     assert load_measurement(tmp_path / "step_profiles.json", "step_profiles")["data"]["cases"] == []  # budget 0
 
 
-def test_profiled_kernels_are_classed_by_name():
-    mod = _load()
+def test_profiled_kernels_are_classed_by_name(bench_script):
+    mod = bench_script("record_kernels")
     assert mod.kernel_class("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN") == "gemm"
     assert mod.kernel_class("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>") == "attention"
     assert mod.kernel_class("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamW>") == "optimizer"
     assert mod.kernel_class("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>") == "elementwise"
 
 
-def test_smoke_run_of_the_second_recording(tmp_path):
-    mod = _load()
+def test_smoke_run_of_the_second_recording(tmp_path, bench_script):
+    mod = bench_script("record_kernels")
     assert mod.main(["--smoke", "--only", "extra", "--budget", "0", "--out", str(tmp_path)]) == 0
     data = load_measurement(tmp_path / "kernel_rates_extra.json", "kernel_rates")["data"]
     assert not [k for k in data if k.endswith("_error")], data
@@ -60,8 +49,8 @@ def test_smoke_run_of_the_second_recording(tmp_path):
     assert all(r["fwd_s"] > 0 and r["fwd_bwd_s"] > 0 and r["flops"] > 0 for r in data["conv"])
 
 
-def test_smoke_run_of_the_third_recording(tmp_path):
-    mod = _load()
+def test_smoke_run_of_the_third_recording(tmp_path, bench_script):
+    mod = bench_script("record_kernels")
     assert mod.main(["--smoke", "--only", "extra2", "--budget", "0", "--out", str(tmp_path)]) == 0
     data = load_measurement(tmp_path / "kernel_rates_extra2.json", "kernel_rates")["data"]
     assert not [k for k in data if k.endswith("_error")], data

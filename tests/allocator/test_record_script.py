@@ -1,21 +1,11 @@
 """The GPU recording script runs its workloads on the CPU (smoke) and skips CUDA-only parts with a reason."""
 
-import importlib.util
-from pathlib import Path
 
 from labkit.allocator.sim.config import NO_LIMIT, parse_alloc_conf
 from labkit.allocator.experiments import CAPPED_CONFIGS, RECORDED_CONFIGS, train_then_eval, varlen_train
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024**2
 GiB = 1024**3
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("record_allocator", ROOT / "benchmarks/gpu/record_allocator.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _settings(cfg):
@@ -56,8 +46,8 @@ def test_workloads_run_on_cpu_smoke():
     assert [s.phase for s in r2.steps] == ["train", "train", "eval"]
 
 
-def test_children_skip_cuda_parts_with_a_reason(tmp_path, capsys):
-    mod = _load()
+def test_children_skip_cuda_parts_with_a_reason(tmp_path, capsys, bench_script):
+    mod = bench_script("record_allocator")
     assert mod.main(["--out", str(tmp_path), "--smoke", "--child", "oom", "--case", "too_large"]) == 0
     assert mod.main(["--out", str(tmp_path), "--smoke", "--child", "empty_cache"]) == 0
     out = capsys.readouterr().out

@@ -1,27 +1,16 @@
 """benchmarks/gpu/record_watch.py on the CPU: its children run at smoke sizes (watch is a no-op without CUDA and the
 results say so), and its packing turns a capture folder into the committed files."""
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 from labkit.allocator import capture, diagnose, read_snapshot, recorded
 from labkit.core.provenance import load_measurement
 from labkit.core.serialize import dumps
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("record_watch", ROOT / "benchmarks/gpu/record_watch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_children_run_at_smoke_sizes_on_the_cpu(tmp_path, capsys):
-    mod = _load()
+def test_children_run_at_smoke_sizes_on_the_cpu(tmp_path, capsys, bench_script):
+    mod = bench_script("record_watch")
     base = ["--out", str(tmp_path / "out"), "--work", str(tmp_path), "--smoke"]
     for case in ("fragmentation", "leak"):
         assert mod.main(base + ["--child", "case", "--case", case]) == 0
@@ -38,8 +27,8 @@ def test_children_run_at_smoke_sizes_on_the_cpu(tmp_path, capsys):
     assert d["capture"] is None and "no CUDA" in d["why"]
 
 
-def test_a_capture_is_packed_with_its_reduced_snapshot(tmp_path):
-    mod = _load()
+def test_a_capture_is_packed_with_its_reduced_snapshot(tmp_path, bench_script):
+    mod = bench_script("record_watch")
     d = recorded.oom_case("fragmentation")["data"]
     doc = {"manifest": {"state": "complete", "rank": 0, "oom": True, "settings": {"history": True}},
            "steps": [], "stats_at_oom": d["stats"], "oom_message": d["oom_message"]}

@@ -11,7 +11,6 @@ gated MLP; mt5-small-b16-bf16: T5LayerNorm's input)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 import pytest
 import transformers
@@ -149,13 +148,10 @@ def test_hub_configs_read_as_transformers_reads_them():
     assert total_params(plain) == sum(p.numel() for p in built.parameters())
 
 
-def test_validate_prints_the_variants_beside_the_recorded_cases(capsys):
+def test_validate_prints_the_variants_beside_the_recorded_cases(capsys, bench_script):
     """``python benchmarks/bench_estimate.py --validate --no-trace --only ...``: a corpus T5 case against the H200,
     a variant against its recorded trace and the H200, each in its split."""
-    spec = importlib.util.spec_from_file_location("bench_estimate", paths.REPO_ROOT / "benchmarks" / "bench_estimate.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.main(["--validate", "--no-trace", "--only", "t5-base-b16-fp32,t5-small-b32-fp32"]) == 0
+    assert bench_script("bench_estimate").main(["--validate", "--no-trace", "--only", "t5-base-b16-fp32,t5-small-b32-fp32"]) == 0
     out = capsys.readouterr().out
     ref, held = out.split("held-out cases")
     assert "t5-base-b16-fp32" in ref and "vs recorded: 1 of 1 within 5%" in ref

@@ -2,24 +2,13 @@
 to record), held-out cases are refused, and a snapshot is compacted into integer rows with interned frames."""
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 from labkit.core.provenance import load_measurement
 
-ROOT = Path(__file__).resolve().parents[3]
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("record_alloc_stream", ROOT / "benchmarks/gpu/record_alloc_stream.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_smoke_mode_writes_one_file_per_run_and_a_summary(tmp_path):
-    mod = _load()
+def test_smoke_mode_writes_one_file_per_run_and_a_summary(tmp_path, bench_script):
+    mod = bench_script("record_alloc_stream")
     assert mod.main(["--out", str(tmp_path), "--smoke", "--cases", "gpt2-b8-bf16", "--cold", ""]) == 0
     runs = load_measurement(tmp_path / "summary.json")["data"]["runs"]
     assert [r["run"] for r in runs] == ["gpt2-b8-bf16@tiny__warm"] and "error" not in runs[0]
@@ -28,15 +17,15 @@ def test_smoke_mode_writes_one_file_per_run_and_a_summary(tmp_path):
     assert [m[0] for m in doc["marks"]] == ["init", "step1", "step2", "end"]
 
 
-def test_held_out_cases_are_refused(tmp_path, capsys):
-    mod = _load()
+def test_held_out_cases_are_refused(tmp_path, capsys, bench_script):
+    mod = bench_script("record_alloc_stream")
     assert mod.main(["--out", str(tmp_path), "--smoke", "--cases", "llama-gqa-b4-bf16", "--cold", ""]) == 2
     assert "held-out" in capsys.readouterr().err
     assert not (tmp_path / "summary.json").exists()
 
 
-def test_a_snapshot_is_compacted_with_interned_frames():
-    mod = _load()
+def test_a_snapshot_is_compacted_with_interned_frames(bench_script):
+    mod = bench_script("record_alloc_stream")
     fr = [{"filename": "/x/transformers/models/gpt2/modeling_gpt2.py", "line": 10, "name": "forward"}]
     snap = {"segments": [{"device": 0, "address": 4096, "total_size": 2097152, "stream": 0, "segment_type": "small",
                           "blocks": [{"size": 512, "state": "active_allocated", "requested_size": 100},
