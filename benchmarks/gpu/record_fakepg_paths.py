@@ -28,6 +28,15 @@ committed before the recording; each row carries its prediction.
 
     PYTHONPATH=. python benchmarks/gpu/record_fakepg_paths.py --out DIR [--only SUBSTR[,SUBSTR]] [--budget 330]
     PYTHONPATH=. python benchmarks/gpu/record_fakepg_paths.py --out DIR --smoke   # CPU: gloo stands in for NCCL
+    PYTHONPATH=. python benchmarks/gpu/record_fakepg_paths.py --out DIR --only ddp --pause 0.3
+
+``--pause S``: after each optimizer step the GPU finishes its work and the process sleeps S seconds (longer
+than the 100 ms in which NCCL's watchdog looks for completed work), written to ``fakepg_paths_pause.json``.
+It tests the first recording's DDP finding (NCCL's stash keeps the buckets DDP's rebuild dropped until the
+watchdog has seen their allreduces end and the group enqueues another collective): with the pause, the
+watchdog has seen them before step 2, and the group's next allreduce unstashes them. Predicted before
+recording: ddp-gpt2-w2 on NCCL's path within 0.1% of the fake group's 18021796864 bytes (the lab's trace puts
+step 2's peak after that allreduce), against 19441568768 without the pause.
 
 Writes ``DIR/fakepg_paths.json`` (``kind`` ``fakepg_paths``), rewritten after each case, with the provenance
 header (GPU, driver, torch, CUDA, NCCL, transformers). ``--smoke`` runs a small FSDP2 and a small DDP script of
@@ -219,13 +228,19 @@ if mode in ("fake", "nccl-path"):
 
 steps = []
 outside = []
-if cuda:
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-    def on_step(o, a, k):
+pause = float(os.environ.get("RECORD_STEP_PAUSE", "0"))
+from torch.optim.optimizer import register_optimizer_step_post_hook
+def on_step(o, a, k):
+    if cuda:
         steps.append(torch.cuda.max_memory_allocated())
         free, total = torch.cuda.mem_get_info()
         outside.append(total - free - torch.cuda.memory_reserved())
-    register_optimizer_step_post_hook(on_step)
+    if pause:   # the GPU idle for longer than NCCL's watchdog period (100 ms) before the next step
+        if cuda:
+            torch.cuda.synchronize()
+        time.sleep(pause)
+register_optimizer_step_post_hook(on_step)
+if cuda:
     free0, total0 = torch.cuda.mem_get_info()
 else:
     free0 = total0 = 0
@@ -239,7 +254,7 @@ except SystemExit as e:
 except BaseException as e:
     status = f"error {type(e).__name__}: {str(e)[:300]}"
     traceback.print_exc()
-row = {"status": status, "wall_s": round(time.perf_counter() - t0, 2), "routed": routed,
+row = {"status": status, "wall_s": round(time.perf_counter() - t0, 2), "routed": routed, "step_pause_s": pause,
        "inner_backend": (inner_pg[0].name() if inner_pg else None), "step_cumulative_peaks": steps,
        "outside_allocator_at_steps": outside, "mem_get_info_at_start": [free0, total0]}
 if cuda:
@@ -300,6 +315,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=330,
                     help="seconds for the whole run: a case is cut at the budget's end, and none starts after")
     ap.add_argument("--smoke", action="store_true", help="small scripts of this file's own, any device")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds the GPU idles after each optimizer step (writes fakepg_paths_pause.json)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from labkit.core.provenance import header, write_measurement
@@ -311,7 +328,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - recorded as missing
             prov[mod] = f"unavailable ({type(e).__name__})"
     print(json.dumps(prov, indent=1), flush=True)
-    out = Path(a.out) / OUT_NAME
+    out = Path(a.out) / (OUT_NAME.replace(".json", "_pause.json") if a.pause else OUT_NAME)
     rows: list[dict] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -327,6 +344,8 @@ def main() -> int:
             cases = [(n, SCRIPTS / s, ar, w, m) for n, s, ar, w, m in CASES
                      if not a.only or any(part in n for part in a.only.split(","))]
             env = {}
+        if a.pause:
+            env["RECORD_STEP_PAUSE"] = str(a.pause)
         for name, script, args, world, mode in cases:
             left = a.budget - (time.perf_counter() - t0)
             if left < 20:
