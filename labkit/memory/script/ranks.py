@@ -34,10 +34,10 @@ collectives through a real ``ProcessGroupNCCL`` on one H200, ``data/measurements
   ``kWatchdogThreadSleepMillis``) and a later collective is enqueued on the group (``workEnqueue``: "We clean up
   the TensorShelf's in case user hasn't called `work.wait()`"). DDP rebuilds its buckets once, before the second
   iteration's forward (``_pre_forward``: ``reducer._rebuild_buckets()``): the old buckets stay allocated while
-  stashed, and a training step shorter than the watchdog's period outlasts that (the recording: the whole
-  +1.42 GB of GPT-2 medium's float32 gradients at step 2's peak, in backward, after that step's first
-  allreduces). The rank's figures are the fake group's; ``nccl_path`` beside them (:func:`nccl_path`) gives the
-  upper bound, the old buckets held from the rebuild on; a real run lies between, as its watchdog's timing falls.
+  stashed, which can outlast the step's own first allreduces when steps are shorter than the watchdog's period
+  (the recording: the whole +1.42 GB of GPT-2 medium's float32 gradients at step 2's peak, in backward). The
+  rank's figures are the fake group's; ``nccl_path`` beside them (:func:`nccl_path`) gives the upper bound, the
+  old buckets held from the rebuild on; a real run lies between, as its watchdog's timing falls.
 """
 
 from __future__ import annotations
