@@ -28,16 +28,17 @@ collectives through a real ``ProcessGroupNCCL`` on one H200, ``data/measurements
 * FSDP2 allocates the same bytes on either group (measured to the byte): its collectives are sync ops, which
   NCCL runs on the caller's stream with no ``recordStream`` and no stash since PyTorch 2.8 (ProcessGroupNCCL.cpp,
   ``collective()``: "in asyncOp=false [default] mode, we use currentStream as ncclStream"; pytorch#148590);
-* DDP's allreduce is an async op: NCCL stashes the bucket on the work (``collective()``:
-  ``work->stashed_for_allocator_safety_->stash(inputs)``), and the reducer waits on the work's future, never on
-  the work, so the stash goes only once the watchdog has seen the allreduce end (it looks every 100 ms,
-  ``kWatchdogThreadSleepMillis``) and a later collective is enqueued on the group (``workEnqueue``: "We clean up
-  the TensorShelf's in case user hasn't called `work.wait()`"). DDP rebuilds its buckets once, before the second
-  iteration's forward (``_pre_forward``: ``reducer._rebuild_buckets()``): the old buckets stay allocated while
-  stashed, which can outlast the step's own first allreduces when steps are shorter than the watchdog's period
-  (the recording: the whole +1.42 GB of GPT-2 medium's float32 gradients at step 2's peak, in backward). The
-  rank's figures are the fake group's; ``nccl_path`` beside them (:func:`nccl_path`) gives the upper bound, the
-  old buckets held from the rebuild on; a real run lies between, as its watchdog's timing falls.
+* DDP's allreduce is an async op: NCCL keeps the bucket referenced past the collective (``collective()``:
+  ``work->stashed_for_allocator_safety_->stash(inputs)``; the reducer waits on the work's future, never on the
+  work, and ``workEnqueue`` unstashes such works only at a later collective of the group). DDP rebuilds its
+  buckets once, before the second iteration's forward (``_pre_forward``: ``reducer._rebuild_buckets()``), and on
+  NCCL's path (torch 2.11) the old buckets stayed allocated through the rest of the run: GPT-2 medium held its
+  float32 gradients a second time from step 2 on (+1.42 GB), the same with the GPU idle 0.3 s between steps
+  (longer than the watchdog's 100 ms), and NCCL's group still held that much after the script's end
+  (``fakepg_paths_pause.json``). The rank's figures are the fake group's; ``nccl_path`` beside them
+  (:func:`nccl_path`) is the NCCL path's, the old buckets held from the rebuild on (what both recordings
+  measured). In a real launch the rebuild's own broadcast goes through that NCCL group too (here it went to
+  the fake group), which was not recorded.
 """
 
 from __future__ import annotations
@@ -122,10 +123,9 @@ def outside_allocator(communicators: int) -> dict[str, Any]:
             "source": "model: " + DEFAULTS_SOURCE}
 
 
-NCCL_PATH_SOURCE = ("rule: PyTorch ProcessGroupNCCL.cpp collective() stashes an async op's tensors, workEnqueue() "
-                    "unstashes them at the group's next collective once the watchdog saw the op end; "
-                    "nn/parallel/distributed.py _pre_forward rebuilds DDP's buckets once; measured on 1 x NVIDIA H200 "
-                    "(data/measurements/script/fakepg_paths.json)")
+NCCL_PATH_SOURCE = ("rule: PyTorch ProcessGroupNCCL.cpp collective() stashes an async op's tensors past the op; "
+                    "nn/parallel/distributed.py _pre_forward rebuilds DDP's buckets once; measured on 1 x NVIDIA H200, "
+                    "torch 2.11 (data/measurements/script/fakepg_paths.json, fakepg_paths_pause.json)")
 
 
 class _BucketStash:
@@ -155,8 +155,8 @@ def _bucket_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001
 
 def nccl_path(gpu: Any, peak_bytes: int) -> dict[str, Any] | None:
     """The rank's peak on NCCL's code path where it differs from the fake group's (DDP's bucket rebuild; None
-    elsewhere): ``peak_bytes_upper`` with the old buckets held from the rebuild on, beside ``peak_bytes`` (the
-    fake group's, the rank's headline figure); a real run lies between the two."""
+    elsewhere): ``peak_bytes_upper`` with the old buckets held from the rebuild on, as recorded on NCCL's path,
+    beside ``peak_bytes`` (the fake group's, the rank's headline figure)."""
     rebuilds = [(start, held) for start, held in gpu.ddp_rebuilds if held > 0]
     if not rebuilds:
         return None
@@ -165,9 +165,9 @@ def nccl_path(gpu: Any, peak_bytes: int) -> dict[str, Any] | None:
     upper = max([top] + [max(after[max(start - 1, 0):] or [0]) + held for start, held in rebuilds])
     return {"peak_bytes": peak_bytes, "peak_bytes_upper": peak_bytes + upper - top,
             "held_bytes": sum(held for _, held in rebuilds),
-            "what": "DDP's old gradient buckets, which NCCL keeps stashed after the bucket rebuild until its "
-                    "watchdog has seen their allreduces end (every 100 ms) and the group enqueues another "
-                    "collective; held from the rebuild on at most, a real run holds them for part of that",
+            "what": "DDP's old gradient buckets, which NCCL's path kept allocated from the bucket rebuild before "
+                    "step 2 on (recorded on one H200 with DDP's allreduce through a real NCCL group; the rebuild's "
+                    "own broadcast went to the fake group there)",
             "source": NCCL_PATH_SOURCE}
 
 

@@ -235,7 +235,7 @@ def render_ranks(doc: dict[str, Any]) -> str:
     for r in doc["ranks"]:
         nccl = r.get("nccl_path")
         if nccl:
-            lines.append(f"rank {r['rank']} on NCCL: up to {fmt_bytes(nccl['peak_bytes_upper'])} "
+            lines.append(f"rank {r['rank']} on NCCL's path: {fmt_bytes(nccl['peak_bytes_upper'])} "
                          f"({nccl['peak_bytes_upper']} bytes) beside the fake group's {fmt_bytes(nccl['peak_bytes'])}: "
                          f"{nccl['what']} ({nccl['source']})")
     notes = doc["ranks"][0].get("notes") or []

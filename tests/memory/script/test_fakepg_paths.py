@@ -40,18 +40,37 @@ def test_fsdp2_allocates_the_same_on_nccls_path():
         assert fake["peak_allocated"] == fake["predicted"]["peak_allocated"] or fake["world_size"] == 1
 
 
+def _gpt2_medium_params() -> int:
+    """GPT2Config(n_layer=24, n_embd=1024, n_head=16): tied embeddings, biases, 1024 positions."""
+    n_embd, n_layer, vocab, ctx = 1024, 24, 50257, 1024
+    per_layer = 2 * n_embd + (n_embd * 3 * n_embd + 3 * n_embd) + (n_embd * n_embd + n_embd) + 2 * n_embd \
+        + (n_embd * 4 * n_embd + 4 * n_embd) + (4 * n_embd * n_embd + n_embd)
+    return vocab * n_embd + ctx * n_embd + n_layer * per_layer + 2 * n_embd
+
+
 def test_ddp_holds_its_old_buckets_on_nccls_path():
     """DDP's allreduce is async: NCCL's stash keeps the buckets the rebuild before step 2 dropped, until the next
     allreduce. GPT-2 medium's float32 gradients (every bucket) are what the NCCL path holds more, from step 2 on."""
     (fake, nccl), = _pairs("ddp", "nccl-path")
-    n_embd, n_layer, vocab, ctx = 1024, 24, 50257, 1024
-    per_layer = 2 * n_embd + (n_embd * 3 * n_embd + 3 * n_embd) + (n_embd * n_embd + n_embd) + 2 * n_embd \
-        + (n_embd * 4 * n_embd + 4 * n_embd) + (4 * n_embd * n_embd + n_embd)
-    params = vocab * n_embd + ctx * n_embd + n_layer * per_layer + 2 * n_embd
+    params = _gpt2_medium_params()
     extra = nccl["peak_allocated"] - fake["peak_allocated"]
     assert abs(extra - 4 * params) < 0.001 * 4 * params, (extra, 4 * params)
     assert nccl["step_cumulative_peaks"][0] == fake["step_cumulative_peaks"][0]     # no rebuild before step 1
     assert nccl["allocations"] == fake["allocations"]                              # the same tensors, held longer
+
+
+def test_ddp_extra_is_not_the_watchdogs_timing():
+    """The same DDP case with the GPU idle 0.3 s after each step (longer than NCCL's 100 ms watchdog period): NCCL's
+    path holds the same bytes as without the pause, and the group still holds one set of buckets after the
+    script's end (the model and DDP gone)."""
+    pause = load_measurement(REPO / "data" / "measurements" / "script" / "fakepg_paths_pause.json", "fakepg_paths")
+    rows = {r["mode"]: r for r in pause["data"]}
+    assert all(r["status"] == "ok" and r["step_pause_s"] == 0.3 for r in rows.values())
+    before = ROWS[("ddp-gpt2-w2", "nccl-path")]
+    assert {k: rows["nccl-path"][k] for k in SAME} == {k: before[k] for k in SAME}
+    assert {k: rows["fake"][k] for k in SAME} == {k: ROWS[("ddp-gpt2-w2", "fake")][k] for k in SAME}
+    held_at_end = rows["nccl-path"]["end_allocated"] - rows["fake"]["end_allocated"]
+    assert held_at_end == 4 * _gpt2_medium_params()
 
 
 def test_a_one_rank_nccl_communicator_outside_the_allocator():
