@@ -30,7 +30,7 @@ collectives through a real ``ProcessGroupNCCL`` on one H200, ``data/measurements
   ``collective()``: "in asyncOp=false [default] mode, we use currentStream as ncclStream"; pytorch#148590);
 * DDP's allreduce is an async op: NCCL keeps the bucket referenced past the collective (``collective()``:
   ``work->stashed_for_allocator_safety_->stash(inputs)``; the reducer waits on the work's future, never on the
-  work, and ``workEnqueue`` unstashes such works only at a later collective of the group). DDP rebuilds its
+  work; which reference held the buckets below in torch 2.11 was not pinned down). DDP rebuilds its
   buckets once, before the second iteration's forward (``_pre_forward``: ``reducer._rebuild_buckets()``), and on
   NCCL's path (torch 2.11) the old buckets stayed allocated through the rest of the run: GPT-2 medium held its
   float32 gradients a second time from step 2 on (+1.42 GB), the same with the GPU idle 0.3 s between steps
