@@ -21,11 +21,30 @@ the rank's own allocations are what they are on that rank of the real job.
 What a real multi-GPU run holds besides, outside PyTorch's allocator, is stated beside the rank's figures
 as a model (:func:`outside_allocator`): the CUDA context, and NCCL's buffers per communicator (a process
 group of more than one rank that the script created).
+
+Where NCCL's code path allocates otherwise (issue 26; ``benchmarks/gpu/record_fakepg_paths.py`` ran a rank's
+collectives through a real ``ProcessGroupNCCL`` on one H200, ``data/measurements/script/fakepg_paths.json``):
+
+* FSDP2 allocates the same bytes on either group (measured to the byte): its collectives are sync ops, which
+  NCCL runs on the caller's stream with no ``recordStream`` and no stash since PyTorch 2.8 (ProcessGroupNCCL.cpp,
+  ``collective()``: "in asyncOp=false [default] mode, we use currentStream as ncclStream"; pytorch#148590);
+* DDP's allreduce is an async op: NCCL keeps the bucket referenced past the collective (``collective()``:
+  ``work->stashed_for_allocator_safety_->stash(inputs)``; the reducer waits on the work's future, never on the
+  work; which reference held the buckets below in torch 2.11 was not pinned down). DDP rebuilds its
+  buckets once, before the second iteration's forward (``_pre_forward``: ``reducer._rebuild_buckets()``), and on
+  NCCL's path (torch 2.11) the old buckets stayed allocated through the rest of the run: GPT-2 medium held its
+  float32 gradients a second time from step 2 on (+1.42 GB), the same with the GPU idle 0.3 s between steps
+  (longer than the watchdog's 100 ms), and NCCL's group still held that much after the script's end
+  (``fakepg_paths_pause.json``). The rank's figures are the fake group's; ``nccl_path`` beside them
+  (:func:`nccl_path`) is the NCCL path's, the old buckets held from the rebuild on (what both recordings
+  measured). In a real launch the rebuild's own broadcast goes through that NCCL group too (here it went to
+  the fake group), which was not recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -37,6 +56,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from labkit.core.errors import LabkitError
 from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES, DEFAULTS_SOURCE, NCCL_BYTES_PER_COMMUNICATOR
+from labkit.memory.trace.storage import round_up
 
 # torch.distributed.pipelining (7 s to import on top of torch: python -X importtime) where a stage is traced.
 
@@ -103,11 +123,52 @@ def outside_allocator(communicators: int) -> dict[str, Any]:
             "source": "model: " + DEFAULTS_SOURCE}
 
 
+NCCL_PATH_SOURCE = ("rule: PyTorch ProcessGroupNCCL.cpp collective() stashes an async op's tensors past the op; "
+                    "nn/parallel/distributed.py _pre_forward rebuilds DDP's buckets once; measured on 1 x NVIDIA H200, "
+                    "torch 2.11 (data/measurements/script/fakepg_paths.json, fakepg_paths_pause.json)")
+
+
+class _BucketStash:
+    """What NCCL's stash would hold of one DDP's gradient buckets (see the module docstring): the bytes of each
+    bucket as last reduced; at the bucket rebuild, ``gpu.ddp_rebuilds`` gets the tracker's event index there and
+    the old buckets' bytes (not applied to the rank's figures)."""
+
+    def __init__(self, gpu: Any) -> None:
+        self.gpu = gpu
+        self.bytes: dict[int, int] = {}
+
+    def reduced(self, index: int, buffer: torch.Tensor) -> None:
+        self.bytes[index] = round_up(buffer.numel() * buffer.element_size(), self.gpu.tracker.rounding)
+
+    def rebuilt(self) -> None:
+        self.gpu.ddp_rebuilds.append((len(self.gpu.tracker.events), sum(self.bytes.values())))
+
+
 def _bucket_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
     # no annotations: DDP checks a hook's annotations against dist.GradBucket, and this module's are strings
+    if state is not None:
+        state.reduced(bucket.index(), bucket.buffer())
     fut: Any = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
+
+
+def nccl_path(gpu: Any, peak_bytes: int) -> dict[str, Any] | None:
+    """The rank's peak on NCCL's code path where it differs from the fake group's (DDP's bucket rebuild; None
+    elsewhere): ``peak_bytes_upper`` with the old buckets held from the rebuild on, as recorded on NCCL's path,
+    beside ``peak_bytes`` (the fake group's, the rank's headline figure)."""
+    rebuilds = [(start, held) for start, held in gpu.ddp_rebuilds if held > 0]
+    if not rebuilds:
+        return None
+    after = list(itertools.accumulate(delta for _, delta, _ in gpu.tracker.events))   # allocated after each event
+    top = max(after, default=0)
+    upper = max([top] + [max(after[max(start - 1, 0):] or [0]) + held for start, held in rebuilds])
+    return {"peak_bytes": peak_bytes, "peak_bytes_upper": peak_bytes + upper - top,
+            "held_bytes": sum(held for _, held in rebuilds),
+            "what": "DDP's old gradient buckets, which NCCL's path kept allocated from the bucket rebuild before "
+                    "step 2 on (recorded on one H200 with DDP's allreduce through a real NCCL group; the rebuild's "
+                    "own broadcast went to the fake group there)",
+            "source": NCCL_PATH_SOURCE}
 
 
 def _pipeline_warmup() -> tuple[Any, Any]:
@@ -129,7 +190,7 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
     env = launch.env(rank) if launch is not None else {}
     saved_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    init, ddp_init = dist.init_process_group, DDP.__init__
+    init, ddp_init, ddp_pre = dist.init_process_group, DDP.__init__, DDP._pre_forward
 
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         nonlocal rank
@@ -147,9 +208,18 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
 
     def ddp(self: Any, *a: Any, **k: Any) -> None:
         ddp_init(self, *a, **k)
-        self.register_comm_hook(None, _bucket_hook)
+        self._labkit_stash = _BucketStash(gpu)
+        self.register_comm_hook(self._labkit_stash, _bucket_hook)
         gpu.note("DistributedDataParallel: each bucket's allreduce stands in place (the fake group's future has no "
              "value); a script's own communication hook cannot be registered on top of it")
+
+    def ddp_pre_forward(self: Any, *a: Any, **k: Any) -> Any:
+        rebuilt = getattr(self, "_has_rebuilt_buckets", False)
+        out = ddp_pre(self, *a, **k)
+        stash = getattr(self, "_labkit_stash", None)
+        if stash is not None and not rebuilt and getattr(self, "_has_rebuilt_buckets", False):
+            stash.rebuilt()
+        return out
 
     destroy = dist.destroy_process_group
     schedule_cls, warmup = _pipeline_warmup()
@@ -182,6 +252,7 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
     dist.init_process_group = init_process_group
     dist.destroy_process_group = destroy_process_group
     DDP.__init__ = ddp                                             # type: ignore[method-assign]
+    DDP._pre_forward = ddp_pre_forward                             # type: ignore[method-assign]
     if schedule_cls is not None:
         schedule_cls._warmup_p2p = warmup_p2p
     if launch is not None:
@@ -192,6 +263,7 @@ def fake_launch(launch: Launch | None, rank: int, gpu: Any) -> Iterator[None]:
         dist.init_process_group = init
         dist.destroy_process_group = destroy
         DDP.__init__ = ddp_init                                    # type: ignore[method-assign]
+        DDP._pre_forward = ddp_pre                                 # type: ignore[method-assign]
         if schedule_cls is not None:
             schedule_cls._warmup_p2p = warmup
         count()

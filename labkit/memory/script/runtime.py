@@ -223,6 +223,9 @@ class FakeGPU:
     phase: str = "setup"
     local_rank: int = 0
     communicators: int | None = None     # process groups of more than one rank (set by ranks.fake_launch)
+    # DDP bucket rebuilds (set by ranks.fake_launch): (the tracker's event index after it, bytes of the old buckets
+    # NCCL may still stash from there on)
+    ddp_rebuilds: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.emulator = ScriptEmulator(self.target, self._recompute_modes)

@@ -9,7 +9,7 @@ from typing import Any
 
 from labkit.core.table import render
 from labkit.core.units import fmt_bytes
-from labkit.memory.script.ranks import outside_allocator
+from labkit.memory.script.ranks import nccl_path, outside_allocator
 from labkit.memory.trace.fake.fake_cuda import torch_versions
 from labkit.memory.trace.storage import categorise
 
@@ -67,6 +67,8 @@ class ScriptReport:
     oom: dict[str, int] | None = None
     sdpa: dict[str, int] = field(default_factory=dict)
     outside_allocator: dict[str, Any] | None = None
+    # a torchrun rank where NCCL's code path allocates otherwise than the fake process group (ranks.nccl_path)
+    nccl_path: dict[str, Any] | None = None
     output: str = ""                     # the script's own output (its last characters), where it was kept
     source: str = "model: labkit fake GPU (fake tensors, no GPU used), validated against H200 recordings"
 
@@ -164,7 +166,7 @@ def build_report(gpu: Any, *, what: str, outcome: str | None = None) -> ScriptRe
         oom=None if live.oom is None else {"requested": live.oom.requested, "allocated": live.oom.allocated,
                                            "reserved": live.oom.reserved, "limit": live.oom.limit},
         sdpa=dict(gpu.emulator.sdpa_choices),
-        outside_allocator=_outside(gpu))
+        outside_allocator=_outside(gpu), nccl_path=nccl_path(gpu, live.peak))
 
 
 def _outside(gpu: Any) -> dict[str, Any] | None:
@@ -230,6 +232,12 @@ def render_ranks(doc: dict[str, Any]) -> str:
         lines.append(f"outside the allocator: CUDA context {fmt_bytes(out['cuda_context_bytes'])} + "
                      f"{out['nccl_communicators']} NCCL communicator(s) x {fmt_bytes(out['nccl_bytes'] // max(out['nccl_communicators'], 1))} "
                      f"({out['source']})")
+    for r in doc["ranks"]:
+        nccl = r.get("nccl_path")
+        if nccl:
+            lines.append(f"rank {r['rank']} on NCCL's path: {fmt_bytes(nccl['peak_bytes_upper'])} "
+                         f"({nccl['peak_bytes_upper']} bytes) beside the fake group's {fmt_bytes(nccl['peak_bytes'])}: "
+                         f"{nccl['what']} ({nccl['source']})")
     notes = doc["ranks"][0].get("notes") or []
     if notes:
         lines.append("assumed or adapted on the fake GPU:")

@@ -116,6 +116,13 @@ def test_ranks_of_a_launch(run_cli, tmp_path, capsys):
     assert r0["peak_bytes"] == r1["peak_bytes"] > 0       # data parallel: every rank alike
     assert r0["outside_allocator"]["nccl_communicators"] == 1
     assert any("fake process group" in n for n in r0["notes"])
+    # NCCL's path: the bucket rebuild before step 2 leaves the old buckets (every float32 gradient) stashed by
+    # NCCL; the rank's figure stays the fake group's, the upper bound (held from the rebuild on) beside it
+    nccl = r0["nccl_path"]
+    params = 512 * 2048 + 2048 + 2048 * 512 + 512
+    assert nccl["held_bytes"] == 4 * params and nccl["peak_bytes"] == r0["peak_bytes"]
+    assert r0["peak_bytes"] < nccl["peak_bytes_upper"] <= r0["peak_bytes"] + nccl["held_bytes"]
+    assert "ProcessGroupNCCL.cpp" in nccl["source"]
     assert main(["measure", "--script", str(p), "--nproc-per-node", "2", "--ranks", "5"]) == 2   # in this process
     assert "rank 5 is outside 0..1" in capsys.readouterr().err
 
