@@ -50,11 +50,13 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from script_child import run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "data" / "scripts"
@@ -133,8 +135,9 @@ dist.destroy_process_group()
 '''
 
 WRAPPER = r'''
-import inspect, json, os, runpy, sys, time, traceback
+import inspect, os, sys, time
 import torch
+import script_child as child
 mode, path = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[2:]
 sys.path.insert(0, os.path.dirname(path))
@@ -144,14 +147,7 @@ routed = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "passed_through
 inner_pg = []
 if mode in ("fake", "nccl-path"):
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    _init = dist.init_process_group
-    def init(backend=None, *a, **k):
-        for key in ("store", "init_method", "rank", "world_size"):
-            k.pop(key, None)
-        return _init("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=world, **k)
-    dist.init_process_group = init
+    child.fake_process_group(world)
 
     def inner():
         # a real one-rank process group of the real backend: NCCL on a GPU, gloo on a CPU (--smoke)
@@ -160,22 +156,15 @@ if mode in ("fake", "nccl-path"):
             inner_pg.append(dist.ProcessGroupNCCL(store, 0, 1) if cuda else dist.ProcessGroupGloo(store, 0, 1))
         return inner_pg[0]
 
-    _ddp = DDP.__init__
-    def ddp_init(self, *a, **k):
-        _ddp(self, *a, **k)
-        if mode == "fake":
-            def hook(state, bucket):
-                fut = torch.futures.Future()
-                fut.set_result(bucket.buffer())
-                return fut
-        else:
-            from torch._C._distributed_c10d import AllreduceOptions
-            def hook(state, bucket):
-                routed["all_reduce"] += 1
-                fut = inner().allreduce([bucket.buffer()], AllreduceOptions()).get_future()
-                return fut.then(lambda f: f.value()[0])   # a Python hook returns a tensor's future
-        self.register_comm_hook(None, hook)
-    DDP.__init__ = ddp_init
+    if mode == "fake":
+        child.ddp_comm_hook()
+    else:
+        from torch._C._distributed_c10d import AllreduceOptions
+        def through_nccl(state, bucket):
+            routed["all_reduce"] += 1
+            fut = inner().allreduce([bucket.buffer()], AllreduceOptions()).get_future()
+            return fut.then(lambda f: f.value()[0])   # a Python hook returns a tensor's future
+        child.ddp_comm_hook(through_nccl)
 
     if mode == "nccl-path":
         from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
@@ -240,32 +229,8 @@ def on_step(o, a, k):
             torch.cuda.synchronize()
         time.sleep(pause)
 register_optimizer_step_post_hook(on_step)
-if cuda:
-    free0, total0 = torch.cuda.mem_get_info()
-else:
-    free0 = total0 = 0
-t0 = time.perf_counter()
-status = "ok"
-try:
-    runpy.run_path(path, run_name="__main__")
-except SystemExit as e:
-    if e.code not in (None, 0):
-        status = f"exit {e.code}"
-except BaseException as e:
-    status = f"error {type(e).__name__}: {str(e)[:300]}"
-    traceback.print_exc()
-row = {"status": status, "wall_s": round(time.perf_counter() - t0, 2), "routed": routed, "step_pause_s": pause,
-       "inner_backend": (inner_pg[0].name() if inner_pg else None), "step_cumulative_peaks": steps,
-       "outside_allocator_at_steps": outside, "mem_get_info_at_start": [free0, total0]}
-if cuda:
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    row.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
-               end_allocated=torch.cuda.memory_allocated(), allocations=int(st.get("allocation.all.allocated", 0)),
-               allocated_bytes_total=int(st.get("allocated_bytes.all.allocated", 0)),
-               segments=int(st.get("segment.all.allocated", 0)), peak_active=int(st.get("active_bytes.all.peak", 0)),
-               num_alloc_retries=int(st.get("num_alloc_retries", 0)), num_ooms=int(st.get("num_ooms", 0)))
-print("RECORD_RESULT " + json.dumps(row), flush=True)
+child.run_script(path, routed=routed, step_pause_s=pause, inner_backend=lambda: inner_pg[0].name() if inner_pg else None,
+                 step_cumulative_peaks=steps, outside_allocator_at_steps=outside)
 if inner_pg and hasattr(inner_pg[0], "shutdown"):
     inner_pg[0].shutdown()   # NCCL's communicator and watchdog, before the interpreter exits
 '''
@@ -284,19 +249,10 @@ def run_case(name: str, script: Path, args: list[str], world: int, mode: str, *,
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), **(extra_env or {}))
-    cmd = [sys.executable, "-c", WRAPPER, mode, str(script), *args]
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(script.parent))
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err, rc = "timeout", -9
+    result, err, rc = run_child(WRAPPER, [mode, str(script), *args], env=env, cwd=script.parent, timeout=timeout)
     row: dict = {"name": name, "mode": mode, "script": str(script.relative_to(ROOT)) if script.is_relative_to(ROOT)
-                 else script.name, "args": args, "world_size": world, "rank": 0, "returncode": rc}
-    for line in out.splitlines():
-        if line.startswith("RECORD_RESULT "):
-            row.update(json.loads(line[len("RECORD_RESULT "):]))
+                 else script.name, "args": args, "world_size": world, "rank": 0, "returncode": rc, **result}
     if "status" not in row:
         row["status"] = f"no result (rc {rc})"
     row["stderr_tail"] = err[-1500:] if row["status"] != "ok" else ""

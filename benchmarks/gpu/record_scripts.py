@@ -1,8 +1,8 @@
 """Ground truth for ``labkit measure --script``: users' training scripts, unmodified, on a real GPU.
 
-Each case runs in its own new Python process (``python -c WRAPPER SCRIPT ARGS``): the wrapper runs the
-script as ``__main__`` with ``runpy`` and, after it ends, reads ``torch.cuda.max_memory_allocated()`` and
-``max_memory_reserved()`` (the whole run's peaks) and the cumulative ``max_memory_allocated()`` after each
+Each case runs in its own new Python process (``python -c WRAPPER SCRIPT ARGS``, ``script_child.py``): the
+wrapper runs the script as ``__main__`` with ``runpy`` and, after it ends, reads
+``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` (the whole run's peaks) and the cumulative ``max_memory_allocated()`` after each
 ``Optimizer.step`` (a global post-hook; it allocates nothing). No labkit code runs in that process.
 
 Rank cases (``--ranks``): a torchrun script run as rank 0 of a world of N on ONE GPU, on PyTorch's fake
@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from script_child import run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "data" / "scripts"
@@ -66,31 +68,16 @@ RANK_CASES = [
 ]
 
 WRAPPER = r'''
-import json, os, runpy, sys, time, traceback
+import os, sys
 import torch
+import script_child as child
 path = sys.argv[1]
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(path))
 world = int(os.environ.get("RECORD_FAKE_WORLD", "0"))
 if world:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    _init = dist.init_process_group
-    def init(backend=None, *a, **k):
-        for key in ("store", "init_method", "rank", "world_size"):
-            k.pop(key, None)
-        return _init("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=world, **k)
-    dist.init_process_group = init
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    _ddp = DDP.__init__
-    def ddp_init(self, *a, **k):
-        _ddp(self, *a, **k)
-        def hook(state, bucket):
-            fut = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
-        self.register_comm_hook(None, hook)
-    DDP.__init__ = ddp_init
+    child.fake_process_group(world)
+    child.ddp_comm_hook()
     try:  # pipelining's warm-up vote needs the peers' answers: every stage votes as this rank's (labkit's rule)
         from torch.distributed.pipelining.schedules import _PipelineSchedule
         from torch.distributed.pipelining._utils import InferenceMode
@@ -106,29 +93,7 @@ steps = []
 if torch.cuda.is_available():
     from torch.optim.optimizer import register_optimizer_step_post_hook
     register_optimizer_step_post_hook(lambda o, a, k: steps.append(torch.cuda.max_memory_allocated()))
-    free0, total0 = torch.cuda.mem_get_info()
-else:
-    free0 = total0 = 0
-t0 = time.perf_counter()
-status = "ok"
-try:
-    runpy.run_path(path, run_name="__main__")
-except SystemExit as e:
-    if e.code not in (None, 0):
-        status = f"exit {e.code}"
-except BaseException as e:
-    status = f"error {type(e).__name__}: {str(e)[:300]}"
-    traceback.print_exc()
-row = {"status": status, "wall_s": round(time.perf_counter() - t0, 2), "step_cumulative_peaks": steps,
-       "mem_get_info_at_start": [free0, total0]}
-if torch.cuda.is_available():
-    torch.cuda.synchronize()
-    st = torch.cuda.memory_stats()
-    row.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
-               end_allocated=torch.cuda.memory_allocated(), num_alloc_retries=int(st.get("num_alloc_retries", 0)),
-               num_ooms=int(st.get("num_ooms", 0)),
-               total_memory=torch.cuda.get_device_properties(0).total_memory)
-print("RECORD_RESULT " + json.dumps(row), flush=True)
+child.run_script(path, step_cumulative_peaks=steps)
 '''
 
 
@@ -138,20 +103,10 @@ def run_case(name: str, script: str, args: list[str], world: int, rank: int = 0,
         # LOCAL_RANK 0 whatever the rank: one GPU records every rank
         env.update(RECORD_FAKE_WORLD=str(world), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
-    cmd = [sys.executable, "-c", WRAPPER, str(SCRIPTS / script), *args]
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(SCRIPTS))
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out, err, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", -9
+    result, err, rc = run_child(WRAPPER, [str(SCRIPTS / script), *args], env=env, cwd=SCRIPTS, timeout=timeout)
     row: dict = {"name": name, "script": script, "args": args, "world_size": world or 1, "rank": rank,
-                 "fake_process_group": bool(world), "returncode": rc}
-    for line in out.splitlines():
-        if line.startswith("RECORD_RESULT "):
-            row.update(json.loads(line[len("RECORD_RESULT "):]))
-    if "status" not in row:
-        row["status"] = f"no result (rc {rc})"
+                 "fake_process_group": bool(world), "returncode": rc, **result}
     row["stderr_tail"] = err[-1500:] if row["status"] != "ok" else ""
     row["process_wall_s"] = round(time.perf_counter() - t0, 1)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {row['status']} peak={row.get('peak_allocated')} "

@@ -1,6 +1,7 @@
 """Issue 26, item 3: the fake process group against NCCL's code path, recorded on one H200
 (``benchmarks/gpu/record_fakepg_paths.py``, ``data/measurements/script/fakepg_paths.json``)."""
 
+import os
 from pathlib import Path
 
 from labkit.core.provenance import load_measurement
@@ -79,3 +80,32 @@ def test_a_one_rank_nccl_communicator_outside_the_allocator():
     fake, nccl = ROWS[("fsdp2-llama-mp-w1", "fake")], ROWS[("fsdp2-llama-mp-w1", "nccl-w1")]
     extra = nccl["outside_allocator_at_steps"][-1] - fake["outside_allocator_at_steps"][-1]
     assert 256 * 2**20 < extra < 1024 * 2**20, extra
+
+
+DDP_ON_CPU = '''
+import os
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")            # becomes the fake group of the recorder's child
+model = DDP(torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "grad", float(model.module.weight.grad.abs().sum()) > 0)
+'''
+
+
+def test_the_recorders_child_runs_a_ddp_script_on_the_fake_group(tmp_path, bench_script):
+    """benchmarks/gpu/script_child.py, as record_scripts.py and record_fakepg_paths.py start it: the script's own
+    init_process_group becomes rank 0 of a fake world of 2, DDP gets the in-place hook (a hook DDP would refuse, as
+    an annotated one was, fails the run), and the child's one result line comes back."""
+    child = bench_script("script_child")
+    (tmp_path / "ddp.py").write_text(DDP_ON_CPU)
+    wrapper = "import sys, script_child as c; c.fake_process_group(2); c.ddp_comm_hook(); c.run_script(sys.argv[1], world=2)"
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29599"}
+    row, err, rc = child.run_child(wrapper, [str(tmp_path / "ddp.py")], env=env, cwd=tmp_path, timeout=120)
+    assert rc == 0 and row["status"] == "ok", err[-2000:]
+    assert row["world"] == 2 and row["wall_s"] > 0 and "peak_allocated" not in row     # no GPU here: no peaks
+    row, err, rc = child.run_child("raise SystemExit(3)", [], env=env, cwd=tmp_path, timeout=60)
+    assert rc == 3 and row["status"] == "no result (rc 3)"
