@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +13,6 @@ from labkit.advise import host_calibration as hc
 from labkit.core.errors import LabkitError
 from labkit.core.provenance import load_measurement
 from labkit.workloads.corpus import get_case
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_stored_host_scale_is_what_the_recorded_whole_step_issues_give():
@@ -108,12 +104,11 @@ class _FakeEvent:
         return (other.t - self.t) * 1e3
 
 
-def test_record_host_chunks_a_step_at_block_boundaries_forward_and_backward(monkeypatch):
+def test_record_host_chunks_a_step_at_block_boundaries_forward_and_backward(monkeypatch, bench_script):
     """record_host.py's Chunker on a CI-size GPT-2 on the CPU (the CUDA calls stubbed): a boundary
     before each block's forward and when each block's output gradient arrives; every k-th one
     closes a chunk."""
-    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
-    import record_host
+    record_host = bench_script("record_host")
 
     from labkit.workloads.corpus import get_case, plain_step, prepare_plain
 
