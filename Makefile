@@ -14,6 +14,11 @@ TORCH_INDEX_URL ?=
 CHROMIUM ?= /usr/bin/chromium
 
 PY := $(VENV)/bin/python
+# Python caches each module's bytecode (__pycache__) on first import. Some images set PYTHONDONTWRITEBYTECODE
+# (this machine's does), and then every process compiles torch, transformers and labkit from source again, each
+# notebook kernel, CLI run and rank the tests start among them. The recipes here run without it: the first
+# import writes the venv's caches (and WARM_IMPORTS below writes the heavy ones before the tests start).
+unexport PYTHONDONTWRITEBYTECODE
 # --no-compile: pip does not byte-compile every file it installs (about 40 s of one core for torch,
 # transformers and the rest); Python compiles what is imported, once, on first use.
 PIP_INSTALL := $(PY) -m pip --disable-pip-version-check -q install --no-compile
