@@ -9,12 +9,27 @@ from labkit.memory.trace.corpus_check import support, support_markdown
 from labkit.workloads.corpus import compat_cases
 
 
-# The corpus in shards (every case in exactly one), so that under pytest-xdist both CI workers share it.
+# The corpus in shards (every case in exactly one), so that under pytest-xdist both CI workers share it. A shard
+# holds whole architectures (a process's first case of an architecture imports its modules and fills fake mode's
+# dispatch cache for the rest), cut where the cost so far reaches a quarter: a torchvision model, traced at its
+# full depth, costs about two transformers cases at CI size.
 SHARDS = 4
 
 
 def _shard(i: int) -> list:
-    return compat_cases()[i::SHARDS]
+    cases = compat_cases()
+    first = {}
+    for n, c in enumerate(cases):
+        first.setdefault(c.arch, n)
+    ordered = sorted(cases, key=lambda c: first[c.arch])   # stable: each architecture's cases stay in corpus order
+    cost = [2 if c.family == "torchvision" else 1 for c in ordered]
+    total, acc, cut = sum(cost), 0, [0]
+    for n, w in enumerate(cost):
+        acc += w
+        if len(cut) < SHARDS and acc >= total * len(cut) / SHARDS and ordered[n].arch != ordered[min(n + 1, len(ordered) - 1)].arch:
+            cut.append(n + 1)
+    cut += [len(ordered)] * (SHARDS + 1 - len(cut))
+    return ordered[cut[i]:cut[i + 1]]
 
 
 def test_corpus_covers_what_engineers_bring():
