@@ -26,7 +26,8 @@ def _shard(i: int) -> list:
     total, acc, cut = sum(cost), 0, [0]
     for n, w in enumerate(cost):
         acc += w
-        if len(cut) < SHARDS and acc >= total * len(cut) / SHARDS and ordered[n].arch != ordered[min(n + 1, len(ordered) - 1)].arch:
+        arch_ends = n + 1 == len(ordered) or ordered[n + 1].arch != ordered[n].arch
+        if len(cut) < SHARDS and acc >= total * len(cut) / SHARDS and arch_ends:
             cut.append(n + 1)
     cut += [len(ordered)] * (SHARDS + 1 - len(cut))
     return ordered[cut[i]:cut[i + 1]]
