@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
+from labkit.memory.trace.fake.fake_cuda import SCALAR_READS, as_read_by
 from labkit.memory.trace.storage import StorageTracker
 
 _CPU = torch.device("cpu")
@@ -292,8 +293,8 @@ class GpuTracker(StorageTracker):
         (:meth:`CudaEmulator._scalar_read`)."""
         leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if any(is_fake(x) for x in leaves):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                return self.emulator.scalar_read(args[0])
+            if func in SCALAR_READS:
+                return as_read_by(func, self.emulator.scalar_read(args[0]))
             return func(*args, **kwargs)
         if leaves:
             if sum(x.numel() for x in leaves) <= REAL_HOST_NUMEL:

@@ -122,6 +122,23 @@ def test_phases_steps_autocast_and_inference_mode_cache():
     assert {s.peak_phase for s in rep.steps} <= {"forward", "loss", "backward", "optimizer", "other"}
 
 
+def test_values_read_from_tensors_made_under_inference_mode():
+    """A tensor made under inference_mode has no Autograd key, so ``.item()`` and ``bool(t)`` reach the fake GPU as
+    aten.item and aten.is_nonzero rather than _local_scalar_dense (an evaluation loop's ``total += loss.item()``):
+    read as outside it."""
+    with fake_gpu() as gpu:
+        x = torch.randn(64, 64, device="cuda")
+        with torch.inference_mode():
+            assert x.sum().item() == 0.0                    # a float read: the placeholder 0.0
+            assert (x.argmax(1) == 3).sum().item() == 0     # an integer count: 0, with its line
+            assert not bool((x > 0).any())                  # a boolean read: False
+            assert bool(torch.isfinite(x.sum()))            # a NaN/infinity check: finite
+            assert not x.sum()                              # if t: 0.0 is false
+            assert x[0, :3].tolist() == [0.0, 0.0, 0.0]
+    notes = gpu.report().notes
+    assert any("float .item()" in n for n in notes) and any("integer .item()" in n for n in notes)
+
+
 def test_bad_arguments():
     with pytest.raises(LabkitError, match="max_steps"):
         fake_gpu(max_steps=0)
