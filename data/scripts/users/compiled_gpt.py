@@ -11,6 +11,7 @@ ap.add_argument("--layers", type=int, default=8)
 ap.add_argument("--width", type=int, default=1024)
 ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--seq", type=int, default=1024)
+ap.add_argument("--no-compile", action="store_true")
 args = ap.parse_args()
 
 
@@ -47,7 +48,8 @@ class GPT(nn.Module):
 
 
 model = GPT(32000, args.width, args.layers, args.seq).cuda()
-model = torch.compile(model)
+if not args.no_compile:
+    model = torch.compile(model)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 for step in range(3):
     ids = torch.randint(0, 32000, (args.batch, args.seq + 1), device="cuda")
