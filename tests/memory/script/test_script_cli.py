@@ -149,6 +149,23 @@ def test_recorded_scripts(run_cli, kind, name, extra):
     assert abs(rep["reserved_bytes"] / rec["peak_reserved"] - 1) < 0.10
 
 
+def test_a_compiled_model_is_predicted_as_eager():
+    """A users' script (data/scripts/users/compiled_gpt.py) at a tiny size through its own arguments: the model
+    under torch.compile is run eagerly, the same figures as without the compile, and the report says so."""
+    from labkit.memory.script.run import run_script
+
+    script = str(REPO / "data" / "scripts" / "users" / "compiled_gpt.py")
+    tiny = ["--layers", "2", "--width", "128", "--batch", "2", "--seq", "64"]
+    compiled = run_script(script, tiny, banner=False)
+    eager = run_script(script, [*tiny, "--no-compile"], banner=False)
+    assert compiled.outcome == "completed" and len(compiled.steps) == 3
+    assert (compiled.peak_bytes, compiled.reserved_bytes) == (eager.peak_bytes, eager.reserved_bytes)
+    params = 32000 * 128 * 2 + 64 * 128 + 2 * 12 * 128 * 128        # embeddings, head, positions, two blocks
+    assert compiled.peak_bytes > 4 * 4 * params                       # weights, gradients, AdamW's two moments
+    assert any("torch.compile: run eagerly" in n for n in compiled.notes)
+    assert not any("torch.compile" in n for n in eager.notes)
+
+
 PP_NO_SHAPES = textwrap.dedent('''
     import torch, torch.distributed as dist, torch.nn as nn
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
