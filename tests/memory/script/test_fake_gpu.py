@@ -139,6 +139,28 @@ def test_values_read_from_tensors_made_under_inference_mode():
     assert any("float .item()" in n for n in notes) and any("integer .item()" in n for n in notes)
 
 
+def test_data_parallel_streams_and_cuda_graphs():
+    """nn.DataParallel on the one GPU scatters its input as comm.cpp does (a CPU build has no torch._C._scatter);
+    record_stream on the program's own stream is accepted; CUDA graph capture is refused in one line."""
+    with fake_gpu() as gpu:
+        model = nn.DataParallel(nn.Linear(256, 256)).cuda()
+        x = torch.randn(64, 256, device="cuda")
+        with torch.no_grad():
+            model(x)                                        # the first matmul takes cuBLAS's workspace
+            before = torch.cuda.memory_allocated()
+            y = model(x)                                    # the whole batch, already there: no copy
+        assert y.is_cuda and torch.cuda.memory_allocated() - before == 64 * 256 * 4
+        host = torch.randn(32, 256)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            z = host.cuda(non_blocking=True)
+        z.record_stream(torch.cuda.current_stream())
+        with pytest.raises(LabkitError, match=r"CUDA graph capture .* at .*test_fake_gpu.py:\d+ is not modelled.*"
+                                              r"labkit watch -- python"):
+            torch.cuda.CUDAGraph()
+    assert not hasattr(torch._C, "_scatter") and gpu.report().peak_bytes > 0
+
+
 def test_bad_arguments():
     with pytest.raises(LabkitError, match="max_steps"):
         fake_gpu(max_steps=0)
