@@ -29,6 +29,11 @@ from labkit.memory.trace.storage import StorageTracker
 
 _CPU = torch.device("cpu")
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NONZERO = torch.ops.aten.nonzero.default
+_INDEXING = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                       torch.ops.aten._index_put_impl_.default})
+_DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+                             torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default})
 #: Host tensors up to this many elements are real (values known), larger ones fake (no memory)
 REAL_HOST_NUMEL = 1 << 16
 
@@ -190,7 +195,8 @@ class GpuTracker(StorageTracker):
                 if sid in self._carried:
                     self._poisoned.add(sid)
 
-    def host_values(self, t: Any) -> torch.Tensor | None:
+    def host_values(self, t: Any,
+                    use: str = "transformers' padding or packing check was answered") -> torch.Tensor | None:
         """The values GPU tensor ``t`` carries (an attention mask, position ids: :meth:`_remember_values`), as a
         real host tensor; None when they are unknown (made on the GPU from unknown values, or from a host tensor
         too large to be real: :data:`REAL_HOST_NUMEL`)."""
@@ -199,8 +205,8 @@ class GpuTracker(StorageTracker):
             return None
         if self.storage_id(t) in self._drawn and self.emulator is not None:
             self.emulator.assume("values drawn at random on the fake GPU (tensors of up to 65,536 elements) are drawn on "
-                                 "the host, the same distribution and not the GPU's numbers; transformers' padding or "
-                                 "packing check was answered from values made from them")
+                                 f"the host, the same distribution and not the GPU's numbers; {use} from values made "
+                                 "from them")
         return v
 
     def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
@@ -272,6 +278,20 @@ class GpuTracker(StorageTracker):
         gpu = self._gpu_op(func, args, kwargs)
         if is_cuda_device(kwargs.get("device")):
             kwargs["device"] = _CPU
+        if gpu and func in SCALAR_READS:
+            values = self.host_values(args[0], "a value read from them (.item(), .tolist(), if t:) was answered")
+            if values is not None:
+                with unset_fake_temporarily():
+                    return as_read_by(func, values.item())
+        if gpu and func is _NONZERO:
+            return self._nonzero(types, args[0])
+        if gpu and func in _DATA_DEPENDENT:
+            known = self._data_dependent(func, types, args, kwargs)
+            if known is not None:
+                return known
+        if gpu and func in _INDEXING and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                                             for i in args[1]):
+            args = (args[0], self._mask_indices(types, args[1]), *args[2:])
         p = self.placement
         p.internal += 1
         try:
@@ -283,6 +303,85 @@ class GpuTracker(StorageTracker):
         self._remember_values(func, args, kwargs, out)
         if self.on_alloc is not None:
             self.on_alloc()
+        return out
+
+    def _nonzero(self, types: Any, x: torch.Tensor) -> Any:
+        """``torch.nonzero`` of a GPU tensor (a boolean mask's indexing ``x[mask]``, ``mask.nonzero()``): its output
+        holds one row of indices per nonzero element (aten/src/ATen/native/cuda/Nonzero.cu counts them, then sizes
+        the output to the count), a size fake tensors do not have. Counted from the values the mask carries
+        (:meth:`_remember_values`); where they are unknown, every element is taken as nonzero, the largest output,
+        said in the notes."""
+        values = self.host_values(x, "a mask's selection (torch.nonzero, x[mask]) was counted")
+        if values is not None:
+            with unset_fake_temporarily():
+                real = torch.nonzero(values)
+            count = real.size(0)
+        else:
+            real, count = None, x.numel()
+            self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
+                                 "(torch.nonzero, x[mask]): the fake GPU has no values, so what it selects is the "
+                                 "largest it can be")
+        p = self.placement
+        p.internal += 1
+        try:
+            out = _TRACK(self, torch.ops.aten.new_empty.default, types, (x, [count, x.dim()]), {"dtype": torch.long})
+        finally:
+            p.internal -= 1
+        if real is not None and count <= REAL_HOST_NUMEL:
+            self._host[out] = real
+            sid = self.storage_id(out)
+            if sid is not None:
+                self._carried.add(sid)
+                if self.storage_id(x) in self._drawn:
+                    self._drawn.add(sid)
+        if self.on_alloc is not None:
+            self.on_alloc()
+        return out
+
+    def _data_dependent(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        """An op whose output sizes follow from its input's values (``torch.unique``, ``masked_select``), on GPU
+        tensors that carry their values: run on those values on the host, each output allocated on the GPU at its
+        real size and carrying its values; None where a value is unknown (fake mode then refuses the op)."""
+        real = self._run_on_values(func, args, kwargs)
+        if real is None:
+            return None
+        if any(self.storage_id(x) in self._drawn for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)):
+            self.host_values(args[0], f"the sizes of {func.__name__.split('.')[0]} were taken")
+        like = args[0]
+        p = self.placement
+        p.internal += 1
+        try:
+            outs = [_TRACK(self, torch.ops.aten.new_empty.default, types, (like, list(r.shape)), {"dtype": r.dtype})
+                    for r in (real if isinstance(real, (tuple, list)) else (real,))]
+        finally:
+            p.internal -= 1
+        for o, r in zip(outs, real if isinstance(real, (tuple, list)) else (real,)):
+            if r.numel() <= REAL_HOST_NUMEL:
+                self._host[o] = r
+                sid = self.storage_id(o)
+                if sid is not None:
+                    self._carried.add(sid)
+        if self.on_alloc is not None:
+            self.on_alloc()
+        return tuple(outs) if isinstance(real, (tuple, list)) else outs[0]
+
+    def _mask_indices(self, types: Any, indices: list) -> list:
+        """Advanced indexing with a boolean mask (``x[mask]``, ``x[mask] = values``): as the GPU's ``index`` and
+        ``index_put_`` do (aten/src/ATen/native/IndexingUtils.h ``expandTensors``), each mask becomes the columns
+        of its ``nonzero()`` (:meth:`_nonzero`, allocated on the GPU), one long index per dimension it covers."""
+        out: list = []
+        for i in indices:
+            if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+                nz = self._nonzero(types, i)
+                real = self._host.get(nz)
+                for j in range(i.dim()):
+                    col = torch.ops.aten.select.int(nz, 1, j)
+                    if real is not None:
+                        with unset_fake_temporarily():
+                            self._host[col] = real[:, j].clone()
+                    out.append(col)
+            else:
+                out.append(i)
         return out
 
     def _host_op(self, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -161,6 +161,31 @@ def test_data_parallel_streams_and_cuda_graphs():
     assert not hasattr(torch._C, "_scatter") and gpu.report().peak_bytes > 0
 
 
+def test_boolean_masks_select_as_many_as_their_values_say():
+    """x[mask], mask.nonzero(), torch.unique and masked_select have sizes that follow from values: counted from the
+    values a small integer or boolean GPU tensor carries; a mask of unknown values selects every element (noted)."""
+    with fake_gpu() as gpu:
+        labels = torch.tensor([3, -100, 7, -100, 3, 1] * 100).cuda()         # copied from the host: known values
+        keep = labels != -100
+        x = torch.randn(600, 256, device="cuda", requires_grad=True)
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        picked = x[keep]                                       # 400 rows; nonzero's (400, 1) indices, freed after
+        assert picked.shape == (400, 256) and torch.cuda.memory_allocated() - base == 400 * 256 * 4
+        assert torch.cuda.max_memory_allocated() - base == 400 * 256 * 4 + 3584       # 3,200 B rounded to 512
+        assert keep.nonzero().shape == (400, 1)
+        assert torch.unique(labels[keep]).tolist() == [1, 3, 7]
+        assert torch.masked_select(labels, keep).shape == (400,)
+        x.grad = None
+        picked.sum().backward()
+        assert x.grad.shape == (600, 256)
+        x2 = torch.randn(600, 256, device="cuda")
+        x2[keep] = torch.zeros(400, 256, device="cuda")       # index_put_ with the mask's indices
+        unknown = torch.randn(1000, device="cuda") > 0         # made from unknown (float) values
+        assert torch.randn(1000, device="cuda")[unknown].shape == (1000,)
+    assert any("a mask of unknown values" in n for n in gpu.report().notes)
+
+
 def test_bad_arguments():
     with pytest.raises(LabkitError, match="max_steps"):
         fake_gpu(max_steps=0)
