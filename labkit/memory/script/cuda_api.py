@@ -122,6 +122,10 @@ class FakeEvent:
         return 0.0
 
 
+class _GraphRefused:
+    """The base of the fake GPU's ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph``, whose construction is refused."""
+
+
 class _DeviceContext:
     """``torch.cuda.device(i)``: selects nothing (one GPU per process)."""
 
@@ -199,12 +203,15 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
                      for c, d in zip(chunks, devices))
 
     def cuda_graph(*a: Any, **k: Any) -> Any:
-        frame = sys._getframe(1)
-        where = f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = sys._getframe(1)                  # the caller (a class is made by type.__call__, in C)
+        script = os.path.relpath(frame.f_code.co_filename)
         raise LabkitError(f"CUDA graph capture (torch.cuda.CUDAGraph, torch.cuda.graph, make_graphed_callables) at "
-                          f"{where} is not modelled by the fake GPU (a captured graph keeps its blocks in a private "
-                          f"memory pool); predict the step without the capture, or on a GPU run "
-                          f"`labkit watch -- python {os.path.relpath(frame.f_code.co_filename)}`")
+                          f"{script}:{frame.f_lineno} is not modelled by the fake GPU (a captured graph keeps its "
+                          f"blocks in a private memory pool); predict the step without the capture, or on a GPU run "
+                          f"`labkit watch -- python {script}`")
+
+    # classes, as the names are types in annotations (``torch.cuda.CUDAGraph | None`` in transformers)
+    graph_types = {name: type(name, (_GraphRefused,), {"__init__": cuda_graph}) for name in ("CUDAGraph", "graph")}
 
     def rng_state(device: Any = None) -> torch.Tensor:
         return torch.zeros(16, dtype=torch.uint8, device="cpu")
@@ -242,7 +249,7 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
         "get_rng_state_all": lambda: [rng_state()], "set_rng_state_all": none,
         "utilization": lambda device=None: 0, "ipc_collect": none,
         "is_current_stream_capturing": lambda: False,
-        "CUDAGraph": cuda_graph, "graph": cuda_graph, "make_graphed_callables": cuda_graph,
+        **graph_types, "make_graphed_callables": cuda_graph,
     }
     saved: list[tuple[Any, str, Any]] = []
 

@@ -32,6 +32,10 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NONZERO = torch.ops.aten.nonzero.default
 _INDEXING = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                        torch.ops.aten._index_put_impl_.default})
+# boolean ops one side can decide: the absorbing value (True for OR, False for AND)
+_ABSORBING = {torch.ops.aten.bitwise_or.Tensor: True, torch.ops.aten.logical_or.default: True,
+              torch.ops.aten.bitwise_or.Scalar: True, torch.ops.aten.bitwise_and.Tensor: False,
+              torch.ops.aten.logical_and.default: False, torch.ops.aten.bitwise_and.Scalar: False}
 _DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
                              torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default})
 #: Host tensors up to this many elements are real (values known), larger ones fake (no memory)
@@ -145,6 +149,8 @@ class GpuTracker(StorageTracker):
         real = None
         if small and not getattr(func, "__name__", "").startswith(("empty", "new_empty")):  # empty: no values
             real = self._run_on_values(func, args, kwargs)
+            if real is None and func in _ABSORBING and isinstance(out, torch.Tensor):
+                real = self._absorbed(func, args, out)
         if real is None:
             if mutable:
                 self._forget(args, kwargs)
@@ -160,6 +166,26 @@ class GpuTracker(StorageTracker):
                     self._carried.add(sid)
                     if drawn:
                         self._drawn.add(sid)
+
+    def _absorbed(self, func: Any, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        """A boolean OR with a known all-true side is all true, an AND (boolean or integer) with a known all-zero
+        side all zero, whatever the other side holds: generation's stopping check (transformers' ``generate``:
+        ``unfinished_sequences & ~stopping_criteria(...)``, whose ``StoppingCriteriaList`` ORs the length limit
+        with the EOS check, the sampled tokens unknown here) then ends at the length limit as on the GPU. None when
+        neither side decides."""
+        absorbing = _ABSORBING[func]
+        if absorbing and out.dtype != torch.bool:
+            return None
+        for a in args[:2]:
+            v = self._known(a)
+            with unset_fake_temporarily():
+                if isinstance(v, torch.Tensor) and not is_fake(v):
+                    decides = bool((v.bool() == absorbing).all())
+                else:
+                    decides = isinstance(v, (bool, int)) and bool(v) == absorbing and (absorbing or v == 0)
+                if decides:
+                    return torch.full(tuple(out.shape), int(absorbing), dtype=out.dtype)
+        return None
 
     def _run_on_values(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """``func`` run on the host on its arguments' known values; None if one is unknown or the host fails."""

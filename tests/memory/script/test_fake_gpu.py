@@ -186,6 +186,21 @@ def test_boolean_masks_select_as_many_as_their_values_say():
     assert any("a mask of unknown values" in n for n in gpu.report().notes)
 
 
+def test_sampling_with_generate_stops_at_its_length_limit():
+    """transformers' generate() samples unknown tokens; its stopping check ORs the length limit (known) with the
+    EOS check (unknown), so once the limit is reached the OR is all true whatever the tokens: it stops there."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with fake_gpu():
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2)).cuda().eval()
+        prompt = torch.randint(0, 50257, (2, 4), device="cuda")
+        out = model.generate(prompt, max_new_tokens=3, do_sample=True, top_k=5, pad_token_id=0,
+                             max_time=20.0)                 # without the rule: stopped by the clock, longer
+        assert out.shape == (2, 7)
+        done = torch.zeros(2, dtype=torch.long, device="cuda") & (torch.randn(2, device="cuda") > 0)
+        assert done.max().item() == 0                       # AND with a known zero side: zero
+
+
 def test_bad_arguments():
     with pytest.raises(LabkitError, match="max_steps"):
         fake_gpu(max_steps=0)
