@@ -341,28 +341,11 @@ class GpuTracker(StorageTracker):
         if values is not None:
             with unset_fake_temporarily():
                 real = torch.nonzero(values)
-            count = real.size(0)
-        else:
-            real, count = None, x.numel()
-            self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
-                                 "(torch.nonzero, x[mask]): the fake GPU has no values, so what it selects is the "
-                                 "largest it can be")
-        p = self.placement
-        p.internal += 1
-        try:
-            out = _TRACK(self, torch.ops.aten.new_empty.default, types, (x, [count, x.dim()]), {"dtype": torch.long})
-        finally:
-            p.internal -= 1
-        if real is not None and count <= REAL_HOST_NUMEL:
-            self._host[out] = real
-            sid = self.storage_id(out)
-            if sid is not None:
-                self._carried.add(sid)
-                if self.storage_id(x) in self._drawn:
-                    self._drawn.add(sid)
-        if self.on_alloc is not None:
-            self.on_alloc()
-        return out
+            return self._new_gpu(types, x, real, drawn=self.storage_id(x) in self._drawn)
+        self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
+                             "(torch.nonzero, x[mask]): the fake GPU has no values, so what it selects is the "
+                             "largest it can be")
+        return self._new_gpu(types, x, torch.empty(x.numel(), x.dim(), dtype=torch.long, device="meta"))
 
     def _data_dependent(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         """An op whose output sizes follow from its input's values (``torch.unique``, ``masked_select``), on GPU
@@ -371,25 +354,33 @@ class GpuTracker(StorageTracker):
         real = self._run_on_values(func, args, kwargs)
         if real is None:
             return None
-        if any(self.storage_id(x) in self._drawn for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)):
+        drawn = any(self.storage_id(x) in self._drawn
+                    for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
+        if drawn:
             self.host_values(args[0], f"the sizes of {func.__name__.split('.')[0]} were taken")
-        like = args[0]
+        if isinstance(real, (tuple, list)):
+            return tuple(self._new_gpu(types, args[0], r, drawn=drawn) for r in real)
+        return self._new_gpu(types, args[0], real, drawn=drawn)
+
+    def _new_gpu(self, types: Any, like: torch.Tensor, real: torch.Tensor, drawn: bool = False) -> Any:
+        """A new GPU tensor, tracked, of ``real``'s shape and dtype, carrying ``real``'s values (a host tensor;
+        none when it is on the meta device or larger than :data:`REAL_HOST_NUMEL`)."""
         p = self.placement
         p.internal += 1
         try:
-            outs = [_TRACK(self, torch.ops.aten.new_empty.default, types, (like, list(r.shape)), {"dtype": r.dtype})
-                    for r in (real if isinstance(real, (tuple, list)) else (real,))]
+            out = _TRACK(self, torch.ops.aten.new_empty.default, types, (like, list(real.shape)), {"dtype": real.dtype})
         finally:
             p.internal -= 1
-        for o, r in zip(outs, real if isinstance(real, (tuple, list)) else (real,)):
-            if r.numel() <= REAL_HOST_NUMEL:
-                self._host[o] = r
-                sid = self.storage_id(o)
-                if sid is not None:
-                    self._carried.add(sid)
+        if real.device.type != "meta" and real.numel() <= REAL_HOST_NUMEL:
+            self._host[out] = real
+            sid = self.storage_id(out)
+            if sid is not None:
+                self._carried.add(sid)
+                if drawn:
+                    self._drawn.add(sid)
         if self.on_alloc is not None:
             self.on_alloc()
-        return tuple(outs) if isinstance(real, (tuple, list)) else outs[0]
+        return out
 
     def _mask_indices(self, types: Any, indices: list) -> list:
         """Advanced indexing with a boolean mask (``x[mask]``, ``x[mask] = values``): as the GPU's ``index`` and
