@@ -30,6 +30,8 @@ from labkit.memory.trace.storage import StorageTracker
 _CPU = torch.device("cpu")
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NONZERO = torch.ops.aten.nonzero.default
+_TO_COPY = torch.ops.aten._to_copy.default
+_BINCOUNT = torch.ops.aten.bincount.default
 _INDEXING = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                        torch.ops.aten._index_put_impl_.default})
 # boolean ops one side can decide: the absorbing value (True for OR, False for AND)
@@ -37,7 +39,8 @@ _ABSORBING = {torch.ops.aten.bitwise_or.Tensor: True, torch.ops.aten.logical_or.
               torch.ops.aten.bitwise_or.Scalar: True, torch.ops.aten.bitwise_and.Tensor: False,
               torch.ops.aten.logical_and.default: False, torch.ops.aten.bitwise_and.Scalar: False}
 _DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
-                             torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default})
+                             torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default,
+                             torch.ops.aten.bincount.default})
 #: Host tensors up to this many elements are real (values known), larger ones fake (no memory)
 REAL_HOST_NUMEL = 1 << 16
 
@@ -301,10 +304,15 @@ class GpuTracker(StorageTracker):
             # a tensor subclass (DTensor, ...) dispatches itself; its ops on its inner tensors come back here
             return NotImplemented
         kwargs = dict(kwargs or {})
+        if func is _TO_COPY and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu":
+            values = self.host_values(args[0], "a host copy of them (.cpu()) holds them")
+            if values is not None:       # small host tensors are real (REAL_HOST_NUMEL): a copy of carried values too
+                with unset_fake_temporarily():
+                    return values.to(dtype=kwargs.get("dtype") or values.dtype, copy=True)
         gpu = self._gpu_op(func, args, kwargs)
         if is_cuda_device(kwargs.get("device")):
             kwargs["device"] = _CPU
-        if gpu and func in SCALAR_READS:
+        if func in SCALAR_READS:           # a GPU tensor, or a host copy of one (.cpu()), that carries its values
             values = self.host_values(args[0], "a value read from them (.item(), .tolist(), if t:) was answered")
             if values is not None:
                 with unset_fake_temporarily():
@@ -353,7 +361,7 @@ class GpuTracker(StorageTracker):
         real size and carrying its values; None where a value is unknown (fake mode then refuses the op)."""
         real = self._run_on_values(func, args, kwargs)
         if real is None:
-            return None
+            return self._bincount_by_minlength(types, args, kwargs) if func is _BINCOUNT else None
         drawn = any(self.storage_id(x) in self._drawn
                     for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
         if drawn:
@@ -361,6 +369,20 @@ class GpuTracker(StorageTracker):
         if isinstance(real, (tuple, list)):
             return tuple(self._new_gpu(types, args[0], r, drawn=drawn) for r in real)
         return self._new_gpu(types, args[0], real, drawn=drawn)
+
+    def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:
+        """``torch.bincount(x, weights, minlength)`` of unknown values: its length is ``max(x) + 1`` or
+        ``minlength``, whichever is larger; with a ``minlength`` (the number of classes, as a confusion matrix or a
+        class count gives it) the values are taken below it. None without one (fake mode then refuses the op).
+        The output's dtype: int64, or the weights' (float32 weights give float32, others float64: SummaryOps.cu)."""
+        weights = args[1] if len(args) > 1 else kwargs.get("weights")
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        if not minlength:
+            return None
+        self.emulator.assume(f"torch.bincount of unknown values ({self.emulator.modules.where()}) is {minlength} long "
+                             "(its minlength): the values are taken below it")
+        dtype = torch.long if weights is None else torch.float32 if weights.dtype == torch.float32 else torch.float64
+        return self._new_gpu(types, args[0], torch.empty(minlength, dtype=dtype, device="meta"))
 
     def _new_gpu(self, types: Any, like: torch.Tensor, real: torch.Tensor, drawn: bool = False) -> Any:
         """A new GPU tensor, tracked, of ``real``'s shape and dtype, carrying ``real``'s values (a host tensor;

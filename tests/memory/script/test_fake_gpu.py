@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.runtime import fake_gpu
@@ -184,6 +185,24 @@ def test_boolean_masks_select_as_many_as_their_values_say():
         unknown = torch.randn(1000, device="cuda") > 0         # made from unknown (float) values
         assert torch.randn(1000, device="cuda")[unknown].shape == (1000,)
     assert any("a mask of unknown values" in n for n in gpu.report().notes)
+
+
+def test_metrics_on_the_host_run():
+    """An evaluation's metric code: a host copy of a tensor that carries values is real (accelerate's
+    pad_across_processes reads the sizes it gathered), .numpy() of unknown values is zeros (a placeholder, noted),
+    bincount of unknown values with a minlength is that long."""
+    with fake_gpu() as gpu:
+        sizes = torch.tensor([16, 2], device="cuda")[None].cpu()
+        assert not is_fake(sizes) and max(s[1] for s in sizes) == 2
+        logits = torch.randn(16, 2, device="cuda")
+        preds = logits.cpu().numpy()
+        assert preds.shape == (16, 2) and not preds.any()
+        cm = torch.bincount(logits.argmax(1) * 2 + torch.tensor([0, 1] * 8, device="cuda"), minlength=4)
+        assert cm.shape == (4,) and cm.dtype == torch.long
+        with pytest.raises(Exception, match="aten.bincount"):   # (measure --script makes it one line)
+            torch.bincount(logits.argmax(1))               # no minlength: its length is unknown
+    notes = gpu.report().notes
+    assert any("Tensor.numpy()" in n for n in notes) and any("torch.bincount of unknown values" in n for n in notes)
 
 
 def test_sampling_with_generate_stops_at_its_length_limit():
