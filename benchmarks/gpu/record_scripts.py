@@ -27,8 +27,8 @@ they were recorded; run only with ``--users``.
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users --no-scripts --no-ranks --jobs 4
 
 Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json`` and (``--users``)
-``DIR/users.json`` (``kind`` ``script_peaks``; one row per case with its script, arguments, world size, peaks, per-step peaks, wall time and status) with
-the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
+``DIR/users.json`` (``kind`` ``script_peaks``; one row per case with its script, arguments, world size, peaks,
+per-step peaks, wall time and status) with the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
 peft and torchvision).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
 """
