@@ -3,6 +3,8 @@
     PYTHONPATH=. python benchmarks/bench_script.py --validate [--only NAME] [--jobs 2]
     PYTHONPATH=. python benchmarks/bench_script.py --ranks [--only NAME]
     PYTHONPATH=. python benchmarks/bench_script.py --lora [--only NAME]
+    PYTHONPATH=. python benchmarks/bench_script.py --users [--only NAME]
+    PYTHONPATH=. python benchmarks/bench_script.py --users --predict-to data/measurements/script/users__predicted.json
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/llama7b_bf16.py
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/ranks/fsdp2_llama7b.py --nproc-per-node 8
 
@@ -14,6 +16,9 @@ rule); targets: peak within 3%, reserved within 10%, each in under 2 minutes. ``
 ``ranks__fake_pg.json`` (a rank, 0 unless the case names another, of a world-N launch on a fake process group, on
 the H200 and here). ``--lora``: the peft LoRA scripts of ``lora.json`` (``data/scripts/lora/``: a TinyLlama-sized
 bf16 base, each script differing from the issue-27 loop in one thing; recorded by ``record_scripts.py --lora``).
+``--users``: the scripts of ``users.json`` (``data/scripts/users/``: engineers' own habits, predicted before they
+were recorded by ``record_scripts.py --users``); with ``--predict-to FILE`` it predicts every script of that folder
+and writes the predictions (no recording needed: what was committed before the H200 ran them).
 ``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
 the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
 of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).
@@ -102,16 +107,44 @@ def validate(rows: list[dict], jobs: int, ranks: bool) -> int:
     return 0
 
 
+def predict_users(out: Path, only: str, jobs: int) -> int:
+    """Predict each script of data/scripts/users/ in its own process; write the predictions (kind
+    ``script_predictions``) with this machine's provenance, to commit before the scripts are recorded."""
+    from labkit.core.provenance import write_measurement
+
+    scripts = [p for p in sorted((SCRIPTS / "users").glob("*.py")) if only in p.stem]
+
+    def one(p: Path) -> dict:
+        rep, wall, _, err = predict(p, [])
+        row = {"name": p.stem, "script": f"users/{p.name}", "args": [], "split": split(p.stem),
+               "predict_wall_s": round(wall, 1)}
+        if rep is None:
+            return {**row, "status": f"refused: {err}"}
+        return {**row, "status": "ok", "peak_bytes": rep["peak_bytes"], "reserved_bytes": rep["reserved_bytes"],
+                "outcome": rep["outcome"], "step_peaks": [s["peak_bytes"] for s in rep["steps"]],
+                "notes": rep["notes"]}
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        rows = list(pool.map(one, scripts))
+    for r in rows:
+        print(f"{r['name']:24s} {r['split']:9s} {r['status'][:80]:12s} peak {r.get('peak_bytes', 0):>14,d} "
+              f"reserved {r.get('reserved_bytes', 0):>14,d} ({r['predict_wall_s']} s)")
+    write_measurement(out, "script_predictions", rows, command=" ".join(sys.argv))
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--validate", action="store_true")
     g.add_argument("--ranks", action="store_true")
     g.add_argument("--lora", action="store_true")
+    g.add_argument("--users", action="store_true")
     g.add_argument("--script")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--nproc-per-node", type=int, help="--script: as rank 0 of a launch of this many ranks")
+    ap.add_argument("--predict-to", help="--users: predict data/scripts/users/*.py and write the predictions here")
     a = ap.parse_args()
     print(json.dumps(header(), indent=1))
     if a.script:
@@ -128,7 +161,12 @@ def main() -> int:
               f"{wall:.1f} s wall (target < {SECONDS_TARGET:.0f} s: {'OK' if ok else 'MISSED'}), at most "
               f"{rss / 1e9:.2f} GB resident (the labkit process); {os.cpu_count()} CPUs here")
         return 0 if ok else 1
-    name = "ranks__fake_pg.json" if a.ranks else "lora.json" if a.lora else "scripts.json"
+    if a.predict_to:
+        if not a.users:
+            ap.error("--predict-to goes with --users")
+        return predict_users(Path(a.predict_to), a.only, a.jobs)
+    name = ("ranks__fake_pg.json" if a.ranks else "lora.json" if a.lora else "users.json" if a.users
+            else "scripts.json")
     doc = json.loads((ROOT / "data" / "measurements" / "script" / name).read_text())
     prov = doc["provenance"]
     print(f"recorded on {prov['gpu_name']}, {prov['date'][:10]} (torch {prov['torch']}, transformers "

@@ -16,12 +16,19 @@ LoRA cases (``--lora``, issue 27): peft LoRA scripts of ``data/scripts/lora/`` o
 each a user's own loop that differs from the others in one thing (the batch, the loss, the attention, the
 way the model is built or loaded); run only with ``--lora``.
 
+Users' cases (``--users``, issue 27): the scripts of ``data/scripts/users/``, written the way engineers write them
+(``torch.compile``, fp16 ``GradScaler`` with clipping after ``unscale_``, accumulation with ``set_to_none=False``,
+evaluation under ``no_grad`` or ``inference_mode``, SWA, custom ``autograd.Function``s, ``checkpoint_sequential``,
+hand-kept fp32 master weights, Lightning, Hugging Face ``Trainer`` and accelerate variants), predicted here before
+they were recorded; run only with ``--users``.
+
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR[,SUBSTR...]] [--smoke]
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --lora --no-scripts --no-ranks --jobs 3
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users --no-scripts --no-ranks --jobs 4
 
-Writes ``DIR/scripts.json``, ``DIR/ranks.json`` and (``--lora``) ``DIR/lora.json`` (``kind`` ``script_peaks``;
-one row per case with its script, arguments, world size, peaks, per-step peaks, wall time and status) with
-the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
+Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json`` and (``--users``)
+``DIR/users.json`` (``kind`` ``script_peaks``; one row per case with its script, arguments, world size, peaks,
+per-step peaks, wall time and status) with the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
 peft and torchvision).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
 """
@@ -52,6 +59,8 @@ LORA_CASES = [
     ("lora-pretrained-device-map", "lora/pretrained.py", ["--device-map"]),
     ("lora-trainer-no-bf16-flag", "lora/trainer.py", ["--no-bf16-flag"]),
 ]
+# (name, script relative to data/scripts, arguments): users' scripts the lab had not seen (issue 27)
+USER_CASES = [(p.stem, f"users/{p.name}", []) for p in sorted((SCRIPTS / "users").glob("*.py"))]
 # (name, script, arguments, world size[, rank])
 RANK_CASES = [
     *[(f"fsdp2-llama-w{w}", "ranks/fsdp2_llama.py", [], w) for w in (2, 4, 8)],
@@ -123,6 +132,7 @@ def main() -> int:
     ap.add_argument("--no-scripts", action="store_true")
     ap.add_argument("--no-ranks", action="store_true")
     ap.add_argument("--lora", action="store_true", help="also the LoRA scripts of data/scripts/lora/")
+    ap.add_argument("--users", action="store_true", help="also the users' scripts of data/scripts/users/")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -142,6 +152,8 @@ def main() -> int:
         groups.append(("ranks", RANK_CASES))
     if a.lora:
         groups.append(("lora", [(n, s, ar, 0) for n, s, ar in LORA_CASES]))
+    if a.users:
+        groups.append(("users", [(n, s, ar, 0) for n, s, ar in USER_CASES]))
     for kind, cases in groups:
         cases = [c for c in cases if any(part in c[0] for part in a.only.split(","))]
         if a.smoke:

@@ -10,6 +10,8 @@ time is predicted here). Random-number state is a host tensor.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -21,6 +23,7 @@ import torch.cuda.memory as tcm
 import torch.cuda.nvtx as nvtx
 import torch.cuda.random as tcr
 
+from labkit.core.errors import LabkitError
 from labkit.memory.estimate.buffers import CUDA_CONTEXT_BYTES
 from labkit.memory.trace.fake.fake_cuda import H200
 
@@ -119,6 +122,10 @@ class FakeEvent:
         return 0.0
 
 
+class _GraphRefused:
+    """The base of the fake GPU's ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph``, whose construction is refused."""
+
+
 class _DeviceContext:
     """``torch.cuda.device(i)``: selects nothing (one GPU per process)."""
 
@@ -181,6 +188,31 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
     def dump_snapshot(*a: Any, **k: Any) -> None:
         note("torch.cuda.memory._dump_snapshot: no snapshot file is written on the fake GPU")
 
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        # CUDACachingAllocator.cpp recordStream: the block's free waits for an event on that stream, which the
+        # next allocation finds complete once the stream's work is done; the fake GPU's streams run in order, so
+        # the block is free when the program frees it
+        if not isinstance(stream, FakeStream):
+            original_record_stream(self, stream)
+
+    def scatter(tensor: torch.Tensor, devices: Any, chunk_sizes: Any = None, dim: int = 0, streams: Any = None) -> Any:
+        # torch/csrc/cuda/comm.cpp scatter (nn.DataParallel's input split; a CUDA build's torch._C._scatter): the
+        # chunks, narrowed or tensor.chunk(len(devices)), each .contiguous().to(its device, non_blocking=True)
+        chunks = tensor.split(list(chunk_sizes), dim) if chunk_sizes else tensor.chunk(len(devices), dim)
+        return tuple(c.contiguous().to(torch.device("cuda", int(d)), non_blocking=True)
+                     for c, d in zip(chunks, devices))
+
+    def cuda_graph(*a: Any, **k: Any) -> Any:
+        frame = sys._getframe(1)                  # the caller (a class is made by type.__call__, in C)
+        script = os.path.relpath(frame.f_code.co_filename)
+        raise LabkitError(f"CUDA graph capture (torch.cuda.CUDAGraph, torch.cuda.graph, make_graphed_callables) at "
+                          f"{script}:{frame.f_lineno} is not modelled by the fake GPU (a captured graph keeps its "
+                          f"blocks in a private memory pool); predict the step without the capture, or on a GPU run "
+                          f"`labkit watch -- python {script}`")
+
+    # classes, as the names are types in annotations (``torch.cuda.CUDAGraph | None`` in transformers)
+    graph_types = {name: type(name, (_GraphRefused,), {"__init__": cuda_graph}) for name in ("CUDAGraph", "graph")}
+
     def rng_state(device: Any = None) -> torch.Tensor:
         return torch.zeros(16, dtype=torch.uint8, device="cpu")
 
@@ -217,6 +249,7 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
         "get_rng_state_all": lambda: [rng_state()], "set_rng_state_all": none,
         "utilization": lambda device=None: 0, "ipc_collect": none,
         "is_current_stream_capturing": lambda: False,
+        **graph_types, "make_graphed_callables": cuda_graph,
     }
     saved: list[tuple[Any, str, Any]] = []
 
@@ -240,6 +273,10 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
     for attr in ("range_push", "range_pop", "mark"):
         patch(nvtx, attr, none)
     patch(nvtx, "range", lambda *a, **k: contextlib.nullcontext())
+
+    original_record_stream = torch.Tensor.record_stream
+    patch(torch.Tensor, "record_stream", record_stream)
+    patch(torch._C, "_scatter", scatter)
 
     patch(cudnn, "is_available", lambda: True)
     acc = getattr(torch, "accelerator", None)        # the device-generic API (torch >= 2.6), as accelerate asks it

@@ -11,6 +11,9 @@ it did in the run's notes:
 * ``torch.save`` / ``torch.load`` and safetensors' ``save_file`` / ``save`` / ``safe_open`` / ``load_file`` (what
   ``save_pretrained`` and ``from_pretrained`` of transformers and peft use): placeholders with shapes and dtypes and
   no values, which the fake GPU loads back (:mod:`.checkpoints`; said in the notes).
+* ``Tensor.numpy()`` of a tensor whose values the fake GPU does not have (predictions copied to the host for a
+  metric, as Hugging Face ``Trainer``'s ``compute_metrics`` receives them): zeros of its shape and dtype, a
+  placeholder like a float ``.item()``'s 0.0 (said in the notes); small tensors with known values are real.
 * Lightning, accelerate and Hugging Face ``Trainer`` read the GPU through ``torch.cuda`` (answered in
   :mod:`.cuda_api`) and move tensors with ``.to(device)`` (:mod:`.tensor_placement`): nothing of theirs is patched.
 """
@@ -24,6 +27,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 import torch.utils.data as tud
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 
 from labkit.memory.script.checkpoints import fake_checkpoints
 
@@ -106,9 +110,24 @@ def _optimizers_follow_parameters() -> Iterator[None]:
         nn.Module._apply = apply                                # type: ignore[method-assign]
 
 
+def _numpy(gpu: Any) -> Any:
+    original = torch.Tensor.numpy
+
+    def numpy(self: torch.Tensor, *, force: bool = False) -> Any:
+        if not is_fake(self):
+            return original(self, force=force)
+        gpu.note("Tensor.numpy() of values the fake GPU does not have: zeros of its shape and dtype (placeholders, "
+                 "like a float .item()'s 0.0; host memory, not the GPU's)")
+        with unset_fake_temporarily():
+            return original(torch.zeros(self.shape, dtype=self.dtype), force=force)
+
+    return _patched(torch.Tensor, "numpy", numpy)
+
+
 @contextlib.contextmanager
 def framework_adapters(gpu: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        for cm in (_data_loader(gpu), _compile(gpu), fake_checkpoints(gpu), _optimizers_follow_parameters()):
+        for cm in (_data_loader(gpu), _compile(gpu), fake_checkpoints(gpu), _optimizers_follow_parameters(),
+                   _numpy(gpu)):
             stack.enter_context(cm)
         yield

@@ -24,10 +24,23 @@ from torch.utils._pytree import tree_leaves
 
 import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
+from labkit.memory.trace.fake.fake_cuda import SCALAR_READS, as_read_by
 from labkit.memory.trace.storage import StorageTracker
 
 _CPU = torch.device("cpu")
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NONZERO = torch.ops.aten.nonzero.default
+_TO_COPY = torch.ops.aten._to_copy.default
+_BINCOUNT = torch.ops.aten.bincount.default
+_INDEXING = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                       torch.ops.aten._index_put_impl_.default})
+# boolean ops one side can decide: the absorbing value (True for OR, False for AND)
+_ABSORBING = {torch.ops.aten.bitwise_or.Tensor: True, torch.ops.aten.logical_or.default: True,
+              torch.ops.aten.bitwise_or.Scalar: True, torch.ops.aten.bitwise_and.Tensor: False,
+              torch.ops.aten.logical_and.default: False, torch.ops.aten.bitwise_and.Scalar: False}
+_DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+                             torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default,
+                             torch.ops.aten.bincount.default})
 #: Host tensors up to this many elements are real (values known), larger ones fake (no memory)
 REAL_HOST_NUMEL = 1 << 16
 
@@ -139,6 +152,8 @@ class GpuTracker(StorageTracker):
         real = None
         if small and not getattr(func, "__name__", "").startswith(("empty", "new_empty")):  # empty: no values
             real = self._run_on_values(func, args, kwargs)
+            if real is None and func in _ABSORBING and isinstance(out, torch.Tensor):
+                real = self._absorbed(func, args, out)
         if real is None:
             if mutable:
                 self._forget(args, kwargs)
@@ -154,6 +169,26 @@ class GpuTracker(StorageTracker):
                     self._carried.add(sid)
                     if drawn:
                         self._drawn.add(sid)
+
+    def _absorbed(self, func: Any, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        """A boolean OR with a known all-true side is all true, an AND (boolean or integer) with a known all-zero
+        side all zero, whatever the other side holds: generation's stopping check (transformers' ``generate``:
+        ``unfinished_sequences & ~stopping_criteria(...)``, whose ``StoppingCriteriaList`` ORs the length limit
+        with the EOS check, the sampled tokens unknown here) then ends at the length limit as on the GPU. None when
+        neither side decides."""
+        absorbing = _ABSORBING[func]
+        if absorbing and out.dtype != torch.bool:
+            return None
+        for a in args[:2]:
+            v = self._known(a)
+            with unset_fake_temporarily():
+                if isinstance(v, torch.Tensor) and not is_fake(v):
+                    decides = bool((v.bool() == absorbing).all())
+                else:
+                    decides = isinstance(v, (bool, int)) and bool(v) == absorbing and (absorbing or v == 0)
+                if decides:
+                    return torch.full(tuple(out.shape), int(absorbing), dtype=out.dtype)
+        return None
 
     def _run_on_values(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """``func`` run on the host on its arguments' known values; None if one is unknown or the host fails."""
@@ -189,7 +224,8 @@ class GpuTracker(StorageTracker):
                 if sid in self._carried:
                     self._poisoned.add(sid)
 
-    def host_values(self, t: Any) -> torch.Tensor | None:
+    def host_values(self, t: Any,
+                    use: str = "transformers' padding or packing check was answered") -> torch.Tensor | None:
         """The values GPU tensor ``t`` carries (an attention mask, position ids: :meth:`_remember_values`), as a
         real host tensor; None when they are unknown (made on the GPU from unknown values, or from a host tensor
         too large to be real: :data:`REAL_HOST_NUMEL`)."""
@@ -198,8 +234,8 @@ class GpuTracker(StorageTracker):
             return None
         if self.storage_id(t) in self._drawn and self.emulator is not None:
             self.emulator.assume("values drawn at random on the fake GPU (tensors of up to 65,536 elements) are drawn on "
-                                 "the host, the same distribution and not the GPU's numbers; transformers' padding or "
-                                 "packing check was answered from values made from them")
+                                 f"the host, the same distribution and not the GPU's numbers; {use} from values made "
+                                 "from them")
         return v
 
     def _track_storage(self, st: Any, nbytes: int | None = None) -> int:
@@ -268,9 +304,28 @@ class GpuTracker(StorageTracker):
             # a tensor subclass (DTensor, ...) dispatches itself; its ops on its inner tensors come back here
             return NotImplemented
         kwargs = dict(kwargs or {})
+        if func is _TO_COPY and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu":
+            values = self.host_values(args[0], "a host copy of them (.cpu()) holds them")
+            if values is not None:       # small host tensors are real (REAL_HOST_NUMEL): a copy of carried values too
+                with unset_fake_temporarily():
+                    return values.to(dtype=kwargs.get("dtype") or values.dtype, copy=True)
         gpu = self._gpu_op(func, args, kwargs)
         if is_cuda_device(kwargs.get("device")):
             kwargs["device"] = _CPU
+        if func in SCALAR_READS:           # a GPU tensor, or a host copy of one (.cpu()), that carries its values
+            values = self.host_values(args[0], "a value read from them (.item(), .tolist(), if t:) was answered")
+            if values is not None:
+                with unset_fake_temporarily():
+                    return as_read_by(func, values.item())
+        if gpu and func is _NONZERO:
+            return self._nonzero(types, args[0])
+        if gpu and func in _DATA_DEPENDENT:
+            known = self._data_dependent(func, types, args, kwargs)
+            if known is not None:
+                return known
+        if gpu and func in _INDEXING and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                                             for i in args[1]):
+            args = (args[0], self._mask_indices(types, args[1]), *args[2:])
         p = self.placement
         p.internal += 1
         try:
@@ -284,6 +339,90 @@ class GpuTracker(StorageTracker):
             self.on_alloc()
         return out
 
+    def _nonzero(self, types: Any, x: torch.Tensor) -> Any:
+        """``torch.nonzero`` of a GPU tensor (a boolean mask's indexing ``x[mask]``, ``mask.nonzero()``): its output
+        holds one row of indices per nonzero element (aten/src/ATen/native/cuda/Nonzero.cu counts them, then sizes
+        the output to the count), a size fake tensors do not have. Counted from the values the mask carries
+        (:meth:`_remember_values`); where they are unknown, every element is taken as nonzero, the largest output,
+        said in the notes."""
+        values = self.host_values(x, "a mask's selection (torch.nonzero, x[mask]) was counted")
+        if values is not None:
+            with unset_fake_temporarily():
+                real = torch.nonzero(values)
+            return self._new_gpu(types, x, real, drawn=self.storage_id(x) in self._drawn)
+        self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
+                             "(torch.nonzero, x[mask]): the fake GPU has no values, so what it selects is the "
+                             "largest it can be")
+        return self._new_gpu(types, x, torch.empty(x.numel(), x.dim(), dtype=torch.long, device="meta"))
+
+    def _data_dependent(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        """An op whose output sizes follow from its input's values (``torch.unique``, ``masked_select``), on GPU
+        tensors that carry their values: run on those values on the host, each output allocated on the GPU at its
+        real size and carrying its values; None where a value is unknown (fake mode then refuses the op)."""
+        real = self._run_on_values(func, args, kwargs)
+        if real is None:
+            return self._bincount_by_minlength(types, args, kwargs) if func is _BINCOUNT else None
+        drawn = any(self.storage_id(x) in self._drawn
+                    for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
+        if drawn:
+            self.host_values(args[0], f"the sizes of {func.__name__.split('.')[0]} were taken")
+        if isinstance(real, (tuple, list)):
+            return tuple(self._new_gpu(types, args[0], r, drawn=drawn) for r in real)
+        return self._new_gpu(types, args[0], real, drawn=drawn)
+
+    def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:
+        """``torch.bincount(x, weights, minlength)`` of unknown values: its length is ``max(x) + 1`` or
+        ``minlength``, whichever is larger; with a ``minlength`` (the number of classes, as a confusion matrix or a
+        class count gives it) the values are taken below it. None without one (fake mode then refuses the op).
+        The output's dtype: int64, or the weights' (float32 weights give float32, others float64: SummaryOps.cu)."""
+        weights = args[1] if len(args) > 1 else kwargs.get("weights")
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        if not minlength:
+            return None
+        self.emulator.assume(f"torch.bincount of unknown values ({self.emulator.modules.where()}) is {minlength} long "
+                             "(its minlength): the values are taken below it")
+        dtype = torch.long if weights is None else torch.float32 if weights.dtype == torch.float32 else torch.float64
+        return self._new_gpu(types, args[0], torch.empty(minlength, dtype=dtype, device="meta"))
+
+    def _new_gpu(self, types: Any, like: torch.Tensor, real: torch.Tensor, drawn: bool = False) -> Any:
+        """A new GPU tensor, tracked, of ``real``'s shape and dtype, carrying ``real``'s values (a host tensor;
+        none when it is on the meta device or larger than :data:`REAL_HOST_NUMEL`)."""
+        p = self.placement
+        p.internal += 1
+        try:
+            out = _TRACK(self, torch.ops.aten.new_empty.default, types, (like, list(real.shape)), {"dtype": real.dtype})
+        finally:
+            p.internal -= 1
+        if real.device.type != "meta" and real.numel() <= REAL_HOST_NUMEL:
+            self._host[out] = real
+            sid = self.storage_id(out)
+            if sid is not None:
+                self._carried.add(sid)
+                if drawn:
+                    self._drawn.add(sid)
+        if self.on_alloc is not None:
+            self.on_alloc()
+        return out
+
+    def _mask_indices(self, types: Any, indices: list) -> list:
+        """Advanced indexing with a boolean mask (``x[mask]``, ``x[mask] = values``): as the GPU's ``index`` and
+        ``index_put_`` do (aten/src/ATen/native/IndexingUtils.h ``expandTensors``), each mask becomes the columns
+        of its ``nonzero()`` (:meth:`_nonzero`, allocated on the GPU), one long index per dimension it covers."""
+        out: list = []
+        for i in indices:
+            if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+                nz = self._nonzero(types, i)
+                real = self._host.get(nz)
+                for j in range(i.dim()):
+                    col = torch.ops.aten.select.int(nz, 1, j)
+                    if real is not None:
+                        with unset_fake_temporarily():
+                            self._host[col] = real[:, j].clone()
+                    out.append(col)
+            else:
+                out.append(i)
+        return out
+
     def _host_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """An op whose outputs stay on the host. Small host tensors are real (:data:`REAL_HOST_NUMEL`): the
         program's own bookkeeping (a device mesh's rank map, index lists, a count read with ``.tolist()``)
@@ -292,8 +431,8 @@ class GpuTracker(StorageTracker):
         (:meth:`CudaEmulator._scalar_read`)."""
         leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if any(is_fake(x) for x in leaves):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                return self.emulator.scalar_read(args[0])
+            if func in SCALAR_READS:
+                return as_read_by(func, self.emulator.scalar_read(args[0]))
             return func(*args, **kwargs)
         if leaves:
             if sum(x.numel() for x in leaves) <= REAL_HOST_NUMEL:

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.runtime import fake_gpu
@@ -120,6 +121,103 @@ def test_phases_steps_autocast_and_inference_mode_cache():
     rep = gpu.report()
     assert rep.outcome == "stopped after 2 optimizer steps" and [s.step for s in rep.steps] == [1, 2]
     assert {s.peak_phase for s in rep.steps} <= {"forward", "loss", "backward", "optimizer", "other"}
+
+
+def test_values_read_from_tensors_made_under_inference_mode():
+    """A tensor made under inference_mode has no Autograd key, so ``.item()`` and ``bool(t)`` reach the fake GPU as
+    aten.item and aten.is_nonzero rather than _local_scalar_dense (an evaluation loop's ``total += loss.item()``):
+    read as outside it."""
+    with fake_gpu() as gpu:
+        x = torch.randn(64, 64, device="cuda")
+        with torch.inference_mode():
+            assert x.sum().item() == 0.0                    # a float read: the placeholder 0.0
+            assert (x.argmax(1) == 3).sum().item() == 0     # an integer count: 0, with its line
+            assert not bool((x > 0).any())                  # a boolean read: False
+            assert bool(torch.isfinite(x.sum()))            # a NaN/infinity check: finite
+            assert not x.sum()                              # if t: 0.0 is false
+            assert x[0, :3].tolist() == [0.0, 0.0, 0.0]
+    notes = gpu.report().notes
+    assert any("float .item()" in n for n in notes) and any("integer .item()" in n for n in notes)
+
+
+def test_data_parallel_streams_and_cuda_graphs():
+    """nn.DataParallel on the one GPU scatters its input as comm.cpp does (a CPU build has no torch._C._scatter);
+    record_stream on the program's own stream is accepted; CUDA graph capture is refused in one line."""
+    with fake_gpu() as gpu:
+        model = nn.DataParallel(nn.Linear(256, 256)).cuda()
+        x = torch.randn(64, 256, device="cuda")
+        with torch.no_grad():
+            model(x)                                        # the first matmul takes cuBLAS's workspace
+            before = torch.cuda.memory_allocated()
+            y = model(x)                                    # the whole batch, already there: no copy
+        assert y.is_cuda and torch.cuda.memory_allocated() - before == 64 * 256 * 4
+        host = torch.randn(32, 256)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            z = host.cuda(non_blocking=True)
+        z.record_stream(torch.cuda.current_stream())
+        with pytest.raises(LabkitError, match=r"CUDA graph capture .* at .*test_fake_gpu.py:\d+ is not modelled.*"
+                                              r"labkit watch -- python"):
+            torch.cuda.CUDAGraph()
+    assert not hasattr(torch._C, "_scatter") and gpu.report().peak_bytes > 0
+
+
+def test_boolean_masks_select_as_many_as_their_values_say():
+    """x[mask], mask.nonzero(), torch.unique and masked_select have sizes that follow from values: counted from the
+    values a small integer or boolean GPU tensor carries; a mask of unknown values selects every element (noted)."""
+    with fake_gpu() as gpu:
+        labels = torch.tensor([3, -100, 7, -100, 3, 1] * 100).cuda()         # copied from the host: known values
+        keep = labels != -100
+        x = torch.randn(600, 256, device="cuda", requires_grad=True)
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        picked = x[keep]                                       # 400 rows; nonzero's (400, 1) indices, freed after
+        assert picked.shape == (400, 256) and torch.cuda.memory_allocated() - base == 400 * 256 * 4
+        assert torch.cuda.max_memory_allocated() - base == 400 * 256 * 4 + 3584       # 3,200 B rounded to 512
+        assert keep.nonzero().shape == (400, 1)
+        assert torch.unique(labels[keep]).tolist() == [1, 3, 7]
+        assert torch.masked_select(labels, keep).shape == (400,)
+        x.grad = None
+        picked.sum().backward()
+        assert x.grad.shape == (600, 256)
+        x2 = torch.randn(600, 256, device="cuda")
+        x2[keep] = torch.zeros(400, 256, device="cuda")       # index_put_ with the mask's indices
+        unknown = torch.randn(1000, device="cuda") > 0         # made from unknown (float) values
+        assert torch.randn(1000, device="cuda")[unknown].shape == (1000,)
+    assert any("a mask of unknown values" in n for n in gpu.report().notes)
+
+
+def test_metrics_on_the_host_run():
+    """An evaluation's metric code: a host copy of a tensor that carries values is real (accelerate's
+    pad_across_processes reads the sizes it gathered), .numpy() of unknown values is zeros (a placeholder, noted),
+    bincount of unknown values with a minlength is that long."""
+    with fake_gpu() as gpu:
+        sizes = torch.tensor([16, 2], device="cuda")[None].cpu()
+        assert not is_fake(sizes) and max(s[1] for s in sizes) == 2
+        logits = torch.randn(16, 2, device="cuda")
+        preds = logits.cpu().numpy()
+        assert preds.shape == (16, 2) and not preds.any()
+        cm = torch.bincount(logits.argmax(1) * 2 + torch.tensor([0, 1] * 8, device="cuda"), minlength=4)
+        assert cm.shape == (4,) and cm.dtype == torch.long
+        with pytest.raises(Exception, match="aten.bincount"):   # (measure --script makes it one line)
+            torch.bincount(logits.argmax(1))               # no minlength: its length is unknown
+    notes = gpu.report().notes
+    assert any("Tensor.numpy()" in n for n in notes) and any("torch.bincount of unknown values" in n for n in notes)
+
+
+def test_sampling_with_generate_stops_at_its_length_limit():
+    """transformers' generate() samples unknown tokens; its stopping check ORs the length limit (known) with the
+    EOS check (unknown), so once the limit is reached the OR is all true whatever the tokens: it stops there."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with fake_gpu():
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2)).cuda().eval()
+        prompt = torch.randint(0, 50257, (2, 4), device="cuda")
+        out = model.generate(prompt, max_new_tokens=3, do_sample=True, top_k=5, pad_token_id=0,
+                             max_time=20.0)                 # without the rule: stopped by the clock, longer
+        assert out.shape == (2, 7)
+        done = torch.zeros(2, dtype=torch.long, device="cuda") & (torch.randn(2, device="cuda") > 0)
+        assert done.max().item() == 0                       # AND with a known zero side: zero
 
 
 def test_bad_arguments():

@@ -62,10 +62,11 @@ def test_script_text_report(run_cli, tiny):
 
 def test_script_refusals(run_cli, tmp_path, tiny, capsys):
     bad = tmp_path / "bad.py"
-    bad.write_text("import torch\nx = torch.randn(100, device='cuda')\ny = x[x > 0]\n")   # a data-dependent shape
+    # a data-dependent shape from unknown values (x[x > 0] is sized as selecting every element, said in the notes)
+    bad.write_text("import torch\nx = torch.randn(100, device='cuda')\ny = torch.unique(x)\n")
     r = run_cli("measure", "--script", str(bad))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr   # the banner and one line
-    assert "bad.py:3" in r.stderr and "aten.nonzero" in r.stderr and "labkit watch -- python" in r.stderr
+    assert "bad.py:3" in r.stderr and "aten._unique2" in r.stderr and "labkit watch -- python" in r.stderr
     # the argument refusals through the CLI's entry point in this process (no interpreter start-up each)
     for argv, says in ((["--script", str(tmp_path / "missing.py")], "missing.py"),
                        (["--script", str(tiny), "--layers", "4"], "--layers do not apply with --script"),
@@ -147,6 +148,23 @@ def test_recorded_scripts(run_cli, kind, name, extra):
     rep = rep["ranks"][0] if "ranks" in rep else rep
     assert abs(rep["peak_bytes"] / rec["peak_allocated"] - 1) < 0.03
     assert abs(rep["reserved_bytes"] / rec["peak_reserved"] - 1) < 0.10
+
+
+def test_a_compiled_model_is_predicted_as_eager():
+    """A users' script (data/scripts/users/compiled_gpt.py) at a tiny size through its own arguments: the model
+    under torch.compile is run eagerly, the same figures as without the compile, and the report says so."""
+    from labkit.memory.script.run import run_script
+
+    script = str(REPO / "data" / "scripts" / "users" / "compiled_gpt.py")
+    tiny = ["--layers", "2", "--width", "128", "--batch", "2", "--seq", "64"]
+    compiled = run_script(script, tiny, banner=False)
+    eager = run_script(script, [*tiny, "--no-compile"], banner=False)
+    assert compiled.outcome == "completed" and len(compiled.steps) == 3
+    assert (compiled.peak_bytes, compiled.reserved_bytes) == (eager.peak_bytes, eager.reserved_bytes)
+    params = 32000 * 128 * 2 + 64 * 128 + 2 * 12 * 128 * 128        # embeddings, head, positions, two blocks
+    assert compiled.peak_bytes > 4 * 4 * params                       # weights, gradients, AdamW's two moments
+    assert any("torch.compile: run eagerly" in n for n in compiled.notes)
+    assert not any("torch.compile" in n for n in eager.notes)
 
 
 PP_NO_SHAPES = textwrap.dedent('''

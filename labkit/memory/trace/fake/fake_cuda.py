@@ -558,8 +558,8 @@ class CudaEmulator:
         known = known_value(func, args, kwargs, factories=tracker.phases[-1] == "init")
         if known is not NotImplemented:
             return known
-        if func is torch.ops.aten._local_scalar_dense.default:
-            return self._scalar_read(args[0])
+        if func in SCALAR_READS:
+            return as_read_by(func, self._scalar_read(args[0]))
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                                                     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
             return self._gpu_layout(func, args, kwargs, tracker)
@@ -643,6 +643,23 @@ class CudaEmulator:
             return 0.0
         raise LabkitError(refusal("aten._local_scalar_dense (an integer .item())", where,
                                   "its value decides what follows"))
+
+
+# The ops that read one number from a tensor (``.item()``, ``if t:``, ``.tolist()``'s elements). A tensor made under
+# ``torch.inference_mode`` carries no Autograd dispatch key (c10/core/InferenceMode.h), so the
+# CompositeImplicitAutograd kernels of ``item`` and ``is_nonzero`` (aten/src/ATen/native/native_functions.yaml: no
+# dispatch entry; TensorConversions.cpp ``item``, TensorProperties.cpp ``is_nonzero``, both ``_local_scalar_dense``
+# underneath) have not decomposed them when a dispatch mode sees them: the mode sees ``aten.item`` and
+# ``aten.is_nonzero`` (``bool(t)``, ``if t:``) themselves (checked with a logging TorchDispatchMode, torch 2.13).
+SCALAR_READS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
+                          torch.ops.aten.is_nonzero.default})
+
+
+def as_read_by(func: Any, value: Any) -> Any:
+    """The number read from a tensor as ``func`` returns it: ``is_nonzero`` its truth, the others the number."""
+    if func is torch.ops.aten.is_nonzero.default and value is not NotImplemented:
+        return bool(value)
+    return value
 
 
 def cudnn_backward_workspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
