@@ -203,14 +203,34 @@ class _PackedLSTM(nn.Module):
         return nn.functional.cross_entropy(self.head(out).flatten(0, 1), y.flatten())
 
 
-def test_packed_sequences_run_at_their_full_length():
-    """pack_padded_sequence's lengths are values: fake mode takes every sequence at its full length (stated), and
-    the packed LSTM runs as cuDNN's RNN on the packed tokens."""
+def test_packed_sequences_run_at_the_batch_lengths_or_at_their_full_length():
+    """pack_padded_sequence's lengths are values: the batch's own lengths (a small integer tensor of the batch,
+    whose values fake mode keeps) pack exactly sum(lengths) tokens, as on the GPU; lengths fake mode cannot know
+    (computed from the data on the device) take every sequence at its full length (stated). Either way the packed
+    LSTM runs as cuDNN's RNN."""
     from labkit.memory.trace.fake.cudnn_rnn import PACKED_ASSUMPTION
 
     batch = {"x": torch.randint(0, 100, (4, 16)), "lengths": torch.tensor([16, 12, 9, 3]),
              "y": torch.randint(0, 100, (4, 16))}
-    rep = measure_step(_PackedLSTM, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b), device="fake-cuda",
-                       steps=1)
-    assert rep.peak_bytes > 0
+    packed: list[torch.Size] = []
+
+    def run(model_cls):
+        return measure_step(model_cls, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b),
+                            device="fake-cuda", steps=1)
+
+    class Seen(_PackedLSTM):
+        def forward(self, x, lengths, y):
+            packed.append(nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True,
+                                                            enforce_sorted=False).data.shape)
+            return super().forward(x, lengths, y)
+
+    rep = run(Seen)
+    assert rep.peak_bytes > 0 and packed[0] == (16 + 12 + 9 + 3, 32)
+    assert PACKED_ASSUMPTION not in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
+
+    class FromData(_PackedLSTM):       # lengths computed on the device from the embeddings: values unknown
+        def forward(self, x, lengths, y):
+            return super().forward(x, (self.emb(x)[..., 0] > -1e9).sum(1).cpu(), y)
+
+    rep = run(FromData)
     assert PACKED_ASSUMPTION in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
