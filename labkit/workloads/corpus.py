@@ -659,8 +659,10 @@ WAV2VEC2_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=
                      conv_dim=(512,) * 7, vocab_size=32, ctc_loss_reduction="mean")     # wav2vec2-base-960h's
 SWINV2_TINY = dict(image_size=256, patch_size=4, embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                    window_size=8, num_labels=1000)
+# answerdotai/ModernBERT-base's shape; ``reference_compile=False``: transformers 4.x's ModernBERT compiled parts of itself
+# with torch.compile on a GPU by default, and the corpus records eager steps (a release without the option ignores it)
 MODERNBERT_BASE = dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12,
-                       vocab_size=50368, global_attn_every_n_layers=3, local_attention=128)
+                       vocab_size=50368, global_attn_every_n_layers=3, local_attention=128, reference_compile=False)
 LLAMA32_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                   num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=131072,
                   rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,

@@ -229,3 +229,42 @@ def test_a_padded_batch_masks_its_last_eighth():
     assert mask.shape == labels.shape == (4, 1024)
     assert (mask[:, :896] == 1).all() and (mask[:, 896:] == 0).all()
     assert (labels[:, 896:] == -100).all() and (labels[:, :896] == b["input_ids"][:, :896]).all()
+
+
+def test_the_fifth_batch_is_new_kinds_predicted_before_recording():
+    """Issue 27's fifth batch: kinds of model the corpus had not seen, each in float32 and under autocast bf16, every
+    one predicted in fake mode (predicted__issue27_batch5.json, committed before any recording); names' hash
+    decides the split (about a third held out); the CI corpus runs each kind at least once."""
+    from labkit.workloads.corpus import NEW_KINDS_FILE, _new_kinds, compat_cases
+
+    new = _new_kinds()
+    assert len(new) == 50 and {c.precision for c in new} == {"fp32", "amp-bf16"}
+    kinds = {c.arch for c in new}
+    assert len(kinds) == 25 and not kinds & {c.arch for c in CASES if c not in new} - {"llama"}
+    assert 0.25 < sum(c.split == "held-out" for c in new) / len(new) < 0.42
+    path = Path(__file__).resolve().parents[2] / "data/measurements/measure" / NEW_KINDS_FILE
+    rows = {r["name"]: r for r in load_measurement(path, kind="fake_predictions")["data"]["cases"]}
+    assert sorted(rows) == sorted(c.name for c in new)
+    for c in new:
+        assert rows[c.name]["split"] == c.split and "refused" not in rows[c.name], rows[c.name]
+        assert 0 < rows[c.name]["peak_allocated"] <= rows[c.name]["peak_reserved"] < 40e9
+    ci = {c.name.removesuffix("@tiny") for c in compat_cases()}
+    assert {c.arch for c in new if c.name in ci} >= kinds - {"mnasnet1_0", "maxvit_t", "swin_v2_t", "efficientnet_b3",
+                                                             "regnet_y_800mf", "mobilenet_v3_small"}
+
+
+def test_googlenet_and_inception_train_with_their_auxiliary_heads():
+    """In training mode torchvision's GoogLeNet and Inception-v3 return their auxiliary logits too: the loss adds
+    each auxiliary head's cross-entropy (0.3 each for GoogLeNet's two, 0.4 for Inception-v3's one)."""
+    from collections import namedtuple
+
+    from labkit.workloads.corpus import vision_loss
+
+    ce = torch.nn.functional.cross_entropy
+    y = torch.tensor([1, 0])
+    a, b, c = torch.randn(2, 5), torch.randn(2, 5), torch.randn(2, 5)
+    three = namedtuple("GoogLeNetOutputs", "logits aux_logits2 aux_logits1")(a, b, c)
+    assert torch.allclose(vision_loss(three, {"labels": y}), ce(a, y) + 0.3 * (ce(b, y) + ce(c, y)))
+    two = namedtuple("InceptionOutputs", "logits aux_logits")(a, b)
+    assert torch.allclose(vision_loss(two, {"labels": y}), ce(a, y) + 0.4 * ce(b, y))
+    assert torch.allclose(vision_loss(a, {"labels": y}), ce(a, y))

@@ -81,8 +81,19 @@ def known_value(func: Any, args: tuple, kwargs: dict, *, factories: bool = True)
             return fake
     real = tree_unflatten([a.constant if isinstance(a, FakeTensor) else a for a in flat], spec)
     if func.is_view:
-        # a view must stay a view of its input for autograd: fake mode makes it, and it learns the view's value
-        fake = func(*args, **kwargs)
+        # a view must stay a view of its input for autograd: fake mode makes it, and it learns the view's value.
+        # FakeTensorMode itself, given a view of constants whose result is too large for its own constants
+        # (``may_turn_const``: one element), forgets the constants aliasing it, the input's among them
+        # (``invalidate_constant_aliases``, torch/_subclasses/fake_tensor.py): the view is made with the inputs'
+        # values hidden, so that the input keeps its own (``labels[:, 0]`` does not make ``labels`` unknown)
+        held = [(t, t.constant) for t in tensors if isinstance(t, FakeTensor)]
+        for t, _ in held:
+            t.constant = None
+        try:
+            fake = func(*args, **kwargs)
+        finally:
+            for t, value in held:
+                t.constant = value
         with _disable_current_modes(), no_dispatch():
             value = func(*real[0], **real[1])
         pairs = zip(tree_flatten(fake)[0], tree_flatten(value)[0])
