@@ -327,9 +327,10 @@ def test_boolean_mask_indexing_with_a_mask_made_on_the_host_is_predicted():
     assert rep.peak_bytes > 0
 
     x, mask = torch.randn(4, 6, 8), torch.rand(4, 6) > 0.5
+    other = mask.clone()                       # a fake of its own, without values
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(x)
         fm = mode.fake_tensor_converter.from_real_tensor(mode, mask, make_constant=True)
         out, nbytes = known_mask_indexing(torch.ops.aten.index.Tensor, (fx, [fm]), {})
-        unknown, _ = known_mask_indexing(torch.ops.aten.index.Tensor, (fx, [mode.from_tensor(mask)]), {})
+        unknown, _ = known_mask_indexing(torch.ops.aten.index.Tensor, (fx, [mode.from_tensor(other)]), {})
     assert out.shape == x[mask].shape and nbytes == int(mask.sum()) * 2 * 8 and unknown is NotImplemented
