@@ -22,7 +22,7 @@ whose ``forward(**batch)`` returns the loss, as a user's own training script com
 * ``conv1d-audio``: a waveform autoencoder of strided ``nn.Conv1d`` and ``nn.ConvTranspose1d`` layers with
   BatchNorm1d and an L1 loss (``s`` is the number of samples);
 * ``embbag-rec``: a recommender of ``nn.EmbeddingBag`` tables (sum over variable-length bags given by
-  offsets), a dense MLP over their concatenation and a binary cross-entropy (``s`` is the bag length).
+  offsets), a dense MLP over their concatenation and a binary cross-entropy (``s`` ids per bag on average).
 
 Batches (:func:`make_batch`) are CPU tensors; the corpus moves them to the device.
 """

@@ -15,6 +15,13 @@ read back by ``nn.LSTM``). Example: torchvision's RegNet computes its stage widt
 (``BlockParams.from_init_params``, torchvision/models/regnet.py: ``torch.arange(depth) * w_a + w_0``,
 ``torch.round``, ``torch.log``, then ``.int().tolist()``); that read is now answered with the value the
 GPU run computes.
+
+Host values are known too: ``torch.tensor`` of host data (a NumPy array, a list) in every phase, and the small
+integer and boolean tensors of the batch ``measure_step`` is given (``backends.FakeCudaBackend.to_device``): a GPU
+run computes with the same values. Example: Wav2Vec2ForCTC flattens its padded labels with
+``labels.masked_select(labels >= 0)`` and masks time steps with a mask drawn by NumPy (SpecAugment); with those
+values known, the selection's size, the mask's indices (:func:`known_mask_indexing`) and the CTC loss's shapes
+(``fake_cuda.ctc_loss_outputs``) are the GPU run's.
 """
 
 from __future__ import annotations
