@@ -143,13 +143,20 @@ _TINY_SPEECH = {"conv_dim": (32,) * 7, "num_mel_bins": 16, "max_source_positions
 
 
 def layer_count(case: Case) -> int:
-    """Layers the case's configuration names (encoder plus decoder; 0 when it names none)."""
-    o = case.overrides
+    """Layers the case's configuration names (encoder plus decoder; the sum over nested configurations, CLIP's text
+    and vision towers; Swin's blocks over its stages; 0 when it names none)."""
+    return _layers(case.overrides, case.task)
+
+
+def _layers(o: dict[str, Any], task: str) -> int:
     if "encoder_layers" in o or "decoder_layers" in o:
         return int(o.get("encoder_layers", 0)) + int(o.get("decoder_layers", 0))
-    if case.task == "seq2seq-lm" and "num_layers" in o:
+    if task == "seq2seq-lm" and "num_layers" in o:
         return int(o["num_layers"]) + int(o.get("num_decoder_layers", o["num_layers"]))
-    return next((int(o[k]) for k in _LAYER_KEYS if k in o), 0)
+    nested = sum(_layers(v, task) for k, v in o.items() if k.endswith("_config") and isinstance(v, dict))
+    if isinstance(o.get("depths"), list):
+        nested += sum(int(d) for d in o["depths"])
+    return next((int(o[k]) for k in _LAYER_KEYS if k in o), nested)
 
 
 def _tiny_config(overrides: dict[str, Any]) -> dict[str, Any]:
