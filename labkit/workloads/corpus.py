@@ -427,6 +427,9 @@ def prepare_plain(case: Case, device: str = "cuda") -> tuple[nn.Module, torch.op
     for bf16; labkit's non-reentrant ``torch.utils.checkpoint`` per layer for recompute via torch)."""
     with torch.device(device):
         model = build_model(case)
+    # and moved there, as users do: a parameter made by the legacy ``torch.Tensor(n)`` constructor ignores the
+    # default device (Wav2Vec2's ``masked_spec_embed``) and stays on the CPU otherwise
+    model = model.to(device)
     if case.precision == "bf16" and not case.lora:
         model = model.to(torch.bfloat16)
     if case.recompute != "none" and case.checkpoint_impl == "torch":
