@@ -451,13 +451,13 @@ def main(argv: list[str] | None = None) -> int:
         todo = [tiny(c) for c in pool if c.name in SMOKE_CASES or f"{c.name}@tiny" in (args.case or ())]
     else:
         todo = list(TRACED_VARIANTS if args.variants else CASES)
-    if args.only:
-        todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     if args.predicted:
         names = [f"{n}@tiny" if args.smoke else n for n in predicted_names(args.predicted)]
         todo = [c for c in (TRACED_VARIANTS if args.variants else CASES) if c.name in names
                 or f"{c.name}@tiny" in names]
         todo = [tiny(c) for c in todo] if args.smoke else todo
+    if args.only:
+        todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     if args.case:
         known = {c.name for c in todo}
         unknown = [n for n in args.case if n not in known]
