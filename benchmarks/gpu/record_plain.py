@@ -19,7 +19,10 @@ by labkit's TrainStep untraced, under a do-nothing TorchDispatchMode, and by ``m
 (the tracer attached), to isolate why the traced recording is higher than the plain loop.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_plain.py --out DIR [--budget 330] [--only SUBSTR] [--smoke]
-        [--case NAME --case NAME ...] [--variants]
+        [--case NAME --case NAME ...] [--variants] [--predicted FILE]
+
+``--predicted FILE``: the cases a ``fake_predictions`` file names (its predictions made before this recording:
+``benchmarks/predict_cases.py``); with ``--fresh``, their predicted reserved peaks plan how many run at once.
 
 ``--variants``: the T5 and DeBERTa configuration variants of ``corpus.TRACED_VARIANTS`` (issue 26: traced and
 estimated before any recording, data/measurements/estimate/traced_variants.json) instead of ``CASES``.
@@ -330,16 +333,26 @@ def clue_experiment(device: str, smoke: bool) -> dict[str, Any]:
 DROPPED_IN_FRESH = ("step_times_s", "median_step_s")     # timed while other cases' processes shared the GPU
 
 
-def expected_reserved() -> dict[str, int]:
-    """Each case's reserved peak in the repository's corpus recording (how much GPU memory its process needs)."""
+def expected_reserved(predicted: Path | None = None) -> dict[str, int]:
+    """Each case's reserved peak in the repository's corpus recording (how much GPU memory its process needs), or
+    in ``predicted`` (a ``fake_predictions`` file) for the cases it names."""
     from labkit.core.provenance import load_measurement
     from labkit.memory.trace.corpus_check import plain_path
 
     try:
         rows = load_measurement(plain_path(), kind="measure_plain")["data"]["cases"]
     except Exception:  # noqa: BLE001 - no recording to plan by: every case gets the default
-        return {}
+        rows = []
+    if predicted is not None:
+        rows = rows + load_measurement(predicted, kind="fake_predictions")["data"]["cases"]
     return {r["name"]: int(r["peak_reserved"]) for r in rows if r.get("peak_reserved")}
+
+
+def predicted_names(path: Path) -> list[str]:
+    """The case names of a ``fake_predictions`` file."""
+    from labkit.core.provenance import load_measurement
+
+    return [r["name"] for r in load_measurement(path, kind="fake_predictions")["data"]["cases"]]
 
 
 def run_fresh(todo: list[Case], args: argparse.Namespace, smoke: bool) -> list[dict[str, Any]]:
@@ -348,7 +361,7 @@ def run_fresh(todo: list[Case], args: argparse.Namespace, smoke: bool) -> list[d
     import json
     import subprocess
 
-    expect, budget = expected_reserved(), args.gpu_budget * 1e9
+    expect, budget = expected_reserved(args.predicted), args.gpu_budget * 1e9
     pending, running, spans, rows = list(todo), {}, {}, {}
     while pending or running:
         while pending and len(running) < args.fresh:
@@ -416,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a few cases at CI size on the CPU (checks the script)")
     ap.add_argument("--variants", action="store_true",
                     help="corpus.TRACED_VARIANTS (T5 and DeBERTa configurations) instead of the corpus's CASES")
+    ap.add_argument("--predicted", type=Path, metavar="FILE",
+                    help="run the cases this fake_predictions file names (and plan --fresh by their predictions)")
     args = ap.parse_args(argv)
     global T0
     T0 = time.perf_counter()  # the budget and the log are this run's: main() may be called again in one process (the tests)
@@ -436,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         todo = [tiny(c) for c in pool if c.name in SMOKE_CASES or f"{c.name}@tiny" in (args.case or ())]
     else:
         todo = list(TRACED_VARIANTS if args.variants else CASES)
+    if args.predicted:
+        names = [f"{n}@tiny" if args.smoke else n for n in predicted_names(args.predicted)]
+        todo = [c for c in (TRACED_VARIANTS if args.variants else CASES) if c.name in names
+                or f"{c.name}@tiny" in names]
+        todo = [tiny(c) for c in todo] if args.smoke else todo
     if args.only:
         todo = [c for c in todo if any(part in c.name for part in args.only.split(","))]
     if args.case:

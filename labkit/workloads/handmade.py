@@ -10,7 +10,19 @@ whose ``forward(**batch)`` returns the loss, as a user's own training script com
 * ``mha-lm``: a stack of ``nn.MultiheadAttention`` blocks with an ``attn_mask`` and a ``key_padding_mask``;
 * ``lstm-lm`` / ``gru-lm``: ``nn.LSTM`` / ``nn.GRU`` language models (cuDNN on a GPU);
 * ``unet``: a UNet (Conv2d, BatchNorm2d, ReLU, max pooling, ConvTranspose2d, ``torch.cat``) with a
-  per-pixel cross-entropy.
+  per-pixel cross-entropy; ``gn-unet`` / ``in-unet`` the same with GroupNorm (8 groups) / InstanceNorm2d
+  (affine, no running statistics) in place of BatchNorm2d;
+* ``seq2seq``: ``nn.Transformer`` (encoder and decoder, ``batch_first``) translating one token sequence into
+  another, with a causal ``tgt_mask`` and padding masks on the source, the target and the memory;
+* ``mha-weights-lm``: ``mha-lm`` with ``need_weights=True`` (the averaged attention weights returned, as
+  users who plot them ask for);
+* ``bilstm-tagger``: a bidirectional ``nn.LSTM`` tagging every token (named-entity style);
+* ``packed-gru``: a bidirectional ``nn.GRU`` fed by ``pack_padded_sequence`` (the lengths brought back to the CPU, unsorted),
+  classifying each sequence from its last hidden states;
+* ``conv1d-audio``: a waveform autoencoder of strided ``nn.Conv1d`` and ``nn.ConvTranspose1d`` layers with
+  BatchNorm1d and an L1 loss (``s`` is the number of samples);
+* ``embbag-rec``: a recommender of ``nn.EmbeddingBag`` tables (sum over variable-length bags given by
+  offsets), a dense MLP over their concatenation and a binary cross-entropy (``s`` ids per bag on average).
 
 Batches (:func:`make_batch`) are CPU tensors; the corpus moves them to the device.
 """
@@ -68,8 +80,9 @@ class DecoderLM(nn.Module):
 
 
 class MHABlock(nn.Module):
-    def __init__(self, d_model: int, nhead: int, ff: int, dropout: float) -> None:
+    def __init__(self, d_model: int, nhead: int, ff: int, dropout: float, need_weights: bool = False) -> None:
         super().__init__()
+        self.need_weights = need_weights
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.ln2 = nn.LayerNorm(d_model)
@@ -77,17 +90,17 @@ class MHABlock(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
-        a, _ = self.attn(h, h, h, attn_mask=mask, key_padding_mask=pad, need_weights=False)
+        a, _ = self.attn(h, h, h, attn_mask=mask, key_padding_mask=pad, need_weights=self.need_weights)
         x = x + a
         return x + self.mlp(self.ln2(x))
 
 
 class MHALM(nn.Module):
     def __init__(self, vocab: int = 32000, d_model: int = 1024, nhead: int = 16, ff: int = 4096, layers: int = 8,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, need_weights: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList(MHABlock(d_model, nhead, ff, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(MHABlock(d_model, nhead, ff, dropout, need_weights) for _ in range(layers))
         self.head = nn.Linear(d_model, vocab)
 
     def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -113,19 +126,24 @@ class RNNLM(nn.Module):
         return F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
 
 
-def _double_conv(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                         nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+_NORMS: dict[str, Callable[[int], nn.Module]] = {
+    "batch": nn.BatchNorm2d, "group": lambda c: nn.GroupNorm(8, c), "instance": lambda c: nn.InstanceNorm2d(c, affine=True)}
+
+
+def _double_conv(cin: int, cout: int, norm: str = "batch") -> nn.Sequential:
+    n = _NORMS[norm]
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), n(cout), nn.ReLU(inplace=True),
+                         nn.Conv2d(cout, cout, 3, padding=1, bias=False), n(cout), nn.ReLU(inplace=True))
 
 
 class UNet(nn.Module):
-    def __init__(self, classes: int = 21, base: int = 64, depth: int = 4) -> None:
+    def __init__(self, classes: int = 21, base: int = 64, depth: int = 4, norm: str = "batch") -> None:
         super().__init__()
         widths = [base * 2 ** i for i in range(depth + 1)]
-        self.down = nn.ModuleList([_double_conv(3, widths[0])] +
-                                  [_double_conv(widths[i], widths[i + 1]) for i in range(depth)])
+        self.down = nn.ModuleList([_double_conv(3, widths[0], norm)] +
+                                  [_double_conv(widths[i], widths[i + 1], norm) for i in range(depth)])
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(depth)))
-        self.merge = nn.ModuleList(_double_conv(2 * widths[i], widths[i]) for i in reversed(range(depth)))
+        self.merge = nn.ModuleList(_double_conv(2 * widths[i], widths[i], norm) for i in reversed(range(depth)))
         self.out = nn.Conv2d(widths[0], classes, 1)
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -140,10 +158,94 @@ class UNet(nn.Module):
         return F.cross_entropy(self.out(x), labels)
 
 
+class Seq2Seq(nn.Module):
+    def __init__(self, vocab: int = 32000, d_model: int = 512, nhead: int = 8, ff: int = 2048, layers: int = 6,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.core = nn.Transformer(d_model, nhead, layers, layers, ff, dropout, batch_first=True)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        s = labels.shape[1]
+        tgt_pad = _padding_mask(labels).to(labels.device)
+        causal = nn.Transformer.generate_square_subsequent_mask(s, device=labels.device)
+        h = self.core(self.embed(input_ids), self.embed(labels), tgt_mask=causal, src_key_padding_mask=padding_mask,
+                      tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=padding_mask, tgt_is_causal=True)
+        return F.cross_entropy(self.head(h).flatten(0, 1), labels.roll(-1, 1).flatten())
+
+
+class BiLSTMTagger(nn.Module):
+    def __init__(self, vocab: int = 32000, hidden: int = 512, layers: int = 2, tags: int = 17) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.rnn = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, tags)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.embed(input_ids))
+        return F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+
+
+class PackedGRU(nn.Module):
+    def __init__(self, vocab: int = 32000, hidden: int = 512, layers: int = 2, classes: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden, padding_idx=0)
+        self.rnn = nn.GRU(hidden, hidden, num_layers=layers, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, classes)
+
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # pack_padded_sequence takes the lengths on the CPU: the batch's copy on the device comes back (a user's
+        # ``lengths.cpu()``)
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(input_ids), lengths.cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        _, h = self.rnn(packed)                           # (layers * 2, b, hidden): the last layer's two directions
+        return F.cross_entropy(self.head(torch.cat([h[-2], h[-1]], dim=1)), labels)
+
+
+class Conv1dAudio(nn.Module):
+    def __init__(self, channels: int = 64, depth: int = 5, kernel: int = 8, stride: int = 4) -> None:
+        super().__init__()
+        widths = [1] + [channels * 2 ** min(i, 3) for i in range(depth)]
+        self.enc = nn.ModuleList(nn.Sequential(nn.Conv1d(widths[i], widths[i + 1], kernel, stride, padding=kernel // 2 - stride // 2),
+                                               nn.BatchNorm1d(widths[i + 1]), nn.GELU()) for i in range(depth))
+        self.dec = nn.ModuleList(nn.Sequential(nn.ConvTranspose1d(widths[i + 1], widths[i] if i else channels, kernel,
+                                                                  stride, padding=kernel // 2 - stride // 2),
+                                               nn.GELU()) for i in reversed(range(depth)))
+        self.out = nn.Conv1d(channels, 1, 1)
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        x = input_values
+        for block in self.enc:
+            x = block(x)
+        for block in self.dec:
+            x = block(x)
+        return F.l1_loss(self.out(x), input_values)
+
+
+class EmbBagRec(nn.Module):
+    def __init__(self, tables: int = 8, rows: int = 100000, dim: int = 128, dense: int = 13, mlp: int = 512) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        self.bottom = nn.Sequential(nn.Linear(dense, mlp), nn.ReLU(), nn.Linear(mlp, dim), nn.ReLU())
+        self.top = nn.Sequential(nn.Linear(dim * (tables + 1), mlp), nn.ReLU(), nn.Linear(mlp, mlp), nn.ReLU(),
+                                 nn.Linear(mlp, 1))
+
+    def forward(self, dense: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                labels: torch.Tensor) -> torch.Tensor:
+        feats = [self.bottom(dense)] + [bag(indices[i], offsets[i]) for i, bag in enumerate(self.bags)]
+        logit = self.top(torch.cat(feats, dim=1)).squeeze(1)
+        return F.binary_cross_entropy_with_logits(logit, labels)
+
+
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "encoder-lm": EncoderLM, "decoder-lm": DecoderLM, "mha-lm": MHALM,
     "lstm-lm": lambda **o: RNNLM("lstm", **o), "gru-lm": lambda **o: RNNLM("gru", **o), "unet": UNet,
+    "gn-unet": lambda **o: UNet(norm="group", **o), "in-unet": lambda **o: UNet(norm="instance", **o),
+    "seq2seq": Seq2Seq, "mha-weights-lm": lambda **o: MHALM(need_weights=True, **o), "bilstm-tagger": BiLSTMTagger,
+    "packed-gru": PackedGRU, "conv1d-audio": Conv1dAudio, "embbag-rec": EmbBagRec,
 }
+UNETS = ("unet", "gn-unet", "in-unet")
 
 
 def build(arch: str, overrides: dict[str, Any]) -> nn.Module:
@@ -153,28 +255,52 @@ def build(arch: str, overrides: dict[str, Any]) -> nn.Module:
 
 
 def make_batch(arch: str, overrides: dict[str, Any], b: int, s: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """A CPU batch: token ids, labels (and a padding mask for the attention models), or images and
-    per-pixel labels for the UNet (``s`` is the image side)."""
-    if arch == "unet":
+    """A CPU batch: token ids, labels (and a padding mask for the attention models, lengths for the packed RNN),
+    images and per-pixel labels for the UNets (``s`` is the image side), a waveform (``s`` samples), or dense
+    features and bags of sparse ids (``s`` ids per bag on average)."""
+    if arch in UNETS:
         classes = int(overrides.get("classes", 21))
         return {"pixel_values": torch.randn(b, 3, s, s, generator=g),
                 "labels": torch.randint(0, classes, (b, s, s), generator=g)}
+    if arch == "conv1d-audio":
+        return {"input_values": torch.randn(b, 1, s, generator=g)}
+    if arch == "embbag-rec":
+        tables, rows = int(overrides.get("tables", 8)), int(overrides.get("rows", 100000))
+        lengths = torch.randint(1, 2 * s, (b,), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+        return {"dense": torch.randn(b, int(overrides.get("dense", 13)), generator=g),
+                "indices": torch.randint(0, rows, (tables, int(lengths.sum())), generator=g),
+                "offsets": offsets.expand(tables, b).contiguous(),
+                "labels": torch.randint(0, 2, (b,), generator=g).float()}
     vocab = int(overrides.get("vocab", 32000))
     ids = torch.randint(0, vocab, (b, s), generator=g)
+    if arch == "bilstm-tagger":
+        return {"input_ids": ids, "labels": torch.randint(0, int(overrides.get("tags", 17)), (b, s), generator=g)}
+    if arch == "packed-gru":
+        lengths = torch.randint(max(1, s // 4), s + 1, (b,), generator=g)
+        lengths[0] = s                                        # the longest fills the padded batch
+        ids = ids.masked_fill(torch.arange(s) >= lengths[:, None], 0)
+        return {"input_ids": ids, "lengths": lengths,
+                "labels": torch.randint(0, int(overrides.get("classes", 4)), (b,), generator=g)}
     batch = {"input_ids": ids, "labels": torch.randint(0, vocab, (b, s), generator=g)}
-    if arch in ("encoder-lm", "decoder-lm", "mha-lm"):
+    if arch in ("encoder-lm", "decoder-lm", "mha-lm", "mha-weights-lm", "seq2seq"):
         batch["padding_mask"] = _padding_mask(ids)
     return batch
 
 
 def tiny_overrides(arch: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The CI size of a hand-built model: 2 layers, width 64, vocabulary 512."""
-    if arch == "unet":
+    """The CI size of a hand-built model: 2 layers, width 64, vocabulary 512 (UNets: base 8, depth 2; the audio
+    net: 8 channels, depth 2; the recommender: 2 tables of 1000 rows, width 16)."""
+    if arch in UNETS:
         return dict(overrides, base=8, depth=2)
+    if arch == "conv1d-audio":
+        return dict(overrides, channels=8, depth=2)
+    if arch == "embbag-rec":
+        return dict(overrides, tables=2, rows=1000, dim=16, mlp=32)
     o = dict(overrides, vocab=512, layers=2)
-    if arch in ("lstm-lm", "gru-lm"):
+    if arch in ("lstm-lm", "gru-lm", "bilstm-tagger", "packed-gru"):
         return dict(o, hidden=64)
     return dict(o, d_model=64, nhead=4, ff=128)
 
 
-__all__ = ["BUILDERS", "build", "make_batch", "tiny_overrides"]
+__all__ = ["BUILDERS", "UNETS", "build", "make_batch", "tiny_overrides"]

@@ -26,6 +26,7 @@ from labkit.allocator import ShuffledVA, live_bytes, parse_alloc_conf
 from labkit.core.errors import LabkitError
 from labkit.core.spec import DEVICES
 from labkit.core.vocab import MoeRouting
+from labkit.memory.trace.fake.constants import KNOWN_NUMEL_LIMIT
 from labkit.memory.trace.fake.fake_cuda import CudaEmulator, CudaTarget, data_dependent_choices
 from labkit.memory.trace.fake.fake_runtime import fake_run
 from labkit.memory.trace.reserved import MEASURED_THROUGH_STEP, replay_tracker
@@ -224,7 +225,13 @@ class FakeCudaBackend(Backend):
         return model
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        return self.fake.from_tensor(t)
+        """The batch's tensor as a fake one; a small integer or boolean one (labels, lengths, masks: up to
+        ``KNOWN_NUMEL_LIMIT`` elements) keeps its values, which the GPU run computes with too, so that an op whose
+        output's shape depends on them (``labels.masked_select(labels >= 0)`` before a CTC loss) has it
+        (``constants.known_value`` carries them through the ops computed from them)."""
+        if t.is_floating_point() or t.is_complex() or t.numel() > KNOWN_NUMEL_LIMIT:
+            return self.fake.from_tensor(t)
+        return self.fake.fake_tensor_converter.from_real_tensor(self.fake, t, make_constant=True)
 
     def build(self, model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
         if isinstance(model, nn.Module):

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
+from labkit.memory.trace.fake.fake_runtime import FakeRefusal
 from labkit.memory.trace.storage import StorageTracker
 
 
@@ -30,6 +31,13 @@ class FakeModeUnsupported(LabkitError):
                          "estimator (labkit estimate)")
 
 
+class _Why(Exception):
+    """The reason fake tensors give for refusing an op, as the refusal's cause."""
+
+
+_Why.__name__ = "fake tensors"
+
+
 def _module_names(model: Any) -> dict[int, str]:
     if not isinstance(model, nn.Module):
         return {}
@@ -46,6 +54,8 @@ def refusals(device: str, tracker: StorageTracker, built: list[nn.Module], model
         quiet.setLevel(logging.CRITICAL)
     try:
         yield
+    except FakeRefusal as exc:       # fake_run's refusal of an op: the same one line as any other
+        raise FakeModeUnsupported(exc.op, exc.module, tracker.phases[-1], _Why(exc.why)) from None
     except LabkitError:
         raise
     except Exception as exc:  # noqa: BLE001 - fake mode's limits become one clear refusal

@@ -203,14 +203,134 @@ class _PackedLSTM(nn.Module):
         return nn.functional.cross_entropy(self.head(out).flatten(0, 1), y.flatten())
 
 
-def test_packed_sequences_run_at_their_full_length():
-    """pack_padded_sequence's lengths are values: fake mode takes every sequence at its full length (stated), and
-    the packed LSTM runs as cuDNN's RNN on the packed tokens."""
+def test_packed_sequences_run_at_the_batch_lengths_or_at_their_full_length():
+    """pack_padded_sequence's lengths are values: the batch's own lengths (a small integer tensor of the batch,
+    whose values fake mode keeps) pack exactly sum(lengths) tokens, as on the GPU; lengths fake mode cannot know
+    (computed from the data on the device) take every sequence at its full length (stated). Either way the packed
+    LSTM runs as cuDNN's RNN."""
     from labkit.memory.trace.fake.cudnn_rnn import PACKED_ASSUMPTION
 
     batch = {"x": torch.randint(0, 100, (4, 16)), "lengths": torch.tensor([16, 12, 9, 3]),
              "y": torch.randint(0, 100, (4, 16))}
-    rep = measure_step(_PackedLSTM, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b), device="fake-cuda",
+    packed: list[torch.Size] = []
+
+    def run(model_cls):
+        return measure_step(model_cls, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b),
+                            device="fake-cuda", steps=1)
+
+    class Seen(_PackedLSTM):
+        def forward(self, x, lengths, y):
+            packed.append(nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True,
+                                                            enforce_sorted=False).data.shape)
+            return super().forward(x, lengths, y)
+
+    rep = run(Seen)
+    assert rep.peak_bytes > 0 and packed[0] == (16 + 12 + 9 + 3, 32)
+    assert PACKED_ASSUMPTION not in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
+
+    class FromData(_PackedLSTM):       # lengths computed on the device from the embeddings: values unknown
+        def forward(self, x, lengths, y):
+            return super().forward(x, (self.emb(x)[..., 0] > -1e9).sum(1).cpu(), y)
+
+    rep = run(FromData)
+    assert PACKED_ASSUMPTION in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
+
+
+class _CTCHead(nn.Module):
+    """Wav2Vec2ForCTC's loss in small: padded labels (-100) flattened with ``masked_select``, their lengths summed
+    from the mask, float32 log-probabilities (time, batch, classes), ``F.ctc_loss``."""
+
+    def __init__(self, lengths_from_data: bool = False) -> None:
+        super().__init__()
+        self.lin, self.lengths_from_data = nn.Linear(8, 6), lengths_from_data
+
+    def forward(self, x, labels):
+        lp = self.lin(x).log_softmax(-1).transpose(0, 1)
+        mask = labels >= 0
+        lengths = (lp[0, :, 0] < 1).sum() * torch.ones_like(labels[:, 0]) if self.lengths_from_data else mask.sum(-1)
+        inputs = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
+        return nn.functional.ctc_loss(lp, labels.masked_select(mask), inputs, lengths)
+
+
+def test_a_ctc_loss_on_the_batch_labels_is_predicted_with_cudas_outputs():
+    """The batch's small integer tensors keep their values in fake mode (the GPU run computes with the same), so
+    ``masked_select`` and the CTC loss's shapes are known; the loss's outputs and its backward's are CUDA's
+    (LossCTC.cu: log_alpha (batch, time, 2 * longest target + 1), then the loss; backward log_beta, then the
+    gradient). Lengths computed from the data on the device stay unknown: one line refuses the op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from labkit.memory.trace.fake.fake_cuda import ctc_loss_outputs
+    from labkit.memory.trace.step import FakeModeUnsupported
+
+    labels = torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100], [1, 1, 2, 2]])
+    batch = {"x": torch.randn(3, 10, 8), "labels": labels}
+    rep = measure_step(_CTCHead, batch, loss_fn=lambda out, b: out, call=lambda m, b: m(**b), device="fake-cuda",
                        steps=1)
     assert rep.peak_bytes > 0
-    assert PACKED_ASSUMPTION in rep.emulation["assumptions"] and ASSUMPTION in rep.emulation["assumptions"]
+    with pytest.raises(FakeModeUnsupported, match=r"^fake mode cannot run op aten\._ctc_loss\.Tensor in module "
+                                                  r"_CTCHead during forward \(fake tensors: its output shape"):
+        measure_step(lambda: _CTCHead(lengths_from_data=True), batch, loss_fn=lambda out, b: out,
+                     call=lambda m, b: m(**b), device="fake-cuda", steps=1)
+
+    lp = torch.randn(10, 3, 6).log_softmax(-1)
+    flat, lens = labels[labels >= 0], (labels >= 0).sum(-1)
+    real = torch.ops.aten._ctc_loss.Tensor(lp, flat, torch.full((3,), 10), lens)
+    grad = torch.ops.aten._ctc_loss_backward.Tensor(torch.ones(3), lp, flat, torch.full((3,), 10), lens, *real, 0)
+
+    class Books:
+        def __init__(self):
+            self.shapes = []
+
+        def track(self, t):
+            self.shapes.append(tuple(t.shape))
+
+    books, padded = Books(), labels.clamp(min=0)
+    with FakeTensorMode() as mode:
+        conv = mode.fake_tensor_converter
+        f = {k: conv.from_real_tensor(mode, v, make_constant=k == "lens") for k, v in
+             {"lp": lp, "flat": flat, "il": torch.full((3,), 10), "lens": lens}.items()}
+        nll, alpha = ctc_loss_outputs(torch.ops.aten._ctc_loss.Tensor, (f["lp"], f["flat"], f["il"], f["lens"], 0),
+                                      {}, books)
+        g = ctc_loss_outputs(torch.ops.aten._ctc_loss_backward.Tensor,
+                             (torch.ones(3), f["lp"], f["flat"], f["il"], f["lens"], nll, alpha, 0), {}, books)
+        f2 = conv.from_real_tensor(mode, padded)              # (batch, longest) targets: no values needed
+        _, alpha2 = ctc_loss_outputs(torch.ops.aten._ctc_loss.Tensor, (f["lp"], f2, f["il"], conv.from_real_tensor(
+            mode, lens), 0), {}, books)
+    assert (nll.shape, alpha.shape, g.shape) == (real[0].shape, real[1].shape, grad.shape) == (
+        (3,), (3, 10, 2 * 4 + 1), (10, 3, 6))
+    assert alpha2.shape == (3, 10, 2 * 4 + 1)
+    # the order the CUDA kernels allocate in: log_alpha, (the loss, tracked by the caller), log_beta, the gradient
+    assert books.shapes == [(3, 10, 9), (3, 10, 9), (10, 3, 6), (3, 10, 9)]
+
+
+def test_boolean_mask_indexing_with_a_mask_made_on_the_host_is_predicted():
+    """Wav2Vec2's SpecAugment: ``hidden[mask] = embed`` with a mask made from a NumPy array in the forward
+    (``torch.tensor`` of host data keeps its values in every phase); its backward indexes the gradient with the
+    mask. Fake mode indexes with the mask's nonzero indices, as ATen does (IndexingUtils.h, expandTensors)."""
+    import numpy as np
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from labkit.memory.trace.fake.constants import known_mask_indexing
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.embed = nn.Linear(8, 8), nn.Parameter(torch.zeros(8))
+
+        def forward(self, x):
+            h = self.lin(x)
+            mask = torch.tensor(np.arange(h.shape[0] * h.shape[1]).reshape(h.shape[:2]) % 3 == 0, device=h.device)
+            h[mask] = self.embed
+            return h[mask].sum() + h.sum()
+
+    rep = measure_step(Masked, torch.randn(4, 6, 8), loss_fn=lambda out, b: out, device="fake-cuda", steps=1)
+    assert rep.peak_bytes > 0
+
+    x, mask = torch.randn(4, 6, 8), torch.rand(4, 6) > 0.5
+    other = mask.clone()                       # a fake of its own, without values
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        fm = mode.fake_tensor_converter.from_real_tensor(mode, mask, make_constant=True)
+        out, nbytes = known_mask_indexing(torch.ops.aten.index.Tensor, (fx, [fm]), {})
+        unknown, _ = known_mask_indexing(torch.ops.aten.index.Tensor, (fx, [mode.from_tensor(other)]), {})
+    assert out.shape == x[mask].shape and nbytes == int(mask.sum()) * 2 * 8 and unknown is NotImplemented

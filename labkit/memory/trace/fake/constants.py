@@ -15,6 +15,13 @@ read back by ``nn.LSTM``). Example: torchvision's RegNet computes its stage widt
 (``BlockParams.from_init_params``, torchvision/models/regnet.py: ``torch.arange(depth) * w_a + w_0``,
 ``torch.round``, ``torch.log``, then ``.int().tolist()``); that read is now answered with the value the
 GPU run computes.
+
+Host values are known too: ``torch.tensor`` of host data (a NumPy array, a list) in every phase, and the small
+integer and boolean tensors of the batch ``measure_step`` is given (``backends.FakeCudaBackend.to_device``): a GPU
+run computes with the same values. Example: Wav2Vec2ForCTC flattens its padded labels with
+``labels.masked_select(labels >= 0)`` and masks time steps with a mask drawn by NumPy (SpecAugment); with those
+values known, the selection's size, the mask's indices (:func:`known_mask_indexing`) and the CTC loss's shapes
+(``fake_cuda.ctc_loss_outputs``) are the GPU run's.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ def known_value(func: Any, args: tuple, kwargs: dict, *, factories: bool = True)
     for a in args:      # the common case, an op on data, leaves at once
         if isinstance(a, FakeTensor) and a.constant is None:
             return NotImplemented
-    if not factories and not any(isinstance(a, FakeTensor) for a in args):
+    if not factories and func not in LIFTS and not any(isinstance(a, FakeTensor) for a in args):
         return NotImplemented
     flat, spec = tree_flatten((args, kwargs))
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
@@ -81,8 +88,19 @@ def known_value(func: Any, args: tuple, kwargs: dict, *, factories: bool = True)
             return fake
     real = tree_unflatten([a.constant if isinstance(a, FakeTensor) else a for a in flat], spec)
     if func.is_view:
-        # a view must stay a view of its input for autograd: fake mode makes it, and it learns the view's value
-        fake = func(*args, **kwargs)
+        # a view must stay a view of its input for autograd: fake mode makes it, and it learns the view's value.
+        # FakeTensorMode itself, given a view of constants whose result is too large for its own constants
+        # (``may_turn_const``: one element), forgets the constants aliasing it, the input's among them
+        # (``invalidate_constant_aliases``, torch/_subclasses/fake_tensor.py): the view is made with the inputs'
+        # values hidden, so that the input keeps its own (``labels[:, 0]`` does not make ``labels`` unknown)
+        held = [(t, t.constant) for t in tensors if isinstance(t, FakeTensor)]
+        for t, _ in held:
+            t.constant = None
+        try:
+            fake = func(*args, **kwargs)
+        finally:
+            for t, value in held:
+                t.constant = value
         with _disable_current_modes(), no_dispatch():
             value = func(*real[0], **real[1])
         pairs = zip(tree_flatten(fake)[0], tree_flatten(value)[0])
@@ -103,4 +121,39 @@ def known_value(func: Any, args: tuple, kwargs: dict, *, factories: bool = True)
                              lambda t: mode.fake_tensor_converter.from_real_tensor(mode, t, make_constant=True), out)
 
 
-__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "known_value"]
+# advanced indexing ops whose indices may be boolean masks
+MASK_INDEXED = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                          aten._index_put_impl_.default})
+
+
+def known_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]:
+    """``func`` (indexing, :data:`MASK_INDEXED`) with each boolean mask of known value among its indices replaced
+    by the long indices of its true elements, as ATen does before indexing (``expandTensors`` in
+    aten/src/ATen/native/IndexingUtils.h: a byte or bool index becomes ``index.nonzero()``, one long index per
+    dimension), so that the result's shape is known; and the bytes of that ``nonzero`` result, which lives only
+    inside the op. ``(NotImplemented, 0)`` where no index is a known mask.
+    Example: Wav2Vec2's SpecAugment, ``hidden_states[mask_time_indices] = masked_spec_embed``, with a mask made on
+    the host (``torch.tensor`` of a NumPy array); its backward indexes the gradient with the mask."""
+    if func not in MASK_INDEXED or len(args) < 2:
+        return NotImplemented, 0
+    indices = args[1]
+    if not any(isinstance(i, FakeTensor) and i.dtype in (torch.bool, torch.uint8) and i.constant is not None
+               for i in indices):
+        return NotImplemented, 0
+    mode = next(i.fake_mode for i in indices if isinstance(i, FakeTensor))
+    new: list[Any] = []
+    nbytes = 0
+    for i in indices:
+        if isinstance(i, FakeTensor) and i.dtype in (torch.bool, torch.uint8) and i.constant is not None:
+            with _disable_current_modes(), no_dispatch():
+                nz = i.constant.nonzero()
+            nbytes += nz.numel() * nz.element_size()
+            with _disable_current_modes():
+                new += [mode.fake_tensor_converter.from_real_tensor(mode, c.clone(), make_constant=True)
+                        for c in nz.unbind(1)]
+        else:
+            new.append(i)
+    return func(args[0], new, *args[2:], **kwargs), nbytes
+
+
+__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "known_mask_indexing", "known_value"]

@@ -69,7 +69,7 @@ from labkit.core.facts import Facts
 from labkit.core.spec import default
 from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
-from labkit.memory.trace.fake.constants import known_value
+from labkit.memory.trace.fake.constants import known_mask_indexing, known_value
 from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
@@ -558,6 +558,10 @@ class CudaEmulator:
         known = known_value(func, args, kwargs, factories=tracker.phases[-1] == "init")
         if known is not NotImplemented:
             return known
+        indexed, mask_bytes = known_mask_indexing(func, args, kwargs)
+        if indexed is not NotImplemented:
+            tracker.transient_group([mask_bytes])       # the mask's nonzero, inside the op
+            return indexed
         if func in SCALAR_READS:
             return as_read_by(func, self._scalar_read(args[0]))
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -571,6 +575,8 @@ class CudaEmulator:
             if mask is not None:
                 tracker.track(mask)
             return out, mask
+        if func in CTC_FORWARD or func in CTC_BACKWARD:
+            return ctc_loss_outputs(func, args, kwargs, tracker)
         if func is torch.ops.aten._grouped_mm.default and self.target.emulate_kernels:
             a, b = args[0], args[1]
             self.routing.independent("the grouped expert matmul (torch._grouped_mm)",
@@ -894,6 +900,46 @@ def reduction_global_buffer_bytes(shape: list[int], strides: list[int], reduce_d
     if not block_x_reduce:
         size *= bw * out_vec
     return size
+
+
+CTC_FORWARD = (torch.ops.aten._ctc_loss.default, torch.ops.aten._ctc_loss.Tensor)
+CTC_BACKWARD = (torch.ops.aten._ctc_loss_backward.default, torch.ops.aten._ctc_loss_backward.Tensor)
+
+
+def ctc_loss_outputs(func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
+    """The outputs of CUDA's native CTC loss, whose shapes PyTorch's fake tensors leave unknown
+    (``torch/_subclasses/fake_impls.py`` registers ``_ctc_loss`` as a dynamic-output-shape op), from the target
+    lengths where fake mode knows them (the batch's labels keep their values: ``backends.FakeCudaBackend``).
+
+    ``aten/src/ATen/native/cuda/LossCTC.cu``, ``ctc_loss_gpu_template``: the longest target is ``targets.size(1)``
+    for (batch, max length) targets, else the largest target length; it allocates ``log_alpha`` (batch,
+    input length, 2 * longest + 1), then ``neg_log_likelihood`` (batch), both in the log-probabilities' dtype.
+    ``ctc_loss_backward_gpu_template``: ``log_beta`` shaped as ``log_alpha``, then the gradient (``full_like``
+    the log-probabilities); ``log_beta`` is freed when the op returns. Where the lengths are unknown, fake mode
+    refuses as before (``NotImplemented``)."""
+    log_probs, targets = args[0 if func in CTC_FORWARD else 1], args[1 if func in CTC_FORWARD else 2]
+    if func in CTC_BACKWARD:
+        log_alpha = args[6]
+        log_beta = torch.empty(tuple(log_alpha.shape), dtype=log_alpha.dtype)
+        tracker.track(log_beta)
+        grad = torch.empty(tuple(log_probs.shape), dtype=log_probs.dtype)
+        tracker.track(grad)
+        del log_beta
+        return grad
+    lengths = args[3]
+    if targets.dim() == 2:
+        longest = targets.size(1)
+    elif isinstance(lengths, torch.Tensor):
+        if getattr(lengths, "constant", None) is None:
+            return NotImplemented
+        with unset_fake_temporarily():
+            longest = max(lengths.constant.tolist(), default=0)
+    else:
+        longest = max(lengths, default=0)
+    batch = log_probs.size(1)
+    log_alpha = torch.empty((batch, log_probs.size(0), 2 * longest + 1), dtype=log_probs.dtype)
+    tracker.track(log_alpha)
+    return torch.empty((batch,), dtype=log_probs.dtype), log_alpha
 
 
 def _grouped_mm_fallback_output(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:

@@ -52,6 +52,9 @@ class ModuleStack:
     def where(self) -> str:
         return f"module {self.stack[-1]}" if self.stack else "code outside any module"
 
+    def innermost(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         def pre(mod: nn.Module, args: Any) -> None:
@@ -299,6 +302,16 @@ def refusal(op: str, where: str, why: str) -> str:
             "measure it with --device cpu (or cuda), or use the analytical estimator")
 
 
+class FakeRefusal(LabkitError):
+    """What fake tensors cannot run (:func:`refusal`'s line), with its parts: ``op``, ``module`` (the innermost
+    module running, or None outside any) and ``why``; ``measure_step`` turns it into its one-line refusal
+    (``refusals.FakeModeUnsupported``)."""
+
+    def __init__(self, op: str, module: str | None, why: str) -> None:
+        self.op, self.module, self.why = op, module, why
+        super().__init__(refusal(op, f"module {module}" if module else "code outside any module", why))
+
+
 @contextlib.contextmanager
 def fake_run(emulator: Any) -> Iterator[None]:
     """Everything above, for the duration of one fake ``measure_step``; what fake tensors still cannot
@@ -319,10 +332,9 @@ def fake_run(emulator: Any) -> Iterator[None]:
                 why += (" (an expert dispatch that fake mode's routing rules, labkit.memory.trace.fake.moe, do not "
                         "cover; Hugging Face's experts_implementation='grouped_mm' runs every token's top-k rows at "
                         "once, whose memory does not depend on the routing)")
-            raise LabkitError(refusal(str(e.func), where, why)) from None
+            raise FakeRefusal(str(e.func), emulator.modules.innermost(), why) from None
         except DataDependentOutputException as e:
-            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
-                                      "its result depends on tensor values")) from None
+            raise FakeRefusal(str(e.func), emulator.modules.innermost(), "its result depends on tensor values") from None
         except UnsupportedOperatorException as e:
-            raise LabkitError(refusal(str(e.func), emulator.modules.where(),
-                                      "the op has no fake-tensor implementation")) from None
+            raise FakeRefusal(str(e.func), emulator.modules.innermost(),
+                              "the op has no fake-tensor implementation") from None
