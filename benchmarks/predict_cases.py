@@ -2,7 +2,7 @@
 (a new process on the H200: no allocator state, no cuBLAS workspace before the model), the program the recording's
 ``transformers`` runs (``corpus_check.predict_as_recorded``), written as one ``fake_predictions`` file.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/predict_cases.py --out data/measurements/measure/FILE.json \\
+    PYTHONPATH=. .venv/bin/python benchmarks/predict_cases.py --out PREDICTIONS.json \\
         --recorded-transformers 5.17.0 (--new-kinds | --case NAME ...) [--note TEXT]
 
 ``--new-kinds``: the cases of ``corpus._new_kinds()`` (issue 27's fifth batch). A case fake mode refuses gets a row
