@@ -55,13 +55,20 @@ def format_header(h: dict[str, Any]) -> str:
             f" ({h.get('git_commit')})\n# cpu: {h.get('cpu')}\n# command: {h.get('command')}")
 
 
+#: An indented measurement longer than this is written without indentation (the repository's files stay under 5 MiB).
+COMPACT_ABOVE_BYTES = 4 << 20
+
+
 def write_measurement(path: str | Path, kind: str, data: Any, *, command: str | None = None,
                       provenance: dict[str, Any] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"provenance": provenance or header(command), "kind": kind, "data": to_jsonable(data)}
+    text = json.dumps(doc, indent=1)
+    if len(text) > COMPACT_ABOVE_BYTES:      # a recording with allocator block lists: one line, as the repo keeps
+        text = json.dumps(doc, separators=(",", ":"))    # tracked files under 5 MiB
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.write_text(text + "\n")
     tmp.replace(path)
     return path
 

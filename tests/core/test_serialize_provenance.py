@@ -70,3 +70,15 @@ def test_every_recorded_measurement_has_provenance():
     assert files, "data/measurements holds no recorded measurement"
     for f in files:
         load_measurement(f)
+
+
+def test_a_large_measurement_is_written_on_one_line_and_reads_back(tmp_path):
+    """A recording with allocator block lists would pass the repository's 5 MiB limit indented: written compact."""
+    import labkit.core.provenance as prov
+
+    data = {"blocks": [{"addr": i, "size": 512} for i in range(120_000)]}
+    p = write_measurement(tmp_path / "big.json", "demo", data, command="cmd")
+    assert len(json.dumps({"x": data}, indent=1)) > prov.COMPACT_ABOVE_BYTES
+    assert p.read_text().count("\n") == 1 and load_measurement(p, kind="demo")["data"] == data
+    small = write_measurement(tmp_path / "small.json", "demo", {"value": 3}, command="cmd")
+    assert small.read_text().count("\n") > 1
