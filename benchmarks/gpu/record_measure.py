@@ -240,16 +240,14 @@ def main(argv: list[str] | None = None) -> None:
     cases: list[dict] = []
     extra_cases: list[dict] = []
     heldout_cases: list[dict] = []
-    if args.smoke:
+    if args.smoke:   # one case of each model, both precisions, both ends of recompute: the script's paths, not a sweep
         w = get_workload("tiny")
-        for prec in ("fp32", "amp-bf16"):
-            for ck in ("none", "full"):
-                cases.append(gpt_case(f"tiny-{prec}-{ck}", w.config, w.batch_size, prec, ck))
+        for prec, ck in (("fp32", "none"), ("amp-bf16", "full")):
+            cases.append(gpt_case(f"tiny-{prec}-{ck}", w.config, w.batch_size, prec, ck))
         from labkit.workloads.hf import HFGPT2Spec
 
         tiny_hf = HFGPT2Spec(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=512)
-        for prec in ("fp32", "amp-bf16"):
-            cases.append(hf_case(f"hf-tiny-{prec}-none", tiny_hf, 2, 64, prec, "none"))
+        cases.append(hf_case("hf-tiny-amp-bf16-none", tiny_hf, 2, 64, "amp-bf16", "none"))
     else:
         from labkit.workloads.hf import HFGPT2Spec
 

@@ -1,17 +1,19 @@
-"""A real browser: JupyterLab runs every notebook that has an explorer (smoke parameters), its Bokeh figures
-render, and each explorer (an ipywidgets box with the class ``labkit-explorer``) redraws when one of its
-controls moves; the offline HTML report renders its Bokeh plot with no network.
+"""A real browser: JupyterLab runs the cells of every notebook that has an explorer (smoke parameters) that its
+explorers need, its Bokeh figures render, and each explorer (an ipywidgets box with the class ``labkit-explorer``)
+redraws when one of its controls moves; the offline HTML report renders its Bokeh plot with no network.
 
-The notebooks without a widget (LIVE below says which have one; a test keeps it true) need no live kernel
-for what this file checks: tests/notebooks executes each of them (papermill, a real kernel) and
-tests/browser/test_report_pages.py renders each one's figures in a browser. Running them here again would
-re-run every cell's computation for nothing that test does not see.
+A live kernel is what only this file checks: an explorer redrawing when a control moves. The notebooks without a
+widget (LIVE below says which have one; a test keeps it true), and the cells of the others that no explorer needs,
+are executed by tests/notebooks (papermill, a real kernel) and their figures rendered in a browser by
+tests/browser/test_report_pages.py; running them here again would re-run their computation for nothing this file
+sees (``_explorer_copy``).
 
 Debian's chromium is driven by Playwright through its executable path (Playwright cannot download
 its own browser here); `make test` installs both. One JupyterLab serves all notebooks; each test shuts
 its kernel down. Screenshots go to test-artifacts/.
 """
 
+import ast
 import json
 import os
 import re
@@ -61,23 +63,49 @@ def browser():
         b.close()
 
 
-def _smoke_copy(name: str, root: Path) -> None:
-    """A copy with the smoke parameter injected after the parameters cell, as papermill does (a copy:
-    autosave must not touch the repo)."""
-    nb = nbformat.read(str(NOTEBOOKS_DIR / f"{name}.ipynb"), as_version=4)
-    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    injected = nbformat.v4.new_code_cell("# Parameters\nsmoke = True", metadata={"tags": ["injected-parameters"]})
-    nb.cells.insert(at + 1, injected)
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """The names a cell's code defines (assignments, imports, functions, classes) and the names it reads."""
+    tree = ast.parse(source)
+    defined, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+    return defined, read
+
+
+def _explorer_copy(name: str, executed: Path, root: Path) -> None:
+    """The notebook as its smoke run executed it (papermill injected ``smoke = True`` after the parameters cell),
+    outputs cleared, keeping the cells JupyterLab must run for the explorers: the parameters, every cell whose smoke
+    run showed a widget, and, back to the first cell, each cell that defines a name a kept cell reads. The other
+    cells' outputs (the lesson's tables and figures) are checked by tests/notebooks and, rendered in a browser, by
+    tests/browser/test_report_pages.py. A copy: autosave must not touch the repo."""
+    nb = nbformat.read(str(executed), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    keep = [any(t in c.metadata.get("tags", []) for t in ("parameters", "injected-parameters"))
+            or any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", [])) for c in code]
+    names = [_names(c.source) for c in code]
+    needed = set().union(*(names[i][1] for i, k in enumerate(keep) if k))
+    for i in reversed(range(len(code))):
+        if not keep[i] and names[i][0] & needed:
+            keep[i] = True
+            needed |= names[i][1]
+    nb.cells = [c for c, k in zip(code, keep) if k]
+    for c in nb.cells:
+        c.outputs, c.execution_count = [], None
     nbformat.write(nb, str(root / f"{name}.ipynb"))
 
 
 @pytest.fixture(scope="module")
-def jupyterlab(tmp_path_factory):
+def jupyterlab(tmp_path_factory, smoke_report):
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "nb"
     root.mkdir()
     for name in LIVE:
-        _smoke_copy(name, root)
+        _explorer_copy(name, smoke_report(name).folder / f"{name}.ipynb", root)
     # every cell rendered (no windowing), so that outputs far down the notebook exist in the DOM
     settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
