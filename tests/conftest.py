@@ -100,6 +100,7 @@ XDIST_GROUPS = (
     ("tests/browser/", "kernels"),
     ("tests/notebooks/test_notebooks.py::test_notebook_executes_in_smoke_mode", "kernels"),
     ("tests/notebooks/test_notebooks.py::test_a_smoke_run_folder_is_at_most_30_mb", "kernels"),  # reads those runs
+    ("tests/notebooks/test_notebooks.py::test_the_scripts_notebook_predicts", "kernels"),
     ("tests/report/test_runner.py", "kernels"),
     ("tests/report/test_history.py", "kernels"),
     # record_comm_smoke: the recording script run once, checked and read

@@ -1,6 +1,7 @@
 """``labkit measure --script``: a user's script, unmodified, in its own process; its refusals; the ranks of a
-torchrun launch; the recorded H200 truth for two scripts small enough to run here in seconds and for the first
-step of a TinyLlama-sized padded LoRA batch; how a script's attention mask and position ids are read."""
+torchrun launch; the recorded H200 truth for the first step of a TinyLlama-sized padded LoRA batch (two more
+recorded scripts are checked on notebook 07's smoke run: tests/notebooks/test_notebooks.py); how a script's
+attention mask and position ids are read."""
 
 import json
 import textwrap
@@ -131,23 +132,6 @@ def test_ranks_of_a_launch(run_cli, tmp_path, capsys):
 def _recorded(kind: str, name: str) -> dict:
     doc = json.loads((REPO / "data" / "measurements" / "script" / kind).read_text())
     return next(r for r in doc["data"] if r["name"] == name)
-
-
-@pytest.mark.parametrize("kind,name,extra", [
-    ("scripts.json", "nanogpt_sdpa", []),                                # held out
-    ("ranks__fake_pg.json", "tp-mlp-w2", ["--nproc-per-node", "2"]),      # rank 0 of a DTensor TP launch
-])
-def test_recorded_scripts(run_cli, kind, name, extra):
-    """Two recorded H200 runs, each script unmodified in a fresh process (benchmarks/gpu/record_scripts.py):
-    peak within 3%, reserved within 10% (the issue's targets; benchmarks/bench_script.py --validate runs all)."""
-    rec = _recorded(kind, name)
-    script = REPO / "data" / "scripts" / rec["script"]
-    r = run_cli("measure", "--script", str(script), *extra, "--json", "--", *rec["args"], timeout=600)
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    rep = rep["ranks"][0] if "ranks" in rep else rep
-    assert abs(rep["peak_bytes"] / rec["peak_allocated"] - 1) < 0.03
-    assert abs(rep["reserved_bytes"] / rec["peak_reserved"] - 1) < 0.10
 
 
 def test_a_compiled_model_is_predicted_as_eager():
