@@ -23,6 +23,12 @@ from torch.utils._pytree import tree_leaves
 
 from labkit.core.vocab import Category
 
+# ``tensor.device`` of a tensor subclass whose device is its own (a FakeTensor: ``dispatch_device=True`` in
+# torch/_subclasses/fake_tensor.py) reaches every dispatch mode as this op. It allocates nothing and reads no value,
+# yet it was over half of what a fake step dispatched (autograd and the optimizer ask a tensor's device often):
+# the tracker passes it straight on.
+DEVICE_QUERY = torch.ops.prim.device.default
+
 # The tracer's subset of the lab's memory categories (labkit.core.vocab): what it can tell apart
 # from the storages it sees.
 CATEGORIES: tuple[Category, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
@@ -244,6 +250,8 @@ class StorageTracker(TorchDispatchMode):
 
     # -- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is DEVICE_QUERY:
+            return func(*args, **(kwargs or {}))
         if self.emulator is None and not self.op_log_enabled and not self.observers:
             # fast path (the overhead on a real GPU step): views share their input's storage
             out = func(*args, **(kwargs or {}))
