@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
 from labkit.memory.trace.fake.fake_cuda import SCALAR_READS, as_read_by
-from labkit.memory.trace.storage import DEVICE_QUERY, StorageTracker
+from labkit.memory.trace.storage import DEVICE_QUERY, StorageTracker, device_of
 
 _CPU = torch.device("cpu")
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -298,7 +298,7 @@ class GpuTracker(StorageTracker):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is DEVICE_QUERY:               # ``tensor.device``: nothing to track (storage.DEVICE_QUERY)
-            return func(*args, **(kwargs or {}))
+            return device_of(args, kwargs)
         if isinstance(func, torch._ops.HigherOrderOperator):
             # e.g. DTensor's run_dtensor_rng_op: its body's ops run on the modes below; none allocates here
             return func(*args, **(kwargs or {}))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -26,8 +27,17 @@ from labkit.core.vocab import Category
 # ``tensor.device`` of a tensor subclass whose device is its own (a FakeTensor: ``dispatch_device=True`` in
 # torch/_subclasses/fake_tensor.py) reaches every dispatch mode as this op. It allocates nothing and reads no value,
 # yet it was over half of what a fake step dispatched (autograd and the optimizer ask a tensor's device often):
-# the tracker passes it straight on.
+# the trackers answer it at once (device_of).
 DEVICE_QUERY = torch.ops.prim.device.default
+
+
+def device_of(args: tuple, kwargs: dict | None) -> torch.device:
+    """``prim.device``'s answer: a FakeTensor's own device, as ``FakeTensor.__torch_dispatch__`` gives it outside a
+    kernel invocation (torch/_subclasses/fake_tensor.py, the ``prim.device.default`` case), else the op itself."""
+    t = args[0] if len(args) == 1 and not kwargs else None
+    if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
+        return t.fake_device
+    return DEVICE_QUERY(*args, **(kwargs or {}))
 
 # The tracer's subset of the lab's memory categories (labkit.core.vocab): what it can tell apart
 # from the storages it sees.
@@ -251,7 +261,7 @@ class StorageTracker(TorchDispatchMode):
     # -- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is DEVICE_QUERY:
-            return func(*args, **(kwargs or {}))
+            return device_of(args, kwargs)
         if self.emulator is None and not self.op_log_enabled and not self.observers:
             # fast path (the overhead on a real GPU step): views share their input's storage
             out = func(*args, **(kwargs or {}))

@@ -83,3 +83,21 @@ def test_categorise_by_role_and_phase():
     assert cats["activations"] == 800          # act and tmp were born in the forward and are alive
     assert cats["temporaries"] == 40
     del act, tmp, g, junk, b
+
+
+def test_a_device_query_is_answered_without_reaching_the_op_log_or_the_emulator():
+    """``tensor.device`` of a FakeTensor dispatches ``prim.device`` to every mode: the tracker answers it with the
+    tensor's own fake device (what FakeTensor answers) and logs, observes and emulates nothing for it."""
+    from labkit.memory.trace.storage import DEVICE_QUERY, device_of
+
+    seen = []
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.empty(4, 4))
+        x.fake_device = torch.device("cuda", 0)          # as fake mode's tensors say they are on the GPU
+        tr = StorageTracker(device_type="cpu", op_log=True, observers=(lambda f, *rest: seen.append(f),))
+        with tr:
+            assert x.device == torch.device("cuda", 0)
+            y = x * 2
+    assert device_of((x,), None) == torch.device("cuda", 0) and y.device == torch.device("cuda", 0)
+    assert DEVICE_QUERY not in seen and [r.name for r in tr.op_log] == ["aten.mul.Tensor"]
+    assert device_of((torch.empty(1),), None) == torch.device("cpu")    # a plain tensor: the op itself
