@@ -97,61 +97,79 @@ def _numel(ts: Sequence[torch.Tensor]) -> int:
 
 
 class _CudnnRNN(torch.autograd.Function):
-    """The memory of ``_cudnn_rnn`` and its backward on fake tensors (shapes and lifetimes; no values)."""
+    """The memory of ``_cudnn_rnn`` and its backward on fake tensors, allocated and freed in ``RNN.cpp``'s order
+    (shapes and lifetimes; no values)."""
 
     @staticmethod
     def forward(ctx: Any, meta: dict, x: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None,
                 *weights: torch.Tensor) -> Any:
-        tracker, mode = meta["tracker"], meta["mode"]
+        mode = meta["mode"]
         seq, batch = meta["packed"] or (x.shape[0], x.shape[1])
         hidden, layers, dirs = meta["hidden"], meta["layers"], meta["dirs"]
         elem = x.element_size()
-        ws = workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem, x.shape[-1])
-        y = x.new_empty(*x.shape[:-1], dirs * hidden)          # (seq, batch, .) or packed (tokens, .)
+        # _cudnn_rnn: x = input.contiguous() (a copy of a batch_first input's transpose), the output, hy, cy,
+        # the workspace, the reserve (training); the copy and the workspace are freed on return
+        xc = x.contiguous()
+        # (seq, batch, .) or packed (tokens, .); an LSTM with proj_size outputs its projection (RNN.cpp _output_size)
+        y = x.new_empty(*x.shape[:-1], dirs * hx.shape[-1])
         hy = hx.new_empty(hx.shape)
         cy = cx.new_empty(cx.shape) if cx is not None else None
+        ws = x.new_empty(workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem, x.shape[-1]),
+                         dtype=torch.uint8)
         if meta["train"]:
             reserve = x.new_empty(reserve_bytes(mode, layers, dirs, seq, batch, hidden, elem), dtype=torch.uint8)
         else:
             reserve = x.new_empty(0, dtype=torch.uint8)
-        # input.contiguous() (a copy of a batch_first input's transpose) and the workspace, freed on return
-        copy = 0 if x.is_contiguous() else x.numel() * elem
-        tracker.transient_group([copy, ws])
+        del xc, ws
         wbuf = meta.get("weight_buf")
         ctx.meta = meta
-        ctx.save_for_backward(x, hx, *( [cx] if cx is not None else []), y, reserve,
+        ctx.save_for_backward(x, hx, *([cx] if cx is not None else []), y, reserve,
                               *([wbuf] if wbuf is not None else []))
         ctx.shapes = [w.shape for w in weights]
         ctx.wdtype = weights[0].dtype if weights else x.dtype
         ctx.has_cx = cx is not None
         ctx.mark_non_differentiable(reserve)
+        # the reserve has no gradient: autograd must not make a zero one for backward (_cudnn_rnn's derivative
+        # takes grads[0..2] only, tools/autograd/derivatives.yaml)
+        ctx.set_materialize_grads(False)
         return (y, hy, cy, reserve) if cy is not None else (y, hy, reserve)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         meta = ctx.meta
-        tracker, mode = meta["tracker"], meta["mode"]
+        mode = meta["mode"]
         saved = ctx.saved_tensors
         x, hx = saved[0], saved[1]
-        gy = grads[0]
+        cx = saved[2] if ctx.has_cx else None
+        y = saved[3 if ctx.has_cx else 2]
+        gy, ghy = grads[0], grads[1]
+        gcy = grads[2] if ctx.has_cx else None
+        if gy is None and ghy is None and gcy is None:          # _cudnn_rnn_backward: nothing to do
+            return (None,) * (4 + len(ctx.shapes))
         seq, batch = meta["packed"] or (x.shape[0], x.shape[1])
         hidden, layers, dirs = meta["hidden"], meta["layers"], meta["dirs"]
         elem = x.element_size()
-        ws = workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem, x.shape[-1])
-        if gy is None:
-            gy = x.new_zeros(*x.shape[:-1], dirs * hidden)
-        # _cudnn_rnn_backward_input: dx, dhx, dcx; dy = grad_output.contiguous(), input.contiguous() and the
-        # workspace live inside the call
+        ws_bytes = workspace_bytes(mode, layers, dirs, seq, batch, hidden, elem, x.shape[-1])
+        # _cudnn_rnn_backward: zeros for the gradients nobody gave (an unused output, hy or cy)
+        gy = torch.zeros_like(y) if gy is None else gy
+        ghy = torch.zeros_like(hx) if ghy is None else ghy
+        gcy = torch.zeros_like(cx) if cx is not None and gcy is None else gcy
+        # _cudnn_rnn_backward_input: x = input.contiguous(), dy = grad_output.contiguous() (copies of a
+        # batch_first module's transposed views), dx, dhx, dcx, the workspace; the copies and the workspace are
+        # freed on return
+        xc, dyc = x.contiguous(), gy.contiguous()
         dx = x.new_empty(x.shape)
         dhx = hx.new_empty(hx.shape)
-        dcx = hx.new_empty(hx.shape) if ctx.has_cx else None
-        tracker.transient_group([0 if gy.is_contiguous() else gy.numel() * gy.element_size(),
-                                 0 if x.is_contiguous() else x.numel() * elem,
-                                 ws])
-        # _cudnn_rnn_backward_weight: one zeroed flat dw, the weights' gradients are views of it
+        dcx = cx.new_empty(cx.shape) if cx is not None else None
+        ws = x.new_empty(ws_bytes, dtype=torch.uint8)
+        del xc, dyc, ws
+        # _cudnn_rnn_backward_weight: x = input.contiguous() again, one zeroed flat dw, the workspace; the
+        # weights' gradients are views of dw
+        xc = x.contiguous()
         total = sum(math.prod(s) for s in ctx.shapes)
         dw = torch.zeros(total, dtype=ctx.wdtype, device=x.device)
-        tracker.transient(ws)
+        ws = x.new_empty(ws_bytes, dtype=torch.uint8)
+        del xc, ws
         gws, off = [], 0
         for s in ctx.shapes:
             n = math.prod(s)
