@@ -221,6 +221,18 @@ def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path, bench_scri
     assert {r["groups"] for r in rules} == {1, 4}
 
 
+def test_rnn_grid_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):
+    """record_rnn.py: its smoke configurations through the modules on the CPU; --predict-to writes the rules'
+    figures for every grid row with its split (a third held out)."""
+    script = bench_script("record_rnn")
+    assert script.main(["--out", str(tmp_path), "--smoke"]) == 0
+    rows = load_measurement(tmp_path / "rnn_grid.json", kind="cudnn_rnn_grid")["data"]["rows"]
+    assert len(rows) == 3 and not any("error" in r for r in rows), rows
+    assert script.main(["--predict-to", str(tmp_path / "pred.json")]) == 0
+    pred = load_measurement(tmp_path / "pred.json", kind="cudnn_rnn_grid_predicted")["data"]["rows"]
+    assert len(pred) == len(script.GRID) and 0.25 < sum(r["split"] == "held-out" for r in pred) / len(pred) < 0.42
+
+
 def test_a_padded_batch_masks_its_last_eighth():
     from labkit.workloads.corpus import make_batch
 
