@@ -29,15 +29,15 @@ and dtype) and a workspace; the weights' gradients are views of ``dw``.
 
 The reserve and workspace sizes are cuDNN's (``cudnnGetRNNTempSpaceSizes``, closed source): the rules below are
 the shape of the sizes cuDNN 9.19 returned on the H200 (``benchmarks/gpu/record_handmade.py --part rnn``:
-``rnn_cudnn__h200.json``, 64 unidirectional LSTM/GRU shapes; ``benchmarks/gpu/record_rnn.py``: ``rnn_grid__h200.json``,
-157 configurations: LSTM, GRU, RNN-tanh/relu, 1-3 layers, uni- and bidirectional, hidden 64-2048, packed,
-``proj_size``, dropout, float32/bfloat16/float16, training and inference; the rules fitted on its reference third).
-:func:`reserve_bytes` gives every recorded reserve to the byte; :func:`workspace_bytes` the standard algorithm's
-training workspaces within 0.6% on the grid's held-out unpacked rows, 0.75% on the reference ones (packed: within 3.6% on the reference rows,
-21% on a held-out stacked plain RNN). Not modelled (stated where they apply): cuDNN's persistent algorithms
-(:func:`cudnn_algo`; :data:`PERSIST_ASSUMPTION`) and the inference workspace, taken as the training one
-(:data:`ASSUMPTION`). A training RNN with inter-layer dropout also makes cuDNN's dropout state once per process
-(:data:`DROPOUT_STATE_BYTES`).
+``rnn_cudnn__h200.json``, 64 unidirectional LSTM/GRU shapes; ``benchmarks/gpu/record_rnn.py``:
+``rnn_grid__h200.json``, 157 configurations: LSTM, GRU, RNN-tanh/relu, 1-3 layers, uni- and bidirectional, hidden
+64-2048, packed, ``proj_size``, dropout, float32/bfloat16/float16, training and inference; the rules fitted on its
+reference third). :func:`reserve_bytes` gives every recorded reserve to the byte; :func:`workspace_bytes` the
+standard algorithm's training workspaces within 0.6% on the grid's held-out unpacked rows, 0.75% on the reference
+ones (packed: within 3.6% on the reference rows, 21% on a held-out stacked plain RNN). Not modelled (stated where
+they apply): cuDNN's persistent algorithms (:func:`cudnn_algo`; :data:`PERSIST_ASSUMPTION`) and the inference
+workspace, taken as the training one (:data:`ASSUMPTION`). A training RNN with inter-layer dropout also makes
+cuDNN's dropout state once per process (:data:`DROPOUT_STATE_BYTES`).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def workspace_bytes(mode: str, layers: int, directions: int, seq: int, batch: in
     packed batch's steps are its ``tokens``. Recorded: rnn_cudnn__h200.json (64 unidirectional LSTM/GRU shapes)
     and rnn_grid__h200.json (fitted on its reference third; the held-out third's errors in
     tests/memory/trace/test_cudnn_rnn.py). E.g. a 2-layer LSTM, hidden 1024, batch 64 x 256 steps, float32:
-    491,782,912 bytes recorded, 492,306,432 by the rule."""
+    491,782,912 bytes recorded, 491,782,144 by the rule."""
     inp = hidden if input_size is None else input_size
     fam = "lstm" if mode == "lstm" else "gru/rnn"
     if tokens is not None:
@@ -165,7 +165,8 @@ def workspace_bytes(mode: str, layers: int, directions: int, seq: int, batch: in
     width = vec * hidden + below * (min(inp, hidden) - hidden) + above * (max(inp, hidden) - hidden)
     width += directions * proj
     per_layer = WORKSPACE_LAYER_BYTES + samples * batch * hidden * elem
-    return (seq * batch * width + weight_count(mode, layers, directions, hidden, inp, proj)) * elem + layers * directions * per_layer
+    weights = weight_count(mode, layers, directions, hidden, inp, proj)
+    return (seq * batch * width + weights) * elem + layers * directions * per_layer
 
 
 def _numel(ts: Sequence[torch.Tensor]) -> int:
@@ -341,7 +342,8 @@ def run_cudnn_rnn(mode: str, args: tuple, kwargs: dict, tracker: Any, autocast_d
     """``torch._VF.<mode>(input, hx, weights, bias, num_layers, dropout, train, bidirectional, batch_first)``
     as cuDNN runs it (see the module docstring); the packed form ``(data, batch_sizes, hx, weights, bias,
     num_layers, dropout, train, bidirectional)`` with the batch sizes :func:`pack_padded` made (cuDNN sizes the
-    reserve for the longest sequence times the batch); else ``NotImplemented``."""
+    reserve and workspace by the packed tokens); else ``NotImplemented``. ``target`` (a ``CudaTarget``) and
+    ``assume`` state where cuDNN would pick a persistent algorithm (:data:`PERSIST_ASSUMPTION`)."""
     if kwargs or len(args) != 9:
         return NotImplemented
     if isinstance(args[1], torch.Tensor) and isinstance(args[3], (list, tuple)):      # a PackedSequence
