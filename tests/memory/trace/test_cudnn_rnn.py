@@ -64,8 +64,8 @@ def test_the_reserve_is_what_cudnn_returned_for_every_grid_configuration():
 def test_the_standard_workspace_rule_on_the_grid_reference_and_held_out():
     """The training workspace (one block, the same in forward and both backward calls) of the standard algorithm:
     unpacked within 0.75% on the reference rows and 0.6% on the held-out (but one: a 2-layer unidirectional LSTM with
-    dropout took 16 MiB more, which no other dropout row did); packed within 3.6% on the reference rows and 21% on
-    the held-out (a stacked unidirectional plain RNN, whose packed size no reference row had)."""
+    dropout took 16 MiB more, which no other dropout row did); packed exact on the reference rows, within 1.5% on the
+    held-out but a stacked unidirectional plain RNN's (+21%: a kind no reference row had)."""
     from labkit.memory.trace.fake.cudnn_rnn import workspace_bytes
 
     _, rows = _grid()
@@ -79,10 +79,12 @@ def test_the_standard_workspace_rule_on_the_grid_reference_and_held_out():
         assert max(r["backward"]["transient_blocks"]) == ws
         args, tokens = _args(r)
         err = abs(workspace_bytes(*args, r["input_size"], tokens=tokens, proj=r["proj"]) - ws) / ws
-        key = (r["packed"], r["split"])
+        key = (r["packed"], r["split"] + ("-rnn-stacked-uni" if r["mode"].startswith("rnn") and r["layers"] > 1
+                                          and r["dirs"] == 1 and r["packed"] else ""))
         worst[key] = max(worst.get(key, 0.0), err)
     assert worst[(False, "reference")] < 0.0075 and worst[(False, "held-out")] < 0.006, worst
-    assert worst[(True, "reference")] < 0.036 and worst[(True, "held-out")] < 0.21, worst
+    assert worst[(True, "reference")] < 0.001 and worst[(True, "held-out")] < 0.015, worst
+    assert worst[(True, "held-out-rnn-stacked-uni")] < 0.22, worst
 
 
 def test_the_algorithm_is_rnn_cpps_choice_and_the_dropout_state_its_size():

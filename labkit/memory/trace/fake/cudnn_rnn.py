@@ -34,7 +34,8 @@ the shape of the sizes cuDNN 9.19 returned on the H200 (``benchmarks/gpu/record_
 64-2048, packed, ``proj_size``, dropout, float32/bfloat16/float16, training and inference; the rules fitted on its
 reference third). :func:`reserve_bytes` gives every recorded reserve to the byte; :func:`workspace_bytes` the
 standard algorithm's training workspaces within 0.6% on the grid's held-out unpacked rows, 0.75% on the reference
-ones (packed: within 3.6% on the reference rows, 21% on a held-out stacked plain RNN). Not modelled (stated where
+ones (packed: exact on the reference rows, within 1.5% on the held-out but a stacked unidirectional plain RNN's,
++21%, a kind no reference row had). Not modelled (stated where
 they apply): cuDNN's persistent algorithms (:func:`cudnn_algo`; :data:`PERSIST_ASSUMPTION`) and the inference
 workspace, taken as the training one (:data:`ASSUMPTION`). A training RNN with inter-layer dropout also makes
 cuDNN's dropout state once per process (:data:`DROPOUT_STATE_BYTES`).
@@ -98,11 +99,12 @@ WORKSPACE_STEP_GRU_BIDIR_SINGLE = 1
 WORKSPACE_INPUT = {("lstm", 1): (1, 3), ("lstm", 2): (1, 5), ("gru/rnn", 1): (2, 3), ("gru/rnn", 2): (2, 6)}
 # the workspace's fixed part per layer and direction
 WORKSPACE_LAYER_BYTES = 8 * 1024 * 1024
-# a packed batch's workspace: hidden-sized vectors per token, by cell, directions and stacked layers (no per-sample
-# part but for a stacked bidirectional LSTM's WORKSPACE_PACKED_LSTM_SAMPLES)
+# a packed batch's workspace: hidden-sized vectors per token, by cell, directions and (single, stacked) layers; and
+# hidden-sized vectors per layer, direction and sample: by cell, 2 more for a bidirectional layer (a GRU's or plain
+# RNN's input narrower than its hidden size costs nothing more there)
 WORKSPACE_PACKED = {("lstm", 1): (4, 4), ("lstm", 2): (12, 12), ("gru", 1): (3, 3), ("gru", 2): (10, 10),
                     ("rnn", 1): (2, 2), ("rnn", 2): (6, 8)}
-WORKSPACE_PACKED_LSTM_SAMPLES = 8
+WORKSPACE_PACKED_SAMPLES = {"lstm": 6, "gru": 3, "rnn": 1}
 # cuDNN's dropout state (cudnnDropoutGetStatesSize, RNN.cpp get_dropout_state: allocated once per process for the
 # first training RNN with inter-layer dropout): the bytes torch._cudnn_init_dropout_state returned on the H200
 # (rnn_grid__h200.json, dropout_state_bytes)
@@ -153,9 +155,10 @@ def workspace_bytes(mode: str, layers: int, directions: int, seq: int, batch: in
     if tokens is not None:
         cell = mode if mode in ("lstm", "gru") else "rnn"
         below, above = WORKSPACE_INPUT[(fam, directions)]
+        below = below if fam == "lstm" else 0
         width = (WORKSPACE_PACKED[(cell, directions)][layers > 1] * hidden + below * (min(inp, hidden) - hidden)
                  + above * (max(inp, hidden) - hidden) + directions * proj)
-        samples = WORKSPACE_PACKED_LSTM_SAMPLES if mode == "lstm" and directions == 2 and layers > 1 else 0
+        samples = WORKSPACE_PACKED_SAMPLES[cell] + 2 * (directions - 1)
         return ((tokens * width + weight_count(mode, layers, directions, hidden, inp, proj)) * elem
                 + layers * directions * (WORKSPACE_LAYER_BYTES + samples * batch * hidden * elem))
     vec, samples = WORKSPACE_STEP[(fam, directions, layers > 1)]
