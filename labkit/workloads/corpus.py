@@ -721,6 +721,27 @@ def _new_kinds() -> list[Case]:
     return c
 
 
+RNN_FILE = "predicted__issue27_rnn.json"
+
+
+def _rnn_kinds() -> list[Case]:
+    """Issue 27, recurrent layers as users write them (added 2026-12-03, predicted in fake mode before they were
+    recorded: ``data/measurements/measure/`` + :data:`RNN_FILE`; names' hash decides the split): a 3-layer
+    bidirectional LSTM tagger with its own embedding width and dropout between layers (cuDNN's dropout state), a
+    bidirectional GRU encoder over packed, unsorted sequences padded back and tagged under autocast bf16, an LSTM
+    language model with ``proj_size`` under autocast bf16, and a 2-layer ``nn.RNN`` (tanh) language model."""
+    return [
+        Case("hand-bilstm3-drop-b32-s256-fp32", "handmade", "bilstm-tagger", "language-model",
+             dict(vocab=32000, embed=300, hidden=384, layers=3, dropout=0.3), 32, 256, "fp32"),
+        Case("hand-packed-gru-enc-b64-s200-amp-bf16", "handmade", "packed-gru-encoder", "language-model",
+             dict(vocab=32000, hidden=768, layers=2), 64, 200, "amp-bf16"),
+        Case("hand-lstm-proj-b64-s256-amp-bf16", "handmade", "lstm-lm", "language-model",
+             dict(vocab=16000, hidden=1024, layers=2, proj=256), 64, 256, "amp-bf16"),
+        Case("hand-rnn-tanh-b128-s128-h512-fp32", "handmade", "rnn-lm", "language-model",
+             dict(vocab=8000, hidden=512, layers=2), 128, 128, "fp32"),
+    ]
+
+
 def _cases() -> list[Case]:
     c: list[Case] = []
     c += _hf("gpt2-b8", "gpt2", "causal-lm", GPT2["gpt2"], 8, 1024, ALL3)
@@ -896,6 +917,7 @@ def _cases() -> list[Case]:
     c += _built_by_hand_3()
     c += _built_by_hand_4()
     c += _new_kinds()
+    c += _rnn_kinds()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -987,7 +1009,7 @@ def compat_cases() -> list[Case]:
     under all three precisions."""
     out: list[Case] = []
     seen: set[tuple[str, str]] = set()
-    new = _new_kinds()
+    new = _new_kinds() + _rnn_kinds()
     plain = [c for c in CASES if c.recompute == "none" and not c.lora and c.loop == "plain" and c.optimizer_impl == "fused"
              and c not in new]
     for c in plain:
@@ -1007,7 +1029,7 @@ def compat_cases() -> list[Case]:
     for c in CASES:
         if c not in plain and c not in new:
             out.append(tiny(c))
-    for c in new:                     # the fifth batch, at a CI cost of about a second a case (see NEW_TV_IN_CI)
+    for c in new:                     # the fifth batch and the RNN cases, about a second a case (see NEW_TV_IN_CI)
         if c.family == "handmade" or (c.precision == "amp-bf16" and (c.family == "transformers"
                                                                      or c.arch in NEW_TV_IN_CI)):
             out.append(tiny(c))

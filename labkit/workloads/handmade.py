@@ -8,7 +8,8 @@ whose ``forward(**batch)`` returns the loss, as a user's own training script com
 * ``decoder-lm``: ``nn.TransformerDecoder`` (``batch_first``, ``norm_first``) reading an encoded memory,
   a causal ``tgt_mask`` and a ``memory_key_padding_mask``;
 * ``mha-lm``: a stack of ``nn.MultiheadAttention`` blocks with an ``attn_mask`` and a ``key_padding_mask``;
-* ``lstm-lm`` / ``gru-lm``: ``nn.LSTM`` / ``nn.GRU`` language models (cuDNN on a GPU);
+* ``lstm-lm`` / ``gru-lm`` / ``rnn-lm``: ``nn.LSTM`` (optionally with ``proj_size``) / ``nn.GRU`` / ``nn.RNN`` (tanh)
+  language models (cuDNN on a GPU), inter-layer ``dropout`` optional;
 * ``unet``: a UNet (Conv2d, BatchNorm2d, ReLU, max pooling, ConvTranspose2d, ``torch.cat``) with a
   per-pixel cross-entropy; ``gn-unet`` / ``in-unet`` the same with GroupNorm (8 groups) / InstanceNorm2d
   (affine, no running statistics) in place of BatchNorm2d;
@@ -16,9 +17,11 @@ whose ``forward(**batch)`` returns the loss, as a user's own training script com
   another, with a causal ``tgt_mask`` and padding masks on the source, the target and the memory;
 * ``mha-weights-lm``: ``mha-lm`` with ``need_weights=True`` (the averaged attention weights returned, as
   users who plot them ask for);
-* ``bilstm-tagger``: a bidirectional ``nn.LSTM`` tagging every token (named-entity style);
+* ``bilstm-tagger``: a bidirectional ``nn.LSTM`` tagging every token (named-entity style; an embedding width of its own
+  and inter-layer dropout optional);
 * ``packed-gru``: a bidirectional ``nn.GRU`` fed by ``pack_padded_sequence`` (the lengths brought back to the CPU, unsorted),
-  classifying each sequence from its last hidden states;
+  classifying each sequence from its last hidden states; ``packed-gru-encoder`` the same GRU's padded-back outputs
+  (``pad_packed_sequence``) tagged token by token;
 * ``conv1d-audio``: a waveform autoencoder of strided ``nn.Conv1d`` and ``nn.ConvTranspose1d`` layers with
   BatchNorm1d and an L1 loss (``s`` is the number of samples);
 * ``embbag-rec``: a recommender of ``nn.EmbeddingBag`` tables (sum over variable-length bags given by
@@ -114,12 +117,17 @@ class MHALM(nn.Module):
 
 class RNNLM(nn.Module):
     def __init__(self, kind: str = "lstm", vocab: int = 32000, hidden: int = 1024, layers: int = 2,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, proj: int = 0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
-        cls = nn.LSTM if kind == "lstm" else nn.GRU
-        self.rnn = cls(hidden, hidden, num_layers=layers, batch_first=True, dropout=dropout)
-        self.head = nn.Linear(hidden, vocab)
+        if kind == "lstm":
+            self.rnn: nn.RNNBase = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True, dropout=dropout,
+                                           proj_size=proj)
+        elif kind == "gru":
+            self.rnn = nn.GRU(hidden, hidden, num_layers=layers, batch_first=True, dropout=dropout)
+        else:
+            self.rnn = nn.RNN(hidden, hidden, num_layers=layers, batch_first=True, dropout=dropout, nonlinearity="tanh")
+        self.head = nn.Linear(proj or hidden, vocab)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         h, _ = self.rnn(self.embed(input_ids))
@@ -176,10 +184,12 @@ class Seq2Seq(nn.Module):
 
 
 class BiLSTMTagger(nn.Module):
-    def __init__(self, vocab: int = 32000, hidden: int = 512, layers: int = 2, tags: int = 17) -> None:
+    def __init__(self, vocab: int = 32000, hidden: int = 512, layers: int = 2, tags: int = 17, embed: int = 0,
+                 dropout: float = 0.0) -> None:
         super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.rnn = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True, bidirectional=True)
+        self.embed = nn.Embedding(vocab, embed or hidden)
+        self.rnn = nn.LSTM(embed or hidden, hidden, num_layers=layers, batch_first=True, bidirectional=True,
+                           dropout=dropout)
         self.head = nn.Linear(2 * hidden, tags)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -201,6 +211,24 @@ class PackedGRU(nn.Module):
                                                    enforce_sorted=False)
         _, h = self.rnn(packed)                           # (layers * 2, b, hidden): the last layer's two directions
         return F.cross_entropy(self.head(torch.cat([h[-2], h[-1]], dim=1)), labels)
+
+
+class PackedGRUEncoder(nn.Module):
+    """A sequence-to-sequence model's encoder in small: a bidirectional ``nn.GRU`` over packed, unsorted sequences,
+    its outputs padded back (``pad_packed_sequence``) and tagged token by token (padding ignored in the loss)."""
+
+    def __init__(self, vocab: int = 32000, hidden: int = 768, layers: int = 2, tags: int = 9) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden, padding_idx=0)
+        self.rnn = nn.GRU(hidden, hidden, num_layers=layers, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, tags)
+
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(input_ids), lengths.cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        out, _ = nn.utils.rnn.pad_packed_sequence(self.rnn(packed)[0], batch_first=True,
+                                                  total_length=input_ids.shape[1])
+        return F.cross_entropy(self.head(out).flatten(0, 1), labels.flatten(), ignore_index=-100)
 
 
 class Conv1dAudio(nn.Module):
@@ -240,12 +268,14 @@ class EmbBagRec(nn.Module):
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "encoder-lm": EncoderLM, "decoder-lm": DecoderLM, "mha-lm": MHALM,
-    "lstm-lm": lambda **o: RNNLM("lstm", **o), "gru-lm": lambda **o: RNNLM("gru", **o), "unet": UNet,
+    "lstm-lm": lambda **o: RNNLM("lstm", **o), "gru-lm": lambda **o: RNNLM("gru", **o),
+    "rnn-lm": lambda **o: RNNLM("rnn_tanh", **o), "packed-gru-encoder": PackedGRUEncoder, "unet": UNet,
     "gn-unet": lambda **o: UNet(norm="group", **o), "in-unet": lambda **o: UNet(norm="instance", **o),
     "seq2seq": Seq2Seq, "mha-weights-lm": lambda **o: MHALM(need_weights=True, **o), "bilstm-tagger": BiLSTMTagger,
     "packed-gru": PackedGRU, "conv1d-audio": Conv1dAudio, "embbag-rec": EmbBagRec,
 }
 UNETS = ("unet", "gn-unet", "in-unet")
+RNNS = ("lstm-lm", "gru-lm", "rnn-lm", "bilstm-tagger", "packed-gru", "packed-gru-encoder")
 
 
 def build(arch: str, overrides: dict[str, Any]) -> nn.Module:
@@ -276,10 +306,14 @@ def make_batch(arch: str, overrides: dict[str, Any], b: int, s: int, g: torch.Ge
     ids = torch.randint(0, vocab, (b, s), generator=g)
     if arch == "bilstm-tagger":
         return {"input_ids": ids, "labels": torch.randint(0, int(overrides.get("tags", 17)), (b, s), generator=g)}
-    if arch == "packed-gru":
+    if arch in ("packed-gru", "packed-gru-encoder"):
         lengths = torch.randint(max(1, s // 4), s + 1, (b,), generator=g)
         lengths[0] = s                                        # the longest fills the padded batch
-        ids = ids.masked_fill(torch.arange(s) >= lengths[:, None], 0)
+        pad = torch.arange(s) >= lengths[:, None]
+        ids = ids.masked_fill(pad, 0)
+        if arch == "packed-gru-encoder":
+            tags = torch.randint(0, int(overrides.get("tags", 9)), (b, s), generator=g)
+            return {"input_ids": ids, "lengths": lengths, "labels": tags.masked_fill(pad, -100)}
         return {"input_ids": ids, "lengths": lengths,
                 "labels": torch.randint(0, int(overrides.get("classes", 4)), (b,), generator=g)}
     batch = {"input_ids": ids, "labels": torch.randint(0, vocab, (b, s), generator=g)}
@@ -289,8 +323,9 @@ def make_batch(arch: str, overrides: dict[str, Any], b: int, s: int, g: torch.Ge
 
 
 def tiny_overrides(arch: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The CI size of a hand-built model: 2 layers, width 64, vocabulary 512 (UNets: base 8, depth 2; the audio
-    net: 8 channels, depth 2; the recommender: 2 tables of 1000 rows, width 16)."""
+    """The CI size of a hand-built model: 2 layers, width 64, vocabulary 512 (an RNN's projection and embedding
+    widths, where it has its own, 32; UNets: base 8, depth 2; the audio net: 8 channels, depth 2; the recommender:
+    2 tables of 1000 rows, width 16)."""
     if arch in UNETS:
         return dict(overrides, base=8, depth=2)
     if arch == "conv1d-audio":
@@ -298,9 +333,9 @@ def tiny_overrides(arch: str, overrides: dict[str, Any]) -> dict[str, Any]:
     if arch == "embbag-rec":
         return dict(overrides, tables=2, rows=1000, dim=16, mlp=32)
     o = dict(overrides, vocab=512, layers=2)
-    if arch in ("lstm-lm", "gru-lm", "bilstm-tagger", "packed-gru"):
-        return dict(o, hidden=64)
+    if arch in RNNS:
+        return dict(o, hidden=64, **{k: 32 for k in ("proj", "embed") if o.get(k)})
     return dict(o, d_model=64, nhead=4, ff=128)
 
 
-__all__ = ["BUILDERS", "UNETS", "build", "make_batch", "tiny_overrides"]
+__all__ = ["BUILDERS", "RNNS", "UNETS", "build", "make_batch", "tiny_overrides"]

@@ -31,7 +31,7 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 262         # the support corpus runs them at CI size (compat_cases): keep CI time in mind
+    assert 60 <= len(CASES) <= 266         # the support corpus runs them at CI size (compat_cases): keep CI time in mind
     # issue 27: models built by hand from PyTorch's modules, cuDNN RNNs, 3-D and transposed convolutions,
     # segmentation heads, more torchvision classifiers and the LoRA orders
     assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
@@ -221,6 +221,18 @@ def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path, bench_scri
     assert {r["groups"] for r in rules} == {1, 4}
 
 
+def test_rnn_grid_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):
+    """record_rnn.py: its smoke configurations through the modules on the CPU; --predict-to writes the rules'
+    figures for every grid row with its split (a third held out)."""
+    script = bench_script("record_rnn")
+    assert script.main(["--out", str(tmp_path), "--smoke"]) == 0
+    rows = load_measurement(tmp_path / "rnn_grid.json", kind="cudnn_rnn_grid")["data"]["rows"]
+    assert len(rows) == 3 and not any("error" in r for r in rows), rows
+    assert script.main(["--predict-to", str(tmp_path / "pred.json")]) == 0
+    pred = load_measurement(tmp_path / "pred.json", kind="cudnn_rnn_grid_predicted")["data"]["rows"]
+    assert len(pred) == len(script.GRID) and 0.25 < sum(r["split"] == "held-out" for r in pred) / len(pred) < 0.42
+
+
 def test_a_padded_batch_masks_its_last_eighth():
     from labkit.workloads.corpus import make_batch
 
@@ -235,12 +247,12 @@ def test_the_fifth_batch_is_new_kinds_predicted_before_recording():
     """Issue 27's fifth batch: kinds of model the corpus had not seen, each in float32 and under autocast bf16, every
     one predicted in fake mode (predicted__issue27_batch5.json, committed before any recording); names' hash
     decides the split (about a third held out); the CI corpus runs each kind at least once."""
-    from labkit.workloads.corpus import NEW_KINDS_FILE, _new_kinds, compat_cases
+    from labkit.workloads.corpus import NEW_KINDS_FILE, _new_kinds, _rnn_kinds, compat_cases
 
-    new = _new_kinds()
+    new, later = _new_kinds(), _rnn_kinds()             # later: cases added after the batch (a tagger of 3 layers)
     assert len(new) == 50 and {c.precision for c in new} == {"fp32", "amp-bf16"}
     kinds = {c.arch for c in new}
-    assert len(kinds) == 25 and not kinds & {c.arch for c in CASES if c not in new} - {"llama"}
+    assert len(kinds) == 25 and not kinds & {c.arch for c in CASES if c not in new + later} - {"llama"}
     assert 0.25 < sum(c.split == "held-out" for c in new) / len(new) < 0.42
     path = Path(__file__).resolve().parents[2] / "data/measurements/measure" / NEW_KINDS_FILE
     rows = {r["name"]: r for r in load_measurement(path, kind="fake_predictions")["data"]["cases"]}
@@ -251,6 +263,29 @@ def test_the_fifth_batch_is_new_kinds_predicted_before_recording():
     ci = {c.name.removesuffix("@tiny") for c in compat_cases()}
     assert {c.arch for c in new if c.name in ci} >= kinds - {"mnasnet1_0", "maxvit_t", "swin_v2_t", "efficientnet_b3",
                                                              "regnet_y_800mf", "mobilenet_v3_small"}
+
+
+def test_the_rnn_cases_were_predicted_before_recording_and_run_in_ci():
+    """Issue 27's recurrent layers as users write them (3 layers with dropout, packed and padded back, proj_size,
+    nn.RNN): predicted in fake mode (predicted__issue27_rnn.json, committed before any recording), every one in the
+    CI corpus at CI size, where the projection and embedding widths stay below the hidden width."""
+    from labkit.workloads.corpus import RNN_FILE, _rnn_kinds, build_model, compat_cases, make_batch, tiny
+
+    cases = _rnn_kinds()
+    path = Path(__file__).resolve().parents[2] / "data/measurements/measure" / RNN_FILE
+    rows = {r["name"]: r for r in load_measurement(path, kind="fake_predictions")["data"]["cases"]}
+    assert sorted(rows) == sorted(c.name for c in cases)
+    for c in cases:
+        assert rows[c.name]["split"] == c.split and 0 < rows[c.name]["peak_allocated"] <= rows[c.name]["peak_reserved"]
+    assert {c.name + "@tiny" for c in cases} <= {c.name for c in compat_cases()}
+    rnn = {type(m).__name__: m for c in cases for m in build_model(tiny(c)).modules() if isinstance(m, torch.nn.RNNBase)}
+    assert set(rnn) == {"LSTM", "GRU", "RNN"} and rnn["RNN"].nonlinearity == "tanh"
+    assert any(isinstance(m, torch.nn.LSTM) and m.proj_size == 32 and m.hidden_size == 64
+               for c in cases for m in build_model(tiny(c)).modules())
+    enc = tiny([c for c in cases if c.arch == "packed-gru-encoder"][0])
+    b = make_batch(enc)
+    assert ((b["labels"] == -100) == (torch.arange(enc.seq) >= b["lengths"][:, None])).all()
+    assert float(build_model(enc)(**b)) > 0
 
 
 def test_googlenet_and_inception_train_with_their_auxiliary_heads():

@@ -104,7 +104,7 @@ def test_lstm_runs_as_cudnn_with_its_reserve_space():
     import labkit.memory.trace.fake.cudnn_rnn as rnn
 
     orig = rnn.reserve_bytes
-    rnn.reserve_bytes = lambda *a: 0
+    rnn.reserve_bytes = lambda *a, **k: 0
     try:
         without = predict(case, steps=1).peak_bytes
     finally:

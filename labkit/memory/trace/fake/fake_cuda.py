@@ -564,6 +564,10 @@ class CudaEmulator:
             return indexed
         if func in SCALAR_READS:
             return as_read_by(func, self._scalar_read(args[0]))
+        if torch.is_inference_mode_enabled():
+            out = inference_decomposition(func, args, kwargs, tracker)
+            if out is not NotImplemented:
+                return out
         if self.target.emulate_kernels and func in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                                                     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
             return self._gpu_layout(func, args, kwargs, tracker)
@@ -659,6 +663,30 @@ class CudaEmulator:
 # ``aten.is_nonzero`` (``bool(t)``, ``if t:``) themselves (checked with a logging TorchDispatchMode, torch 2.13).
 SCALAR_READS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
                           torch.ops.aten.is_nonzero.default})
+
+
+def inference_decomposition(func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:
+    """A CompositeImplicitAutograd op under ``torch.inference_mode`` run as its composite kernel, each op inside it
+    seen by ``tracker`` (and the modes beneath); ``NotImplemented`` for any other op.
+
+    Without the Autograd dispatch key (c10/core/InferenceMode.h) nothing has decomposed a composite op when a
+    dispatch mode sees it (see :data:`SCALAR_READS`): the tracker would see ``aten.cross_entropy_loss`` alone, and
+    fake mode decompose it beneath the tracker, so that the float32 ``_log_softmax`` output (the size of the logits)
+    the GPU holds while ``nll_loss`` runs would never be counted, nor the cuBLAS workspace of ``aten.linear``'s
+    ``addmm``. On the GPU the composite kernel runs (native_functions.yaml: ``cross_entropy_loss``, ``linear`` have no
+    backend kernel), the same ops in the same order. One difference is a real tensor's: ``linear`` of an input it
+    cannot flatten (a ``batch_first`` RNN's transposed output) is ``matmul``, then the bias added in place
+    (aten/src/ATen/native/Linear.cpp ``linear``), out of place only for a tensor subclass such as a fake tensor."""
+    if getattr(func, "namespace", None) != "aten" or not torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"):
+        return NotImplemented
+    with tracker:
+        if func is torch.ops.aten.linear.default:
+            x, w, bias = (list(args) + [kwargs.get("bias")])[:3]
+            if bias is not None and x.dim() > 2 and not x.is_contiguous():
+                return torch.matmul(x, w.t()).add_(bias)
+        # the C++ composite kernel, not a Python decomposition (eval-mode dropout's clones its input)
+        return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
 def as_read_by(func: Any, value: Any) -> Any:

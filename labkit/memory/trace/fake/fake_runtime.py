@@ -150,7 +150,7 @@ class CudaFunctionRules(TorchFunctionMode):
         if func in _CUDNN_RNN and self.emulator._tracker is not None:
             em = self.emulator
             dtype = em.policy.autocast_dtype if em.autocast_state.depth > 0 else None
-            out = run_cudnn_rnn(_CUDNN_RNN[func], args, kwargs, em._tracker, dtype)
+            out = run_cudnn_rnn(_CUDNN_RNN[func], args, kwargs, em._tracker, dtype, em.target, em.assume)
             if out is not NotImplemented:
                 em.assume(ASSUMPTION)
                 return out
