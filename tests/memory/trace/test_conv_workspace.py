@@ -65,8 +65,9 @@ def test_unmeasured_layouts_are_stated_assumptions():
     n, why = conv_workspace_bytes("forward", [8, 64, 56, 56], [64, 64, 3, 3], [8, 64, 56, 56], [1, 1], [1, 1],
                                   [1, 1], 1, torch.float32, channels_last=True)
     assert n == 0 and "channels-last" in why
-    n, why = conv_workspace_bytes("forward", [8, 64, 56], [64, 64, 3], [8, 64, 56], [1], [1], [1], 1, torch.float32)
-    assert n == 0 and "1-D" in why
+    n, why = conv_workspace_bytes("forward", [8, 64, 2, 2, 2, 2], [64, 64, 1, 1, 1, 1], [8, 64, 2, 2, 2, 2], [1] * 4,
+                                  [0] * 4, [1] * 4, 1, torch.float32)
+    assert n == 0 and "more than 3 spatial dimensions" in why
     with pytest.raises(ValueError, match="pass_"):
         conv_workspace_bytes("sideways", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1], [0, 0], [1, 1], 1,
                              torch.float32)
@@ -417,6 +418,28 @@ def test_a_float32_1x1_with_21_output_channels_copies_both_for_its_weight_gradie
                                 *shapes[3:])[0] == 8 * 58 * 64 * 4
 
 
+def test_a_1d_convolution_takes_the_workspace_of_the_2d_one_of_height_1():
+    """Convolution.cpp's ``_convolution`` views a 1-D convolution as a 2-D one of height 1 before cuDNN sees it: the
+    audio net's last ConvTranspose1d (64->64, 8/4, 8192 -> 32768 samples, batch 64, float32) runs as cuDNN's
+    backward-data of a 2-D convolution and takes the NHWC copies of its 512 MiB output and 128 MiB input, which the
+    H200's fresh process shows as a 642 MiB segment (hand-conv1d-audio-b64-s32768-fp32's ``end_segments``)."""
+    f32 = torch.float32
+    one_d = conv_workspace_bytes("forward", (64, 64, 8192), (64, 64, 8), (64, 64, 32768), (4,), (2,), (1,), 1, f32,
+                                 transposed=True)
+    two_d = conv_workspace_bytes("forward", (64, 64, 1, 8192), (64, 64, 1, 8), (64, 64, 1, 32768), (1, 4), (0, 2),
+                                 (1, 1), 1, f32, transposed=True)
+    assert one_d == two_d and one_d[1] is None
+    assert one_d[0] == (64 * 64 * 32768 + 64 * 64 * 8192 + 64 * 64 * 8) * 4          # 640.125 MiB, was none
+    doc = load_measurement(measure_dir() / "plain__fresh.json", kind="measure_plain")
+    (row,) = [c for c in doc["data"]["cases"] if c["name"] == "hand-conv1d-audio-b64-s32768-fp32"]
+    assert 642 * MiB in [size for _, size in row["end_segments"]]
+    # its 1x1 head to one channel at batch 64: the per-sample partials for the weight gradient, not 544 MiB of copies
+    head = ((64, 64, 32768), (1, 64, 1), (64, 1, 32768), (1,), (0,), (1,), 1, f32)
+    assert conv_workspace_bytes("backward_filter", *head)[0] == 64 * 64 * 4
+    assert conv_workspace_bytes("backward_filter", (16, *head[0][1:]), head[1], (16, *head[2][1:]), *head[3:])[0] == \
+        16 * (64 * 32768 + 4 * 32768) * 4
+
+
 def _rules_rows():
     doc = load_measurement(measure_dir() / "conv_workspace_rules__h200.json", kind="conv_workspace")
     return doc["data"]["rows"]
@@ -424,7 +447,7 @@ def _rules_rows():
 
 @pytest.mark.parametrize("kind, dtype, passes, within", [
     ("grouped", "fp32", 36, 23), ("grouped", "bf16", 36, 30),    # 8/16 per group unpadded; 24/48 padded or not
-    ("1x1", "fp32", 30, 28), ("1x1", "bf16", 30, 30),            # odd output channels from 64: the copies
+    ("1x1", "fp32", 30, 30), ("1x1", "bf16", 30, 30),            # odd output channels from 64: the copies below batch 64
     ("1x1s2", "fp32", 24, 20), ("1x1s2", "bf16", 24, 19),        # narrow float32 shortcuts: none
 ])
 def test_the_rules_open_questions_as_the_h200_answered_them(kind, dtype, passes, within):

@@ -135,8 +135,18 @@ first two shortcuts) takes none in any pass in the same stream, and at 64 none f
 bf16 ones take their copies (the rule: within 10% on 20 of 24 float32 and 19 of 24 bf16 strided 1x1 passes of the
 new grid, 16 and 14 before).
 
-Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
-``cudnn.benchmark = True``.
+**1-D convolutions** run as 2-D ones of height 1: ``aten/src/ATen/native/Convolution.cpp`` (``_convolution``:
+"Expand 1d -> 2d", ``params.view1d_as_2d()``, ``view4d``, under the comment "Expand 1d -> 2d"; read through the lab's
+code index) views an (N, C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and
+dilation 1 in the new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes`
+sizes it as one (:func:`_as_2d`). With it, the Conv1d/ConvTranspose1d audio net's recorded segments show the 2-D
+rule's sizes: 642 MiB for its last ConvTranspose1d's forward (input 512 + output 128 MiB in NHWC, float32), 194 and
+98 MiB for the next ones (``hand-conv1d-audio-b64-s32768-fp32``, reference: reserved -20.8% -> -11.9%), and Wav2Vec2's
+feature encoder its 754 and 760 MiB (``wav2vec2-base-ctc-b8-s160000-fp32``, reference: -19.9% -> +1.4%). Its float32
+1x1 head to one channel at batch 64 takes no copies for its weight gradient (its recorded peak leaves no room for
+them), as the grid's 2-D 1x1s to 21 and 19 channels do at batch 64 (:data:`ODD_1X1_PARTIALS_FROM_BATCH`).
+
+Not measured, assumed as stated in :data:`ASSUMPTIONS`: fp16 depthwise in NCHW, ``cudnn.benchmark = True``.
 """
 
 from __future__ import annotations
@@ -149,7 +159,7 @@ import torch
 _HALF = (torch.float16, torch.bfloat16)
 
 ASSUMPTIONS = {
-    "other": "cuDNN convolution workspace for a 1-D convolution: not measured, assumed none",
+    "other": "cuDNN convolution workspace for a convolution of more than 3 spatial dimensions: assumed none",
     "channels_last": "cuDNN convolution workspace for a dense channels-last convolution: not modelled, assumed "
                      "none (measured on the H200 at most 17 MB for most geometries; the channels-last stem and patchify "
                      "take several times their input)",
@@ -192,6 +202,10 @@ STRIDED_1X1_MIN_CHANNELS = 64
 # for its weight gradient (the UNet's 64->21 in its stream, 64->21 and 64->19 at batch 16 in conv_workspace_rules;
 # 256->21 keeps the per-sample partials: see the module docstring)
 ODD_1X1_MAX_CHANNELS = 64
+# ... at a batch below this: at batch 64 the same 1x1s (64->21 at 256x256, 64->19 at 128x128, conv_workspace_rules) and
+# the audio net's 1-D 64->1 head (hand-conv1d-audio-b64-s32768-fp32: its recorded peak has no room for 544 MiB of
+# copies) take the per-sample partials; batch 8 and 16 take the copies, 17-63 is not measured
+ODD_1X1_PARTIALS_FROM_BATCH = 64
 
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
@@ -201,6 +215,11 @@ SMALL_SPATIAL = 49
 
 def _round(c: int, m: int) -> int:
     return -(-c // m) * m
+
+
+def _as_2d(shape: Sequence[int]) -> tuple[int, ...]:
+    """A 1-D convolution's (N, C, L) shape as the 2-D (N, C, 1, L) that ``view4d`` gives cuDNN."""
+    return (shape[0], shape[1], 1, *shape[2:])
 
 
 def _pow2(c: int) -> int:
@@ -277,6 +296,11 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     the assumption made, if any (see the module docstring)."""
     if pass_ not in ("forward", "backward_data", "backward_filter"):
         raise ValueError(f"pass_ {pass_!r}: expected forward, backward_data or backward_filter")
+    if len(x_shape) == 3:
+        # a 1-D convolution runs as a 2-D one of height 1 (see the module docstring: ``view1d_as_2d``)
+        return conv_workspace_bytes(pass_, _as_2d(x_shape), _as_2d(w_shape), _as_2d(y_shape), (1, *stride),
+                                    (0, *padding), (1, *dilation), groups, dtype, transposed=transposed,
+                                    channels_last=channels_last)
     if transposed:
         # cuDNN runs a transposed convolution as the passes of the convolution it transposes (see the module doc)
         return conv_workspace_bytes(TRANSPOSED_PASS[pass_], y_shape, w_shape, x_shape, stride, padding, dilation,
@@ -323,7 +347,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
         return 0, None
-    if dtype == torch.float32 and cout % 2 and cin <= ODD_1X1_MAX_CHANNELS:
+    if dtype == torch.float32 and cout % 2 and cin <= ODD_1X1_MAX_CHANNELS and n < ODD_1X1_PARTIALS_FROM_BATCH:
         # a float32 1x1 from at most 64 channels to an odd number (a segmentation head's 21 classes): its weight
         # gradient copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
         padded_out = _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])
