@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2, conv3, conv1d")
     ap.add_argument("--smoke", action="store_true", help="one shape of each on the CPU (checks the script)")
-    ap.add_argument("--predict", type=Path, help="write fake mode's predicted workspaces of --part conv1d there and stop")
+    ap.add_argument("--predict", type=Path,
+                    help="write fake mode's predicted workspaces of --part conv1d to this file and stop")
     args = ap.parse_args(argv)
     parts = set(args.part.split(","))
     if parts - {"rnn", "conv", "conv2", "conv3", "conv1d"}:
@@ -309,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = "python3 benchmarks/gpu/record_handmade.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
         write_measurement(args.predict, "conv_workspace_predicted",
                           {"rule": "labkit.memory.trace.fake.conv_workspace.conv_workspace_bytes",
-                           "held_out": list(CONV_1D_HELD_OUT), "rows": predict_rows(CONV_GEOMETRIES_1D, CONV_BATCHES_1D)},
+                           "held_out": list(CONV_1D_HELD_OUT),
+                           "rows": predict_rows(CONV_GEOMETRIES_1D, CONV_BATCHES_1D)},
                           provenance=header(cmd))
         return 0
 

@@ -46,7 +46,7 @@ def test_rule_matches_the_measured_workspace(geometry, dtype, batch, pass_):
 def test_rule_holds_for_most_measured_passes():
     res = [(_rule(r, p), _measured(r, p)) for r in _rows() for p in ("forward", "backward_data", "backward_filter")]
     ok = sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res)
-    assert len(res) == 522 and ok >= 400, (ok, len(res))
+    assert len(res) == 522 and ok >= 466, (ok, len(res))
 
 
 def test_fake_mode_takes_the_workspace_inside_the_convolution():
@@ -78,7 +78,7 @@ def test_rule_holds_at_larger_batches():
     rows = [r for r in doc["data"]["rows"] if "error" not in r]
     res = [(_rule(r, p), _measured(r, p)) for r in rows for p in ("forward", "backward_data", "backward_filter")]
     ok = sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res)
-    assert len(res) == 144 and ok >= 100, (ok, len(res))
+    assert len(res) == 144 and ok >= 128, (ok, len(res))
 
 
 def test_rule_gives_the_workspaces_seen_in_a_traced_resnet50_step():
@@ -440,6 +440,31 @@ def test_a_1d_convolution_takes_the_workspace_of_the_2d_one_of_height_1():
         16 * (64 * 32768 + 4 * 32768) * 4
 
 
+def test_a_float32_stems_input_gradient_takes_none_in_every_grid():
+    """Every NCHW stem (at most 3 input channels) the H200 grids measured, 2-D and 3-D: the float32 backward-data
+    took no block in 26 of 27 passes (the 16x16/16 patch embedding at batch 8 took 11.4 MiB); bf16 takes the NHWC
+    copies, as before. Wav2Vec2's waveform requires a gradient, so its 1-channel stem runs this pass."""
+    import glob
+
+    rows = [r for f in sorted(glob.glob(str(measure_dir() / "conv_workspace*__h200.json")))
+            for r in load_measurement(f, kind="conv_workspace")["data"]["rows"]
+            if "error" not in r and r["input_shape"][1] <= 3 and "backward_data" in r and "output_shape" in r
+            and r.get("memory_format", "contiguous") == "contiguous"]
+
+    def rule(r, p):
+        nd = len(r["input_shape"]) - 2
+        st, pd = (r[k] if isinstance(r[k], list) else [r[k]] * nd for k in ("stride", "padding"))
+        dt = torch.float32 if r["dtype"] == "fp32" else torch.bfloat16
+        return conv_workspace_bytes(p, r["input_shape"], r["weight_shape"], r["output_shape"], st, pd, [1] * nd,
+                                    r["groups"], dt)[0]
+
+    f32 = [r for r in rows if r["dtype"] == "fp32"]
+    assert len(f32) == 27 and sum(_measured(r, "backward_data") == 0 for r in f32) == 26
+    assert all(rule(r, "backward_data") == 0 for r in f32)              # was the NHWC copies (up to 2.1 GiB)
+    bf16 = [(rule(r, "backward_data"), _measured(r, "backward_data")) for r in rows if r["dtype"] == "bf16"]
+    assert all(a > 0 for a, _ in bf16)
+
+
 def _rules_rows():
     doc = load_measurement(measure_dir() / "conv_workspace_rules__h200.json", kind="conv_workspace")
     return doc["data"]["rows"]
@@ -447,7 +472,7 @@ def _rules_rows():
 
 @pytest.mark.parametrize("kind, dtype, passes, within", [
     ("grouped", "fp32", 36, 23), ("grouped", "bf16", 36, 30),    # 8/16 per group unpadded; 24/48 padded or not
-    ("1x1", "fp32", 30, 30), ("1x1", "bf16", 30, 30),            # odd output channels from 64: the copies below batch 64
+    ("1x1", "fp32", 30, 30), ("1x1", "bf16", 30, 30),            # odd channels from 64: the copies below batch 64
     ("1x1s2", "fp32", 24, 20), ("1x1s2", "bf16", 24, 19),        # narrow float32 shortcuts: none
 ])
 def test_the_rules_open_questions_as_the_h200_answered_them(kind, dtype, passes, within):

@@ -45,19 +45,25 @@ them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the bat
   ResNet's 7x7/2 stem at batch 256, more than its forward's 931 MiB, so the GPU maps a second segment for it.
   With both, ``tv-resnet18-b256-fp32``'s reserved moves from -14.5% to -0.3%.
 
+A **float32 stem's input gradient** (3 input channels or fewer, NCHW) takes none, whatever its filter: 26 of the 27
+float32 backward-data passes of stems the grids measured (the 7x7/2, 3x3/2 and 3x3/1 stems, the 4x4/4 and 16x16/16
+patchifies, R3D-18's 3x7x7 and R(2+1)D's 1x7x7 stems, batch 8 to 256) took no block; the 16x16/16 patch embedding at
+batch 8 took its copies (11.4 MiB). In bf16 the same passes take the NHWC copies, as the rule gives them. Autograd asks
+for this pass only where the input requires a gradient: Wav2Vec2's feature encoder sets ``requires_grad`` on the
+waveform, so its 1-channel stem runs it.
+
 A stem with a small filter (3x3/2, 4x4/4) takes none in its forward, nor in float32 for its weight gradient
 (:data:`SMALL_STEM_TAPS`; RegNet's, EfficientNet's and MobileNet's 3x3/2 stems, ConvNeXt's and Swin's 4x4/4
-patchify). Checked against all 522 measured passes: 456 within 10% (or 0.6 MiB), and 122 of the 144 at batch
-96-256; the backward-filter passes of both grids within 1%: float32 86 of 111 (43 without the split-K
-partials), bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): the 7x7/2 stem's
-backward-data (none; autograd never asks for it), 3x3 convolutions at 7x7 (larger engines' workspaces), and the
-split-K misses listed at :func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they
-leave the predicted peaks where they were (within 0.1%) and move the replayed reserved bytes. In the recorded
-allocation streams of a ResNet-50 step at batch 128
-(``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 60 of the 77 backward workspace
-blocks in float32 are this rule's within 0.3 MiB (40 without the split-K partials), 54
-of 78 in amp-bf16 (42 without); the reference cases' predicted reserved peaks move from -7.4% to +0.2%
-(fp32) and from -10.6% to about -4% (amp-bf16).
+patchify). Checked against all 522 measured passes: 466 within 10% (or 0.6 MiB; 456 before the float32 stems' input
+gradients above), and 128 of the 144 at batch 96-256 (122 before); the backward-filter passes of both grids within
+1%: float32 86 of 111 (43 without the split-K partials), bf16 72 of 111 (65 without). Known misses (engines the
+heuristics pick otherwise): 3x3 convolutions at 7x7 (larger engines' workspaces) and the split-K misses listed at
+:func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they leave the predicted peaks
+where they were (within 0.1%) and move the replayed reserved bytes. In the recorded allocation streams of a
+ResNet-50 step at batch 128 (``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 60 of the
+77 backward workspace blocks in float32 are this rule's within 0.3 MiB (40 without the split-K partials), 54 of 78
+in amp-bf16 (42 without); the reference cases' predicted reserved peaks move from -7.4% to +0.2% (fp32) and from
+-10.6% to about -4% (amp-bf16).
 
 **Channels-last** (ConvNeXt after its stem: its LayerNorm permutes leave every activation NHWC), measured on
 the same grid in channels-last memory (``conv_workspace_channels_last__h200.json``, ``record_vision.py --part
@@ -135,10 +141,10 @@ first two shortcuts) takes none in any pass in the same stream, and at 64 none f
 bf16 ones take their copies (the rule: within 10% on 20 of 24 float32 and 19 of 24 bf16 strided 1x1 passes of the
 new grid, 16 and 14 before).
 
-**1-D convolutions** run as 2-D ones of height 1: ``aten/src/ATen/native/Convolution.cpp`` (``_convolution``:
-"Expand 1d -> 2d", ``params.view1d_as_2d()``, ``view4d``, under the comment "Expand 1d -> 2d"; read through the lab's
-code index) views an (N, C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and
-dilation 1 in the new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes`
+**1-D convolutions** run as 2-D ones of height 1: ``aten/src/ATen/native/Convolution.cpp`` (``_convolution``, under
+the comment "Expand 1d -> 2d": ``params.view1d_as_2d()``, ``view4d``; read through the lab's code index) views an
+(N, C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and dilation 1 in
+the new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes`
 sizes it as one (:func:`_as_2d`). With it, the Conv1d/ConvTranspose1d audio net's recorded segments show the 2-D
 rule's sizes: 642 MiB for its last ConvTranspose1d's forward (input 512 + output 128 MiB in NHWC, float32), 194 and
 98 MiB for the next ones (``hand-conv1d-audio-b64-s32768-fp32``, reference: reserved -20.8% -> -11.9%), and Wav2Vec2's
@@ -321,6 +327,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     if cin <= 3 and math.prod(w_shape[2:]) <= SMALL_STEM_TAPS and (
             pass_ == "forward" or (pass_ == "backward_filter" and dtype == torch.float32)):
         return 0, None                                   # a small-filter stem: a kernel without workspace
+    if cin <= 3 and pass_ == "backward_data" and dtype == torch.float32:
+        return 0, None                                   # a float32 stem's input gradient: a kernel without workspace
     es = torch.empty((), dtype=dtype).element_size()
     pad = 8 if dtype in _HALF else 1
     # float32 weight gradients of a 3-channel input (a stem) copy the input with its channels padded to 4
