@@ -196,6 +196,12 @@ FP32_STEM_SPLIT_K_COPIES = 120
 # R3D-18's 1x1x1/2 downsample at 8 and 16; 2x2/2 384->384 at 14x14 takes the output's at 18.4 MiB)
 FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
 
+# a float32 1-D convolution's forward (a 2-D one of height 1) from at most this many input channels takes the input's copy
+# and the weight only, not the output's, once the input's copy is FP32_STRIDED_INPUT_ONLY or more, overlapping strides
+# or not (conv_workspace_1d__h200.json, record_handmade.py --part conv1d: 64 to 256 input channels, stride 1 to 4,
+# kernels 3 to 8; 512 channels at kernel 3 take both; 2-D stride-1 and overlapping strided forwards take both)
+FP32_1D_INPUT_ONLY_MAX_CHANNELS = 256
+
 # a float32 2-D strided 1x1 convolution (a downsample shortcut) with fewer input channels than this takes no
 # workspace in any pass, and with this many none forward or for its input gradient (in situ on the H200, RegNet-Y
 # 1.6GF's cold stream at batch 128: the 1x1/2 32->48 and 48->120 shortcuts take none, 120->336 and 336->888 the NHWC
@@ -226,6 +232,11 @@ def _round(c: int, m: int) -> int:
 def _as_2d(shape: Sequence[int]) -> tuple[int, ...]:
     """A 1-D convolution's (N, C, L) shape as the 2-D (N, C, 1, L) that ``view4d`` gives cuDNN."""
     return (shape[0], shape[1], 1, *shape[2:])
+
+
+def _height_1(x_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
+    """A 2-D convolution of height 1 with a filter of height 1: what a 1-D one becomes (:func:`_as_2d`)."""
+    return len(x_shape) == 4 and x_shape[2] == 1 and w_shape[2] == 1
 
 
 def _pow2(c: int) -> int:
@@ -261,6 +272,10 @@ def _channels_last_depthwise(pass_: str, x_shape: Sequence[int], w_shape: Sequen
 SPLIT_K_COPIES = {torch.float32: 14, torch.bfloat16: 13, torch.float16: 13}
 SPLIT_K_MIN_PIXELS = {torch.float32: 64 * 7 * 7, torch.bfloat16: 8 * 56 * 56, torch.float16: 8 * 56 * 56}
 SPLIT_K_CAP = 8 * 1024 * 1024
+# 16-bit: none where fewer than this many copies fit the cap (conv_workspace_1d__h200.json: the 3-tap 512->512's weight
+# gradient, 3 MiB per copy, takes none in bf16 at every size measured where float32 takes 2 copies; 2-D: 3 copies of a
+# 3x3 256->256's, 2.25 MiB each, taken)
+SPLIT_K_MIN_COPIES_16BIT = 3
 # 3-D (NDHWC) convolutions: at most 4 copies, and none where fewer than 2 fit the cap (see _split_k_partials)
 SPLIT_K_COPIES_3D = 4
 
@@ -291,6 +306,8 @@ def _split_k_partials(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int]
     copies = min(SPLIT_K_COPIES[dtype], SPLIT_K_CAP // w32)
     if copies == 0:
         return SPLIT_K_CAP if dtype == torch.float32 else 0
+    if dtype in _HALF and copies < SPLIT_K_MIN_COPIES_16BIT:
+        return 0
     return copies * w32
 
 
@@ -325,7 +342,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
             and (cin < STRIDED_1X1_MIN_CHANNELS or (cin == STRIDED_1X1_MIN_CHANNELS and pass_ != "backward_filter"))):
         return 0, None                                   # a narrow float32 strided 1x1: a kernel without workspace
     if cin <= 3 and math.prod(w_shape[2:]) <= SMALL_STEM_TAPS and (
-            pass_ == "forward" or (pass_ == "backward_filter" and dtype == torch.float32)):
+            (pass_ == "forward" and (dtype == torch.float32 or not _height_1(x_shape, w_shape)))
+            or (pass_ == "backward_filter" and dtype == torch.float32)):
         return 0, None                                   # a small-filter stem: a kernel without workspace
     if cin <= 3 and pass_ == "backward_data" and dtype == torch.float32:
         return 0, None                                   # a float32 stem's input gradient: a kernel without workspace
@@ -345,6 +363,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         split_k = min(FP32_STEM_SPLIT_K_COPIES * cout * _round(w_shape[1], xpad) * math.prod(w_shape[2:]) * 4,
                       SPLIT_K_CAP)
     input_only = (len(x_shape) == 5 and all(st == 1 for st in stride)) or (
+        _height_1(x_shape, w_shape) and w_shape[3] > 1 and cin <= FP32_1D_INPUT_ONLY_MAX_CHANNELS) or (
         any(st > 1 for st in stride) and all(k <= st for k, st in zip(w_shape[2:], stride)) and not any(padding))
     if (pass_ == "forward" and dtype == torch.float32 and cin > 3 and input_only
             and n * cin * math.prod(x_shape[2:]) * es >= FP32_STRIDED_INPUT_ONLY):
