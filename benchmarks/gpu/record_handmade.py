@@ -25,13 +25,16 @@
    10/5 stem from one channel, 3/2 and 2/2 convolutions of 512 channels) and its grouped positional convolution
    (kernel 128, 16 groups); and six of no corpus case, held out of any rule fitted on the others
    (``CONV_1D_HELD_OUT``: a TCN's stride-1 3- and 5-tap convolutions, a 4/2 convolution and its transpose, a 1x1).
+6. **5x5 convolutions** (``--part conv5``, not in the default parts): ``CONV_GEOMETRIES_5`` at batch 16 and 64, with
+   three geometries held out (``CONV_5_HELD_OUT``): which engine cuDNN's heuristics take for a 5x5 filter.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2,conv3,conv1d] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2,conv3,conv1d,conv5] [--smoke]
 
 Writes (after every row: a run cut short keeps what finished) ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``),
-``DIR/conv_workspace_3d_transposed.json``, ``DIR/conv_workspace_more.json``, ``DIR/conv_workspace_rules.json`` and
-``DIR/conv_workspace_1d.json`` (kind ``conv_workspace``) and ``DIR/log.txt``. ``--smoke``: one shape of each on the CPU (no memory figures), to
-check the script.
+``DIR/conv_workspace_3d_transposed.json``, ``DIR/conv_workspace_more.json``, ``DIR/conv_workspace_rules.json``,
+``DIR/conv_workspace_1d.json`` and ``DIR/conv_workspace_5x5.json`` (kind ``conv_workspace``) and ``DIR/log.txt``.
+``--smoke``: one shape of each on the CPU (no memory figures), to check the script. ``--predict FILE`` with ``--part
+conv1d`` or ``conv5``: fake mode's workspaces for that grid (the rules of the commit), written before it is recorded.
 """
 
 from __future__ import annotations
@@ -130,11 +133,28 @@ CONV_GEOMETRIES_1D: tuple = (
     ("1d-1x1-256to256-4096", 256, 256, (4096,), (1,), (1,), (0,), False),
 )
 CONV_BATCHES_1D = (8, 64)
+# ``--part conv5`` (issue 27, fifth batch): Inception-v3's 5x5 convolutions, whose float32 weight gradient took 250 MiB
+# in its H200 stream where the NHWC rule gives 38, with 5x5s of other widths and sizes, and its 1x7 / 7x1 and 3x3 ones
+CONV_GEOMETRIES_5: tuple = (
+    ("5x5-48to64-35", 48, 64, (35, 35), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-64to64-56", 64, 64, (56, 56), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-32to32-112", 32, 32, (112, 112), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-128to128-28", 128, 128, (28, 28), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-96to96-17", 96, 96, (17, 17), (5, 5), (1, 1), (2, 2), False),
+    ("5x5s2-64to128-56", 64, 128, (56, 56), (5, 5), (2, 2), (2, 2), False),
+    ("3x3-96to96-35", 96, 96, (35, 35), (3, 3), (1, 1), (1, 1), False),
+    ("1x7-128to128-17", 128, 128, (17, 17), (1, 7), (1, 1), (0, 3), False),
+    ("7x1-128to192-17", 128, 192, (17, 17), (7, 1), (1, 1), (3, 0), False),
+)
+CONV_BATCHES_5 = (16, 64)
+# held out: a third of the geometries, none of Inception-v3's own
+CONV_5_HELD_OUT = ("5x5-64to64-56", "5x5-128to128-28", "5x5s2-64to128-56")
 # held out: the six geometries of no corpus case (a third of the grid)
 CONV_1D_HELD_OUT = ("1d-k3-256to256-4096", "1d-k3-64to64-16384", "1d-k5-128to128-8192", "1d-k4s2-128to256-4096",
                     "1d-T-k4s2-256to128-2048", "1d-1x1-256to256-4096")
 CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "r2p1d-3x1x1-144to64", "regnet-g5-3x3s2-120-56", "g-w24-3x3-96-28",
-              "1x1-64to21-256", "1d-k8s4-64to128-8192", "1d-T-k8s4-64to64-8192", "1d-k128-g16-768-499")
+              "1x1-64to21-256", "1d-k8s4-64to128-8192", "1d-T-k8s4-64to64-8192", "1d-k128-g16-768-499",
+              "5x5-48to64-35")
 CONV_BATCHES = (8, 16)
 
 
@@ -295,23 +315,26 @@ def predict_rows(geometries: tuple, batches: tuple) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2, conv3, conv1d")
+    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2, conv3, conv1d, conv5")
     ap.add_argument("--smoke", action="store_true", help="one shape of each on the CPU (checks the script)")
     ap.add_argument("--predict", type=Path,
-                    help="write fake mode's predicted workspaces of --part conv1d to this file and stop")
+                    help="write fake mode's predicted workspaces of --part conv1d or conv5 to this file and stop")
     args = ap.parse_args(argv)
     parts = set(args.part.split(","))
-    if parts - {"rnn", "conv", "conv2", "conv3", "conv1d"}:
-        ap.error(f"--part {args.part!r}: the parts are rnn, conv, conv2, conv3 and conv1d")
+    if parts - {"rnn", "conv", "conv2", "conv3", "conv1d", "conv5"}:
+        ap.error(f"--part {args.part!r}: the parts are rnn, conv, conv2, conv3, conv1d and conv5")
     args.out.mkdir(parents=True, exist_ok=True)
     import record_plain
 
     if args.predict:
+        if len(parts & {"conv1d", "conv5"}) != 1:
+            ap.error("--predict: give one --part, conv1d or conv5")
+        grid, batches, held = ((CONV_GEOMETRIES_1D, CONV_BATCHES_1D, CONV_1D_HELD_OUT) if "conv1d" in parts
+                               else (CONV_GEOMETRIES_5, CONV_BATCHES_5, CONV_5_HELD_OUT))
         cmd = "python3 benchmarks/gpu/record_handmade.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
         write_measurement(args.predict, "conv_workspace_predicted",
                           {"rule": "labkit.memory.trace.fake.conv_workspace.conv_workspace_bytes",
-                           "held_out": list(CONV_1D_HELD_OUT),
-                           "rows": predict_rows(CONV_GEOMETRIES_1D, CONV_BATCHES_1D)},
+                           "held_out": list(held), "rows": predict_rows(grid, batches)},
                           provenance=header(cmd))
         return 0
 
@@ -341,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             conv_section(device, args.smoke, lambda doc: write_measurement(
                 args.out / "conv_workspace_1d.json", "conv_workspace", {**doc, "held_out": list(CONV_1D_HELD_OUT)},
                 provenance=prov), CONV_GEOMETRIES_1D, CONV_BATCHES_1D)
+        if "conv5" in parts:
+            conv_section(device, args.smoke, lambda doc: write_measurement(
+                args.out / "conv_workspace_5x5.json", "conv_workspace", {**doc, "held_out": list(CONV_5_HELD_OUT)},
+                provenance=prov), CONV_GEOMETRIES_5, CONV_BATCHES_5)
         log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")
