@@ -145,12 +145,23 @@ new grid, 16 and 14 before).
 the comment "Expand 1d -> 2d": ``params.view1d_as_2d()``, ``view4d``; read through the lab's code index) views an
 (N, C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and dilation 1 in
 the new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes`
-sizes it as one (:func:`_as_2d`). With it, the Conv1d/ConvTranspose1d audio net's recorded segments show the 2-D
-rule's sizes: 642 MiB for its last ConvTranspose1d's forward (input 512 + output 128 MiB in NHWC, float32), 194 and
-98 MiB for the next ones (``hand-conv1d-audio-b64-s32768-fp32``, reference: reserved -20.8% -> -11.9%), and Wav2Vec2's
-feature encoder its 754 and 760 MiB (``wav2vec2-base-ctc-b8-s160000-fp32``, reference: -19.9% -> +1.4%). Its float32
-1x1 head to one channel at batch 64 takes no copies for its weight gradient (its recorded peak leaves no room for
-them), as the grid's 2-D 1x1s to 21 and 19 channels do at batch 64 (:data:`ODD_1X1_PARTIALS_FROM_BATCH`).
+sizes it as one (:func:`_as_2d`). Measured since on a 1-D grid predicted before it ran (``record_handmade.py --part
+conv1d``, ``conv_workspace_1d__h200.json``: 19 geometries at batch 8 and 64, float32 and bf16, 6 of them held out),
+with three refinements fitted on the 13 reference geometries: a float32 forward from at most
+:data:`FP32_1D_INPUT_ONLY_MAX_CHANNELS` channels takes the input's copy and the weight only once the input's copy is
+:data:`FP32_STRIDED_INPUT_ONLY` or more, whatever its stride (a 2-D one of the same shape would take both); a 16-bit
+weight gradient takes no split-K buffer where fewer than :data:`SPLIT_K_MIN_COPIES_16BIT` copies fit; a 1-D stem's
+16-bit forward takes its NHWC copies (2-D 3x3/2 and 4x4/4 stems take none). Within 10% (or 0.6 MiB): reference 62 of
+78 float32 and 64 of 78 bf16 passes, held-out 34 and 35 of 36 (predicted before: 57, 62, 29, 35). In situ (the
+reference cases' H200 streams, ``alloc_stream/stream__hand-conv1d-audio-*`` and ``stream__wav2vec2-*``): the audio
+net's ConvTranspose1d forwards take their NHWC copies (642 MiB for the last), its strided forwards and their
+transposes' input gradients the input's copy (``hand-conv1d-audio-b64-s32768-fp32``: reserved -20.8% -> -0.2%),
+Wav2Vec2's feature encoder its 754 and 760 MiB (``wav2vec2-base-ctc-b8-s160000-fp32``: -19.9% -> +1.4%). Its float32
+1x1 head to one channel at batch 64 takes the per-sample partials for its weight gradient, as the grid's 2-D 1x1s to 21
+and 19 channels do at batch 64 (:data:`ODD_1X1_PARTIALS_FROM_BATCH`). Known misses: some float32 forwards from 16-32 MiB
+inputs (64 and 128 channels) take the input's copy only; bf16 input gradients of 64-channel convolutions at stride 4 (and so
+the forwards of ConvTranspose1d to 64 channels) take none; the 64->1 head's bf16 forward takes its copies (288 MiB) at
+batch 64; Wav2Vec2's grouped positional convolution (kernel 128, 16 groups) takes from none to 1.2 times the rule's.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: fp16 depthwise in NCHW, ``cudnn.benchmark = True``.
 """
@@ -196,10 +207,10 @@ FP32_STEM_SPLIT_K_COPIES = 120
 # R3D-18's 1x1x1/2 downsample at 8 and 16; 2x2/2 384->384 at 14x14 takes the output's at 18.4 MiB)
 FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
 
-# a float32 1-D convolution's forward (a 2-D one of height 1) from at most this many input channels takes the input's copy
-# and the weight only, not the output's, once the input's copy is FP32_STRIDED_INPUT_ONLY or more, overlapping strides
-# or not (conv_workspace_1d__h200.json, record_handmade.py --part conv1d: 64 to 256 input channels, stride 1 to 4,
-# kernels 3 to 8; 512 channels at kernel 3 take both; 2-D stride-1 and overlapping strided forwards take both)
+# a float32 1-D convolution's forward (a 2-D one of height 1) from at most this many input channels takes the input's
+# copy and the weight only, not the output's, once the input's copy is FP32_STRIDED_INPUT_ONLY or more, overlapping
+# strides or not (conv_workspace_1d__h200.json, record_handmade.py --part conv1d: 64 to 256 input channels, stride 1
+# to 4, kernels 3 to 8; 512 channels at kernel 3 take both; 2-D stride-1 and overlapping strided forwards take both)
 FP32_1D_INPUT_ONLY_MAX_CHANNELS = 256
 
 # a float32 2-D strided 1x1 convolution (a downsample shortcut) with fewer input channels than this takes no

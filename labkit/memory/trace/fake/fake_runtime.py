@@ -22,7 +22,7 @@
   (the inverse CDF); from 2.12 (``targets/torch_gates.json``) by rejection, with masks of the weight's size. A model
   built on the device (``torch.device("cuda")``, as the recordings build theirs) takes those masks from the caching
   allocator, and the segments they leave move every later placement: ModernBERT amp-bf16, built by torch 2.13's
-  masks, misses one of the H200's four 3148 MiB segments (reserved -12.5%).
+  masks, missed one of the H200's four 3148 MiB segments (reserved -12.5%; as 2.11 samples, 0.0%).
 * :class:`ModuleStack`: which module is running (named in refusals and assumptions).
 """
 
