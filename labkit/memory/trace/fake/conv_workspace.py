@@ -142,12 +142,12 @@ bf16 ones take their copies (the rule: within 10% on 20 of 24 float32 and 19 of 
 new grid, 16 and 14 before).
 
 **1-D convolutions** run as 2-D ones of height 1: ``aten/src/ATen/native/Convolution.cpp`` (``_convolution``, under
-the comment "Expand 1d -> 2d": ``params.view1d_as_2d()``, ``view4d``; read through the lab's code index) views an
-(N, C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and dilation 1 in
-the new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes`
-sizes it as one (:func:`_as_2d`). Measured since on a 1-D grid predicted before it ran (``record_handmade.py --part
-conv1d``, ``conv_workspace_1d__h200.json``: 19 geometries at batch 8 and 64, float32 and bf16, 6 of them held out),
-with three refinements fitted on the 13 reference geometries: a float32 forward from at most
+the comment "Expand 1d -> 2d": ``params.view1d_as_2d()``, ``view4d``; read through the lab's code index) views an (N,
+C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and dilation 1 in the
+new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes` sizes it as one
+(:func:`_as_2d`). Measured since on a 1-D grid predicted before it ran (``record_handmade.py --part conv1d``,
+``conv_workspace_1d__h200.json``: 19 geometries at batch 8 and 64, float32 and bf16, 6 of them held out), with three
+refinements fitted on the 13 reference geometries: a float32 forward from at most
 :data:`FP32_1D_INPUT_ONLY_MAX_CHANNELS` channels takes the input's copy and the weight only once the input's copy is
 :data:`FP32_STRIDED_INPUT_ONLY` or more, whatever its stride (a 2-D one of the same shape would take both); a 16-bit
 weight gradient takes no split-K buffer where fewer than :data:`SPLIT_K_MIN_COPIES_16BIT` copies fit; a 1-D stem's
@@ -157,11 +157,12 @@ reference cases' H200 streams, ``alloc_stream/stream__hand-conv1d-audio-*`` and 
 net's ConvTranspose1d forwards take their NHWC copies (642 MiB for the last), its strided forwards and their
 transposes' input gradients the input's copy (``hand-conv1d-audio-b64-s32768-fp32``: reserved -20.8% -> -0.2%),
 Wav2Vec2's feature encoder its 754 and 760 MiB (``wav2vec2-base-ctc-b8-s160000-fp32``: -19.9% -> +1.4%). Its float32
-1x1 head to one channel at batch 64 takes the per-sample partials for its weight gradient, as the grid's 2-D 1x1s to 21
-and 19 channels do at batch 64 (:data:`ODD_1X1_PARTIALS_FROM_BATCH`). Known misses: some float32 forwards from 16-32 MiB
-inputs (64 and 128 channels) take the input's copy only; bf16 input gradients of 64-channel convolutions at stride 4 (and so
-the forwards of ConvTranspose1d to 64 channels) take none; the 64->1 head's bf16 forward takes its copies (288 MiB) at
-batch 64; Wav2Vec2's grouped positional convolution (kernel 128, 16 groups) takes from none to 1.2 times the rule's.
+1x1 head to one channel at batch 64 takes the per-sample partials for its weight gradient, as the grid's 2-D 1x1s to
+21 and 19 channels do at batch 64 (:data:`ODD_1X1_PARTIALS_FROM_BATCH`). Known misses: some float32 forwards from
+16-32 MiB inputs (64 and 128 channels) take the input's copy only; bf16 input gradients of 64-channel convolutions at
+stride 4 (and so the forwards of ConvTranspose1d to 64 channels) take none; the 64->1 head's bf16 forward takes its
+copies (288 MiB) at batch 64; Wav2Vec2's grouped positional convolution (kernel 128, 16 groups) takes from none to 1.2
+times the rule's.
 
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: fp16 depthwise in NCHW, ``cudnn.benchmark = True``.
 """
