@@ -518,6 +518,28 @@ def test_wav2vec2s_feature_encoder_workspaces_in_its_h200_stream():
         512 * 512 * 3 * 2
 
 
+def test_5x5_workspaces_as_the_h200_took_them_and_inceptions_outlier():
+    """record_handmade.py --part conv5 (conv_workspace_5x5__h200.json, predicted before in
+    predicted__conv_workspace_5x5.json): 5x5 convolutions' forwards and bf16 input gradients take the NHWC copies as
+    the rule gives them; float32 input gradients and the weight gradients take other engines' sizes at half the
+    points. Inception-v3's 5x5 48->64 at 35x35, batch 64, float32, is the outlier its stream showed (reserved -6.2%):
+    250 MiB for its weight gradient where the rule gives 38, 72 MiB for its input gradient; not modelled."""
+    doc = load_measurement(measure_dir() / "conv_workspace_5x5__h200.json", kind="conv_workspace")
+    rows = doc["data"]["rows"]
+    assert len(rows) == 36 and not any("error" in r for r in rows)
+
+    def within(p, dtype):
+        res = [(_nd_rule(r, p), _measured(r, p)) for r in rows if r["dtype"] == dtype]
+        return sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res)
+
+    assert (within("forward", "fp32"), within("forward", "bf16"), within("backward_data", "bf16")) == (17, 18, 18)
+    assert (within("backward_data", "fp32"), within("backward_filter", "fp32"), within("backward_filter", "bf16")) == \
+        (9, 10, 9)
+    (r,) = [r for r in rows if (r["geometry"], r["batch"], r["dtype"]) == ("5x5-48to64-35", 64, "fp32")]
+    assert _measured(r, "backward_filter") > 6 * _nd_rule(r, "backward_filter")
+    assert abs(_measured(r, "backward_filter") - 250.14 * MiB) < 0.01 * MiB
+
+
 def _rules_rows():
     doc = load_measurement(measure_dir() / "conv_workspace_rules__h200.json", kind="conv_workspace")
     return doc["data"]["rows"]

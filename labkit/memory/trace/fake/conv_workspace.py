@@ -164,6 +164,14 @@ stride 4 (and so the forwards of ConvTranspose1d to 64 channels) take none; the 
 copies (288 MiB) at batch 64; Wav2Vec2's grouped positional convolution (kernel 128, 16 groups) takes from none to 1.2
 times the rule's.
 
+**5x5 convolutions** (``record_handmade.py --part conv5``, ``conv_workspace_5x5__h200.json``: six 5x5 geometries with
+Inception-v3's 3x3, 1x7 and 7x1 ones at batch 16 and 64): forwards and bf16 input gradients take the NHWC copies as the
+rule gives them (17 and 18 of 18 float32 and bf16 forwards within 10%); float32 input gradients and weight gradients
+take other engines' sizes at about half the points. Inception-v3's 5x5 48->64 at 35x35, batch 64, float32, takes 250
+MiB for its weight gradient (the rule: 38) and 72 MiB for its input gradient (34): an engine the heuristics take for
+that problem alone, not modelled (``tv-inception_v3-b64-fp32``'s reserved stays -6.2%; with the H200's sizes for its
+passes, ``benchmarks/conv_stream_diff.py --substitute``, +0.05%).
+
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: fp16 depthwise in NCHW, ``cudnn.benchmark = True``.
 """
 
