@@ -221,8 +221,8 @@ def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path, bench_scri
     assert {r["groups"] for r in rules} == {1, 4}
     one_d = load_measurement(tmp_path / "conv_workspace_1d.json", kind="conv_workspace")["data"]
     assert len(one_d["rows"]) == 3 and not any("error" in r for r in one_d["rows"]), one_d["rows"]
-    assert {len(r["input_shape"]) for r in one_d["rows"]} == {3} and {r["transposed"] for r in one_d["rows"]} == {True,
-                                                                                                                False}
+    assert {len(r["input_shape"]) for r in one_d["rows"]} == {3}
+    assert {r["transposed"] for r in one_d["rows"]} == {True, False}
     grid = [g[0] for g in bench_script("record_handmade").CONV_GEOMETRIES_1D]
     assert set(one_d["held_out"]) < set(grid) and len(one_d["held_out"]) >= len(grid) // 3       # a third held out
     five = load_measurement(tmp_path / "conv_workspace_5x5.json", kind="conv_workspace")["data"]
