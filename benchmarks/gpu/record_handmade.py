@@ -18,13 +18,23 @@
    power of two?), 1x1 convolutions with odd and even output channel counts (21, 19, 58: which take the NHWC
    copies for the weight gradient?), and strided 1x1 shortcuts of 32 to 96 input channels (where does the
    no-workspace kernel stop?).
+5. **1-D convolutions** (``--part conv1d``, not in the default parts): ``CONV_GEOMETRIES_1D`` at batch 8 and 64:
+   PyTorch runs an ``nn.Conv1d`` / ``nn.ConvTranspose1d`` as a 2-D convolution of height 1 (``Convolution.cpp``,
+   ``view1d_as_2d``); are its workspaces the 2-D rule's for that shape? The geometries: a waveform autoencoder's
+   strided 8/4 convolutions and their transposes, its 1x1 head to one channel, Wav2Vec2's feature encoder (the
+   10/5 stem from one channel, 3/2 and 2/2 convolutions of 512 channels) and its grouped positional convolution
+   (kernel 128, 16 groups); and six of no corpus case, held out of any rule fitted on the others
+   (``CONV_1D_HELD_OUT``: a TCN's stride-1 3- and 5-tap convolutions, a 4/2 convolution and its transpose, a 1x1).
+6. **5x5 convolutions** (``--part conv5``, not in the default parts): ``CONV_GEOMETRIES_5`` at batch 16 and 64, with
+   three geometries held out (``CONV_5_HELD_OUT``): which engine cuDNN's heuristics take for a 5x5 filter.
 
-    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2,conv3] [--smoke]
+    PYTHONPATH=. python3 benchmarks/gpu/record_handmade.py --out DIR [--part rnn,conv,conv2,conv3,conv1d,conv5] [--smoke]
 
 Writes (after every row: a run cut short keeps what finished) ``DIR/rnn_cudnn.json`` (kind ``cudnn_rnn``),
-``DIR/conv_workspace_3d_transposed.json``, ``DIR/conv_workspace_more.json`` and ``DIR/conv_workspace_rules.json`` (kind
-``conv_workspace``) and ``DIR/log.txt``. ``--smoke``: one shape of each on the CPU (no memory figures), to
-check the script.
+``DIR/conv_workspace_3d_transposed.json``, ``DIR/conv_workspace_more.json``, ``DIR/conv_workspace_rules.json``,
+``DIR/conv_workspace_1d.json`` and ``DIR/conv_workspace_5x5.json`` (kind ``conv_workspace``) and ``DIR/log.txt``.
+``--smoke``: one shape of each on the CPU (no memory figures), to check the script. ``--predict FILE`` with ``--part
+conv1d`` or ``conv5``: fake mode's workspaces for that grid (the rules of the commit), written before it is recorded.
 """
 
 from __future__ import annotations
@@ -100,8 +110,51 @@ CONV_GEOMETRIES_3: tuple = (
     ("1x1s2-96to192-56", 96, 192, (56, 56), (1, 1), (2, 2), (0, 0), False),
 )
 CONV_BATCHES_3 = (16, 64)
+# ``--part conv1d`` (issue 27, fifth batch): 1-D convolutions (kernel, stride, padding as 1-tuples)
+CONV_GEOMETRIES_1D: tuple = (
+    ("1d-k8s4-64to128-8192", 64, 128, (8192,), (8,), (4,), (2,), False),
+    ("1d-k8s4-128to256-2048", 128, 256, (2048,), (8,), (4,), (2,), False),
+    ("1d-k8s4-256to512-512", 256, 512, (512,), (8,), (4,), (2,), False),
+    ("1d-k8s4-512to512-128", 512, 512, (128,), (8,), (4,), (2,), False),
+    ("1d-T-k8s4-64to64-8192", 64, 64, (8192,), (8,), (4,), (2,), True),
+    ("1d-T-k8s4-128to64-2048", 128, 64, (2048,), (8,), (4,), (2,), True),
+    ("1d-T-k8s4-512to256-128", 512, 256, (128,), (8,), (4,), (2,), True),
+    ("1d-1x1-64to1-32768", 64, 1, (32768,), (1,), (1,), (0,), False),
+    ("1d-k10s5-1to512-160000", 1, 512, (160000,), (10,), (5,), (0,), False),
+    ("1d-k3s2-512to512-31999", 512, 512, (31999,), (3,), (2,), (0,), False),
+    ("1d-k3s2-512to512-3999", 512, 512, (3999,), (3,), (2,), (0,), False),
+    ("1d-k2s2-512to512-1999", 512, 512, (1999,), (2,), (2,), (0,), False),
+    ("1d-k128-g16-768-499", 768, 768, (499,), (128,), (1,), (64,), False, 16),
+    ("1d-k3-256to256-4096", 256, 256, (4096,), (3,), (1,), (1,), False),
+    ("1d-k3-64to64-16384", 64, 64, (16384,), (3,), (1,), (1,), False),
+    ("1d-k5-128to128-8192", 128, 128, (8192,), (5,), (1,), (2,), False),
+    ("1d-k4s2-128to256-4096", 128, 256, (4096,), (4,), (2,), (1,), False),
+    ("1d-T-k4s2-256to128-2048", 256, 128, (2048,), (4,), (2,), (1,), True),
+    ("1d-1x1-256to256-4096", 256, 256, (4096,), (1,), (1,), (0,), False),
+)
+CONV_BATCHES_1D = (8, 64)
+# ``--part conv5`` (issue 27, fifth batch): Inception-v3's 5x5 convolutions, whose float32 weight gradient took 250 MiB
+# in its H200 stream where the NHWC rule gives 38, with 5x5s of other widths and sizes, and its 1x7 / 7x1 and 3x3 ones
+CONV_GEOMETRIES_5: tuple = (
+    ("5x5-48to64-35", 48, 64, (35, 35), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-64to64-56", 64, 64, (56, 56), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-32to32-112", 32, 32, (112, 112), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-128to128-28", 128, 128, (28, 28), (5, 5), (1, 1), (2, 2), False),
+    ("5x5-96to96-17", 96, 96, (17, 17), (5, 5), (1, 1), (2, 2), False),
+    ("5x5s2-64to128-56", 64, 128, (56, 56), (5, 5), (2, 2), (2, 2), False),
+    ("3x3-96to96-35", 96, 96, (35, 35), (3, 3), (1, 1), (1, 1), False),
+    ("1x7-128to128-17", 128, 128, (17, 17), (1, 7), (1, 1), (0, 3), False),
+    ("7x1-128to192-17", 128, 192, (17, 17), (7, 1), (1, 1), (3, 0), False),
+)
+CONV_BATCHES_5 = (16, 64)
+# held out: a third of the geometries, none of Inception-v3's own
+CONV_5_HELD_OUT = ("5x5-64to64-56", "5x5-128to128-28", "5x5s2-64to128-56")
+# held out: the six geometries of no corpus case (a third of the grid)
+CONV_1D_HELD_OUT = ("1d-k3-256to256-4096", "1d-k3-64to64-16384", "1d-k5-128to128-8192", "1d-k4s2-128to256-4096",
+                    "1d-T-k4s2-256to128-2048", "1d-1x1-256to256-4096")
 CONV_SMOKE = ("r3d-3x3x3-512", "unet-up-1024", "r2p1d-3x1x1-144to64", "regnet-g5-3x3s2-120-56", "g-w24-3x3-96-28",
-              "1x1-64to21-256")
+              "1x1-64to21-256", "1d-k8s4-64to128-8192", "1d-T-k8s4-64to64-8192", "1d-k128-g16-768-499",
+              "5x5-48to64-35")
 CONV_BATCHES = (8, 16)
 
 
@@ -234,17 +287,56 @@ def _conv_doc(device: str, smoke: bool, rows: list) -> dict[str, Any]:
             "rows": rows}
 
 
+def predict_rows(geometries: tuple, batches: tuple) -> list[dict[str, Any]]:
+    """Fake mode's workspace bytes (``conv_workspace_bytes``, the rules of this commit) for every row a conv part
+    records, before it is recorded: shapes from meta tensors, no device needed."""
+    from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
+
+    rows = []
+    for geom in geometries:
+        label, cin, cout, size, k, s, p, transposed = geom[:8]
+        groups = geom[8] if len(geom) > 8 else 1
+        for dtype_name, dt in DTYPES.items():
+            for n in batches:
+                x = torch.empty(n, cin, *size, device="meta", dtype=dt)
+                w = torch.empty(*((cin, cout // groups) if transposed else (cout, cin // groups)), *k, device="meta",
+                                dtype=dt)
+                nd = len(size)
+                y = torch.ops.aten.convolution(x, w, None, list(s), list(p), [1] * nd, transposed, [0] * nd, groups)
+                row = {"geometry": label, "batch": n, "dtype": dtype_name, "input_shape": list(x.shape),
+                       "weight_shape": list(w.shape), "output_shape": list(y.shape)}
+                for pass_ in ("forward", "backward_data", "backward_filter"):
+                    row[pass_] = conv_workspace_bytes(pass_, x.shape, w.shape, y.shape, s, p, [1] * nd, groups, dt,
+                                                      transposed=transposed)[0]
+                rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2, conv3")
+    ap.add_argument("--part", default="rnn,conv", help="comma-separated: rnn, conv, conv2, conv3, conv1d, conv5")
     ap.add_argument("--smoke", action="store_true", help="one shape of each on the CPU (checks the script)")
+    ap.add_argument("--predict", type=Path,
+                    help="write fake mode's predicted workspaces of --part conv1d or conv5 to this file and stop")
     args = ap.parse_args(argv)
     parts = set(args.part.split(","))
-    if parts - {"rnn", "conv", "conv2", "conv3"}:
-        ap.error(f"--part {args.part!r}: the parts are rnn, conv, conv2 and conv3")
+    if parts - {"rnn", "conv", "conv2", "conv3", "conv1d", "conv5"}:
+        ap.error(f"--part {args.part!r}: the parts are rnn, conv, conv2, conv3, conv1d and conv5")
     args.out.mkdir(parents=True, exist_ok=True)
     import record_plain
+
+    if args.predict:
+        if len(parts & {"conv1d", "conv5"}) != 1:
+            ap.error("--predict: give one --part, conv1d or conv5")
+        grid, batches, held = ((CONV_GEOMETRIES_1D, CONV_BATCHES_1D, CONV_1D_HELD_OUT) if "conv1d" in parts
+                               else (CONV_GEOMETRIES_5, CONV_BATCHES_5, CONV_5_HELD_OUT))
+        cmd = "python3 benchmarks/gpu/record_handmade.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        write_measurement(args.predict, "conv_workspace_predicted",
+                          {"rule": "labkit.memory.trace.fake.conv_workspace.conv_workspace_bytes",
+                           "held_out": list(held), "rows": predict_rows(grid, batches)},
+                          provenance=header(cmd))
+        return 0
 
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
@@ -268,6 +360,14 @@ def main(argv: list[str] | None = None) -> int:
             conv_section(device, args.smoke, lambda doc: write_measurement(
                 args.out / "conv_workspace_rules.json", "conv_workspace", doc, provenance=prov), CONV_GEOMETRIES_3,
                 CONV_BATCHES_3)
+        if "conv1d" in parts:
+            conv_section(device, args.smoke, lambda doc: write_measurement(
+                args.out / "conv_workspace_1d.json", "conv_workspace", {**doc, "held_out": list(CONV_1D_HELD_OUT)},
+                provenance=prov), CONV_GEOMETRIES_1D, CONV_BATCHES_1D)
+        if "conv5" in parts:
+            conv_section(device, args.smoke, lambda doc: write_measurement(
+                args.out / "conv_workspace_5x5.json", "conv_workspace", {**doc, "held_out": list(CONV_5_HELD_OUT)},
+                provenance=prov), CONV_GEOMETRIES_5, CONV_BATCHES_5)
         log("done: " + ", ".join(sorted(parts)))
     finally:
         (args.out / "log.txt").write_text("\n".join(LOG) + "\n")

@@ -209,7 +209,7 @@ def test_merge_adds_new_rows_with_their_provenance_and_keeps_the_old(tmp_path, b
 
 def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):
     assert bench_script("record_handmade").main(["--out", str(tmp_path), "--smoke", "--part",
-                                                "rnn,conv,conv2,conv3"]) == 0
+                                                "rnn,conv,conv2,conv3,conv1d,conv5"]) == 0
     rnn = load_measurement(tmp_path / "rnn_cudnn.json", kind="cudnn_rnn")["data"]["rows"]
     conv = load_measurement(tmp_path / "conv_workspace_3d_transposed.json", kind="conv_workspace")["data"]["rows"]
     more = load_measurement(tmp_path / "conv_workspace_more.json", kind="conv_workspace")["data"]["rows"]
@@ -219,6 +219,37 @@ def test_handmade_kernel_recording_script_smoke_runs_on_cpu(tmp_path, bench_scri
     assert {r["transposed"] for r in conv} == {True, False}
     assert {len(r["input_shape"]) for r in more} == {4, 5} and {r["groups"] for r in more} == {1, 5}
     assert {r["groups"] for r in rules} == {1, 4}
+    one_d = load_measurement(tmp_path / "conv_workspace_1d.json", kind="conv_workspace")["data"]
+    assert len(one_d["rows"]) == 3 and not any("error" in r for r in one_d["rows"]), one_d["rows"]
+    assert {len(r["input_shape"]) for r in one_d["rows"]} == {3}
+    assert {r["transposed"] for r in one_d["rows"]} == {True, False}
+    grid = [g[0] for g in bench_script("record_handmade").CONV_GEOMETRIES_1D]
+    assert set(one_d["held_out"]) < set(grid) and len(one_d["held_out"]) >= len(grid) // 3       # a third held out
+    five = load_measurement(tmp_path / "conv_workspace_5x5.json", kind="conv_workspace")["data"]
+    assert len(five["rows"]) == 1 and "error" not in five["rows"][0] and five["rows"][0]["kernel"] == [5, 5]
+    grid = [g[0] for g in bench_script("record_handmade").CONV_GEOMETRIES_5]
+    assert set(five["held_out"]) < set(grid) and len(five["held_out"]) * 3 == len(grid)
+
+
+def test_the_1d_convolution_grid_is_predicted_before_it_is_recorded(tmp_path, bench_script):
+    # record_handmade.py --predict: the rule's bytes for every row --part conv1d records, from meta tensors
+    mod = bench_script("record_handmade")
+    assert mod.main(["--out", str(tmp_path), "--part", "conv1d", "--predict", str(tmp_path / "p.json")]) == 0
+    doc = load_measurement(tmp_path / "p.json", kind="conv_workspace_predicted")["data"]
+    assert len(doc["rows"]) == len(mod.CONV_GEOMETRIES_1D) * 2 * len(mod.CONV_BATCHES_1D)
+    (row,) = [r for r in doc["rows"] if r["geometry"] == "1d-T-k8s4-64to64-8192" and r["batch"] == 64
+              and r["dtype"] == "fp32"]
+    assert row["output_shape"] == [64, 64, 32768] and row["forward"] == (64 * 64 * (32768 + 8192) + 64 * 64 * 8) * 4
+    from labkit.memory.trace.recorded import measure_dir
+
+    committed = load_measurement(measure_dir() / "predicted__conv_workspace_1d.json",
+                                 kind="conv_workspace_predicted")["data"]
+    assert committed["held_out"] == list(mod.CONV_1D_HELD_OUT) and len(committed["rows"]) == len(doc["rows"])
+    five = load_measurement(measure_dir() / "predicted__conv_workspace_5x5.json", kind="conv_workspace_predicted")
+    assert five["data"]["held_out"] == list(mod.CONV_5_HELD_OUT)
+    assert len(five["data"]["rows"]) == len(mod.CONV_GEOMETRIES_5) * 2 * len(mod.CONV_BATCHES_5)
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(tmp_path), "--part", "conv1d,conv5", "--predict", str(tmp_path / "q.json")])
 
 
 def test_rnn_grid_recording_script_smoke_runs_on_cpu(tmp_path, bench_script):

@@ -46,7 +46,7 @@ def test_rule_matches_the_measured_workspace(geometry, dtype, batch, pass_):
 def test_rule_holds_for_most_measured_passes():
     res = [(_rule(r, p), _measured(r, p)) for r in _rows() for p in ("forward", "backward_data", "backward_filter")]
     ok = sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res)
-    assert len(res) == 522 and ok >= 400, (ok, len(res))
+    assert len(res) == 522 and ok >= 466, (ok, len(res))
 
 
 def test_fake_mode_takes_the_workspace_inside_the_convolution():
@@ -65,8 +65,9 @@ def test_unmeasured_layouts_are_stated_assumptions():
     n, why = conv_workspace_bytes("forward", [8, 64, 56, 56], [64, 64, 3, 3], [8, 64, 56, 56], [1, 1], [1, 1],
                                   [1, 1], 1, torch.float32, channels_last=True)
     assert n == 0 and "channels-last" in why
-    n, why = conv_workspace_bytes("forward", [8, 64, 56], [64, 64, 3], [8, 64, 56], [1], [1], [1], 1, torch.float32)
-    assert n == 0 and "1-D" in why
+    n, why = conv_workspace_bytes("forward", [8, 64, 2, 2, 2, 2], [64, 64, 1, 1, 1, 1], [8, 64, 2, 2, 2, 2], [1] * 4,
+                                  [0] * 4, [1] * 4, 1, torch.float32)
+    assert n == 0 and "more than 3 spatial dimensions" in why
     with pytest.raises(ValueError, match="pass_"):
         conv_workspace_bytes("sideways", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1], [0, 0], [1, 1], 1,
                              torch.float32)
@@ -77,7 +78,7 @@ def test_rule_holds_at_larger_batches():
     rows = [r for r in doc["data"]["rows"] if "error" not in r]
     res = [(_rule(r, p), _measured(r, p)) for r in rows for p in ("forward", "backward_data", "backward_filter")]
     ok = sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res)
-    assert len(res) == 144 and ok >= 100, (ok, len(res))
+    assert len(res) == 144 and ok >= 128, (ok, len(res))
 
 
 def test_rule_gives_the_workspaces_seen_in_a_traced_resnet50_step():
@@ -417,6 +418,128 @@ def test_a_float32_1x1_with_21_output_channels_copies_both_for_its_weight_gradie
                                 *shapes[3:])[0] == 8 * 58 * 64 * 4
 
 
+def test_a_1d_convolution_takes_the_workspace_of_the_2d_one_of_height_1():
+    """Convolution.cpp's ``_convolution`` views a 1-D convolution as a 2-D one of height 1 before cuDNN sees it: the
+    audio net's last ConvTranspose1d (64->64, 8/4, 8192 -> 32768 samples, batch 64, float32) runs as cuDNN's
+    backward-data of a 2-D convolution and takes the NHWC copies of its 512 MiB output and 128 MiB input, which the
+    H200's fresh process shows as a 642 MiB segment (hand-conv1d-audio-b64-s32768-fp32's ``end_segments``)."""
+    f32 = torch.float32
+    one_d = conv_workspace_bytes("forward", (64, 64, 8192), (64, 64, 8), (64, 64, 32768), (4,), (2,), (1,), 1, f32,
+                                 transposed=True)
+    two_d = conv_workspace_bytes("forward", (64, 64, 1, 8192), (64, 64, 1, 8), (64, 64, 1, 32768), (1, 4), (0, 2),
+                                 (1, 1), 1, f32, transposed=True)
+    assert one_d == two_d and one_d[1] is None
+    assert one_d[0] == (64 * 64 * 32768 + 64 * 64 * 8192 + 64 * 64 * 8) * 4          # 640.125 MiB, was none
+    doc = load_measurement(measure_dir() / "plain__fresh.json", kind="measure_plain")
+    (row,) = [c for c in doc["data"]["cases"] if c["name"] == "hand-conv1d-audio-b64-s32768-fp32"]
+    assert 642 * MiB in [size for _, size in row["end_segments"]]
+    # its 1x1 head to one channel at batch 64: the per-sample partials for the weight gradient, not 544 MiB of copies
+    head = ((64, 64, 32768), (1, 64, 1), (64, 1, 32768), (1,), (0,), (1,), 1, f32)
+    assert conv_workspace_bytes("backward_filter", *head)[0] == 64 * 64 * 4
+    assert conv_workspace_bytes("backward_filter", (16, *head[0][1:]), head[1], (16, *head[2][1:]), *head[3:])[0] == \
+        16 * (64 * 32768 + 4 * 32768) * 4
+
+
+def test_a_float32_stems_input_gradient_takes_none_in_every_grid():
+    """Every NCHW stem (at most 3 input channels) the H200 grids measured, 2-D and 3-D: the float32 backward-data
+    took no block in 28 of 29 passes (the 16x16/16 patch embedding at batch 8 took 11.4 MiB; Wav2Vec2's 1-D 10/5 stem
+    from one channel, recorded since, none at batch 8 and 64); bf16 takes the NHWC copies, as before. Wav2Vec2's
+    waveform requires a gradient, so its stem runs this pass."""
+    import glob
+
+    rows = [r for f in sorted(glob.glob(str(measure_dir() / "conv_workspace*__h200.json")))
+            for r in load_measurement(f, kind="conv_workspace")["data"]["rows"]
+            if "error" not in r and r["input_shape"][1] <= 3 and "backward_data" in r and "output_shape" in r
+            and r.get("memory_format", "contiguous") == "contiguous"]
+
+    def rule(r, p):
+        nd = len(r["input_shape"]) - 2
+        st, pd = (r[k] if isinstance(r[k], list) else [r[k]] * nd for k in ("stride", "padding"))
+        dt = torch.float32 if r["dtype"] == "fp32" else torch.bfloat16
+        return conv_workspace_bytes(p, r["input_shape"], r["weight_shape"], r["output_shape"], st, pd, [1] * nd,
+                                    r["groups"], dt)[0]
+
+    f32 = [r for r in rows if r["dtype"] == "fp32"]
+    assert len(f32) == 29 and sum(_measured(r, "backward_data") == 0 for r in f32) == 28
+    assert all(rule(r, "backward_data") == 0 for r in f32)              # was the NHWC copies (up to 2.1 GiB)
+    bf16 = [(rule(r, "backward_data"), _measured(r, "backward_data")) for r in rows if r["dtype"] == "bf16"]
+    assert all(a > 0 for a, _ in bf16)
+
+
+def _1d_rows():
+    doc = load_measurement(measure_dir() / "conv_workspace_1d__h200.json", kind="conv_workspace")
+    return doc["data"]["rows"], set(doc["data"]["held_out"])
+
+
+@pytest.mark.parametrize("split, dtype, passes, within, before", [
+    ("reference", "fp32", 78, 62, 57), ("reference", "bf16", 78, 64, 62),
+    ("held-out", "fp32", 36, 34, 29), ("held-out", "bf16", 36, 35, 35),
+])
+def test_1d_workspaces_as_the_h200_took_them(split, dtype, passes, within, before):
+    """record_handmade.py --part conv1d (conv_workspace_1d__h200.json), predicted before it ran
+    (predicted__conv_workspace_1d.json: ``before`` counts those predictions): 1-D convolutions run as 2-D ones of
+    height 1, and three refinements fitted on the 13 reference geometries, then checked on the 6 held out: a float32
+    forward from at most 256 channels takes the input's copy and the weight only from 64 MiB on, a 16-bit weight
+    gradient takes no split-K buffer where fewer than 3 copies fit, a 1-D stem's 16-bit forward takes its copies."""
+    rows, held = _1d_rows()
+    rows = [r for r in rows if r["dtype"] == dtype and (r["geometry"] in held) == (split == "held-out")]
+    res = [(_nd_rule(r, p), _measured(r, p)) for r in rows for p in ("forward", "backward_data", "backward_filter")]
+    assert len(res) == passes and not any("error" in r for r in rows)
+    assert sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res) >= within
+    predicted = load_measurement(measure_dir() / "predicted__conv_workspace_1d.json", kind="conv_workspace_predicted")
+    by = {(r["geometry"], r["batch"], r["dtype"]): r for r in predicted["data"]["rows"]}
+    old = [(by[(r["geometry"], r["batch"], r["dtype"])][p], _measured(r, p)) for r in rows
+           for p in ("forward", "backward_data", "backward_filter")]
+    assert sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in old) == before
+
+
+def test_wav2vec2s_feature_encoder_workspaces_in_its_h200_stream():
+    """The reference Wav2Vec2 CTC cases' fresh-process H200 streams: the 3-tap 512->512 at 31999 samples, batch 8,
+    takes its NHWC copies forward (760.5 MiB in float32, 376.5 in bf16), and in bf16 no split-K buffer for its weight
+    gradient (376.5 MiB, the rule before: 382.5); the 1-channel stem's bf16 forward takes 269.6 MiB."""
+    import gzip
+    import json
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    conv1 = ((8, 512, 31999), (512, 512, 3), (8, 512, 15999), (2,), (0,), (1,), 1)
+    stem = ((8, 1, 160000), (512, 1, 10), (8, 512, 31999), (5,), (0,), (1,), 1)
+    for dtype, name in ((f32, "fp32"), (bf16, "amp-bf16")):
+        path = measure_dir() / "alloc_stream" / f"stream__wav2vec2-base-ctc-b8-s160000-{name}__cold.json.gz"
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        marks, alloc = dict(doc["marks"]), doc["actions"].index("alloc")
+        sizes = {s for a, _, s, _, t, _ in doc["trace"] if a == alloc and marks["step3"] <= t < marks["step4"]}
+        want = [conv_workspace_bytes("forward", *conv1, dtype)[0], conv_workspace_bytes("backward_filter", *conv1,
+                                                                                        dtype)[0]]
+        if dtype == bf16:
+            want.append(conv_workspace_bytes("forward", *stem, dtype)[0])
+        for n in want:
+            assert any(abs(n - s) <= 0.01 * n for s in sizes), (name, n / MiB)
+    assert conv_workspace_bytes("backward_filter", *conv1, bf16)[0] == 8 * (512 * 31999 + 512 * 15999) * 2 + \
+        512 * 512 * 3 * 2
+
+
+def test_5x5_workspaces_as_the_h200_took_them_and_inceptions_outlier():
+    """record_handmade.py --part conv5 (conv_workspace_5x5__h200.json, predicted before in
+    predicted__conv_workspace_5x5.json): 5x5 convolutions' forwards and bf16 input gradients take the NHWC copies as
+    the rule gives them; float32 input gradients and the weight gradients take other engines' sizes at half the
+    points. Inception-v3's 5x5 48->64 at 35x35, batch 64, float32, is the outlier its stream showed (reserved -6.2%):
+    250 MiB for its weight gradient where the rule gives 38, 72 MiB for its input gradient; not modelled."""
+    doc = load_measurement(measure_dir() / "conv_workspace_5x5__h200.json", kind="conv_workspace")
+    rows = doc["data"]["rows"]
+    assert len(rows) == 36 and not any("error" in r for r in rows)
+
+    def within(p, dtype):
+        res = [(_nd_rule(r, p), _measured(r, p)) for r in rows if r["dtype"] == dtype]
+        return sum(abs(a - b) <= max(0.1 * max(a, b), 0.6 * MiB) for a, b in res)
+
+    assert (within("forward", "fp32"), within("forward", "bf16"), within("backward_data", "bf16")) == (17, 18, 18)
+    assert (within("backward_data", "fp32"), within("backward_filter", "fp32"), within("backward_filter", "bf16")) == \
+        (9, 10, 9)
+    (r,) = [r for r in rows if (r["geometry"], r["batch"], r["dtype"]) == ("5x5-48to64-35", 64, "fp32")]
+    assert _measured(r, "backward_filter") > 6 * _nd_rule(r, "backward_filter")
+    assert abs(_measured(r, "backward_filter") - 250.14 * MiB) < 0.01 * MiB
+
+
 def _rules_rows():
     doc = load_measurement(measure_dir() / "conv_workspace_rules__h200.json", kind="conv_workspace")
     return doc["data"]["rows"]
@@ -424,7 +547,7 @@ def _rules_rows():
 
 @pytest.mark.parametrize("kind, dtype, passes, within", [
     ("grouped", "fp32", 36, 23), ("grouped", "bf16", 36, 30),    # 8/16 per group unpadded; 24/48 padded or not
-    ("1x1", "fp32", 30, 28), ("1x1", "bf16", 30, 30),            # odd output channels from 64: the copies
+    ("1x1", "fp32", 30, 30), ("1x1", "bf16", 30, 30),            # odd channels from 64: the copies below batch 64
     ("1x1s2", "fp32", 24, 20), ("1x1s2", "bf16", 24, 19),        # narrow float32 shortcuts: none
 ])
 def test_the_rules_open_questions_as_the_h200_answered_them(kind, dtype, passes, within):
@@ -446,13 +569,15 @@ def test_the_rules_open_questions_as_the_h200_answered_them(kind, dtype, passes,
 
 
 @pytest.mark.parametrize("name", ["tv-resnet18-b256-fp32", "tv-r3d_18-b16-amp-bf16", "tv-mc3_18-b16-fp32",
-                                  "tv-regnet_y_1_6gf-b128-fp32", "hand-unet-b16-s256-fp32"])
+                                  "tv-regnet_y_1_6gf-b128-fp32", "hand-unet-b16-s256-fp32",
+                                  "hand-conv1d-audio-b64-s32768-fp32"])
 def test_the_cases_these_rules_fixed_are_within_targets(name):
     """Against the fresh-process H200 recording: ResNet-18 b256 fp32 (reserved was -14.5%: the stem's float32 weight
     gradient outgrows its forward workspace), the held-out R3D-18 amp-bf16 (3-D workspaces; peak was -3.4%,
     reserved -17%), MC3-18 fp32 (reserved was -15.1%: float32 3-D forwards at stride 1), RegNet-Y 1.6GF fp32
     (reserved was +9.5%: grouped convolutions' padded copies) and the held-out UNet fp32 (peak -2.8%, reserved -7.2%:
-    its classifier's float32 weight gradient)."""
+    its classifier's float32 weight gradient) and the Conv1d/ConvTranspose1d audio net fp32 (reserved was -20.8%: its
+    1-D convolutions' workspaces, as the 2-D ones of height 1 with the 1-D grid's float32 forwards)."""
     from labkit.memory.trace.corpus_check import load_plain, validate
 
     (rec,) = [r for r in load_plain(process="fresh") if r.name == name]

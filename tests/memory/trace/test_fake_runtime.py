@@ -80,3 +80,38 @@ def test_mem_efficient_output_layout_costs_multihead_attention_one_copy(monkeypa
     with_rule = kept()
     monkeypatch.setattr(CudaEmulator, "_gpu_layout", lambda self, *a: NotImplemented)
     assert with_rule - kept() == 16 * 4 * 64 * 4
+
+
+def test_trunc_normal_initialises_in_place_as_the_targets_torch_does():
+    """torch 2.12 rewrote ``nn.init.trunc_normal_`` as rejection sampling (pull request #174997,
+    ``targets/torch_gates.json``): its masks are tensors of the weight's size, which a model built on the device takes
+    from the caching allocator. The H200's 2.11 sampled in place; fake mode runs the target's version."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from labkit.memory.trace.fake.fake_runtime import recorded_init
+    from labkit.memory.trace.fake.sdpa import parse_version
+    from labkit.memory.trace.fake.targets import TORCH_GATES
+
+    class NewTensors(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.made += sum(isinstance(o, torch.Tensor) and not any(o is a for a in args)
+                             for o in (out if isinstance(out, (tuple, list)) else (out,)))
+            return out
+
+    def made(target):
+        w = torch.empty(256, 64)
+        with recorded_init(target), NewTensors() as mode:
+            torch.nn.init.trunc_normal_(w, std=0.02, a=-0.04, b=0.04)
+        assert w.abs().max() <= 0.04 and 0.01 < w.std() < 0.02
+        return mode.made
+
+    assert "https://github.com/pytorch/pytorch/pull/174997" in TORCH_GATES.source("trunc_normal_rejection")
+    assert made("2.11") == 0                                        # uniform_, erfinv_, mul_, add_, clamp_: in place
+    rejection = parse_version(torch.__version__) >= parse_version(TORCH_GATES["trunc_normal_rejection"]["torch"])
+    assert (made("2.13") > 0) == rejection                          # the installed torch's own: masks where 2.12+
+    assert torch.nn.init._no_grad_trunc_normal_.__module__ == "torch.nn.init"      # restored

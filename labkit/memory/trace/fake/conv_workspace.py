@@ -45,19 +45,25 @@ them; and at batch 96-256 (``--part batch``) the sizes keep scaling with the bat
   ResNet's 7x7/2 stem at batch 256, more than its forward's 931 MiB, so the GPU maps a second segment for it.
   With both, ``tv-resnet18-b256-fp32``'s reserved moves from -14.5% to -0.3%.
 
+A **float32 stem's input gradient** (3 input channels or fewer, NCHW) takes none, whatever its filter: 26 of the 27
+float32 backward-data passes of stems the grids measured (the 7x7/2, 3x3/2 and 3x3/1 stems, the 4x4/4 and 16x16/16
+patchifies, R3D-18's 3x7x7 and R(2+1)D's 1x7x7 stems, batch 8 to 256) took no block; the 16x16/16 patch embedding at
+batch 8 took its copies (11.4 MiB). In bf16 the same passes take the NHWC copies, as the rule gives them. Autograd asks
+for this pass only where the input requires a gradient: Wav2Vec2's feature encoder sets ``requires_grad`` on the
+waveform, so its 1-channel stem runs it.
+
 A stem with a small filter (3x3/2, 4x4/4) takes none in its forward, nor in float32 for its weight gradient
 (:data:`SMALL_STEM_TAPS`; RegNet's, EfficientNet's and MobileNet's 3x3/2 stems, ConvNeXt's and Swin's 4x4/4
-patchify). Checked against all 522 measured passes: 456 within 10% (or 0.6 MiB), and 122 of the 144 at batch
-96-256; the backward-filter passes of both grids within 1%: float32 86 of 111 (43 without the split-K
-partials), bf16 72 of 111 (65 without). Known misses (engines the heuristics pick otherwise): the 7x7/2 stem's
-backward-data (none; autograd never asks for it), 3x3 convolutions at 7x7 (larger engines' workspaces), and the
-split-K misses listed at :func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they
-leave the predicted peaks where they were (within 0.1%) and move the replayed reserved bytes. In the recorded
-allocation streams of a ResNet-50 step at batch 128
-(``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 60 of the 77 backward workspace
-blocks in float32 are this rule's within 0.3 MiB (40 without the split-K partials), 54
-of 78 in amp-bf16 (42 without); the reference cases' predicted reserved peaks move from -7.4% to +0.2%
-(fp32) and from -10.6% to about -4% (amp-bf16).
+patchify). Checked against all 522 measured passes: 466 within 10% (or 0.6 MiB; 456 before the float32 stems' input
+gradients above), and 128 of the 144 at batch 96-256 (122 before); the backward-filter passes of both grids within
+1%: float32 86 of 111 (43 without the split-K partials), bf16 72 of 111 (65 without). Known misses (engines the
+heuristics pick otherwise): 3x3 convolutions at 7x7 (larger engines' workspaces) and the split-K misses listed at
+:func:`_split_k_partials`. The workspaces are transient: on the torchvision corpus they leave the predicted peaks
+where they were (within 0.1%) and move the replayed reserved bytes. In the recorded allocation streams of a
+ResNet-50 step at batch 128 (``data/measurements/measure/alloc_stream/stream__tv-resnet50-b128-*__warm``), 60 of the
+77 backward workspace blocks in float32 are this rule's within 0.3 MiB (40 without the split-K partials), 54 of 78
+in amp-bf16 (42 without); the reference cases' predicted reserved peaks move from -7.4% to +0.2% (fp32) and from
+-10.6% to about -4% (amp-bf16).
 
 **Channels-last** (ConvNeXt after its stem: its LayerNorm permutes leave every activation NHWC), measured on
 the same grid in channels-last memory (``conv_workspace_channels_last__h200.json``, ``record_vision.py --part
@@ -135,8 +141,38 @@ first two shortcuts) takes none in any pass in the same stream, and at 64 none f
 bf16 ones take their copies (the rule: within 10% on 20 of 24 float32 and 19 of 24 bf16 strided 1x1 passes of the
 new grid, 16 and 14 before).
 
-Not measured, assumed as stated in :data:`ASSUMPTIONS`: 1-D convolutions, fp16 depthwise in NCHW,
-``cudnn.benchmark = True``.
+**1-D convolutions** run as 2-D ones of height 1: ``aten/src/ATen/native/Convolution.cpp`` (``_convolution``, under
+the comment "Expand 1d -> 2d": ``params.view1d_as_2d()``, ``view4d``; read through the lab's code index) views an (N,
+C, L) input as (N, C, 1, L) and its (O, I, K) weight as (O, I, 1, K), with stride 1, padding 0 and dilation 1 in the
+new height, before choosing a backend; so cuDNN sees a 2-D problem and :func:`conv_workspace_bytes` sizes it as one
+(:func:`_as_2d`). Measured since on a 1-D grid predicted before it ran (``record_handmade.py --part conv1d``,
+``conv_workspace_1d__h200.json``: 19 geometries at batch 8 and 64, float32 and bf16, 6 of them held out), with three
+refinements fitted on the 13 reference geometries: a float32 forward from at most
+:data:`FP32_1D_INPUT_ONLY_MAX_CHANNELS` channels takes the input's copy and the weight only once the input's copy is
+:data:`FP32_STRIDED_INPUT_ONLY` or more, whatever its stride (a 2-D one of the same shape would take both); a 16-bit
+weight gradient takes no split-K buffer where fewer than :data:`SPLIT_K_MIN_COPIES_16BIT` copies fit; a 1-D stem's
+16-bit forward takes its NHWC copies (2-D 3x3/2 and 4x4/4 stems take none). Within 10% (or 0.6 MiB): reference 62 of
+78 float32 and 64 of 78 bf16 passes, held-out 34 and 35 of 36 (predicted before: 57, 62, 29, 35). In situ (the
+reference cases' H200 streams, ``alloc_stream/stream__hand-conv1d-audio-*`` and ``stream__wav2vec2-*``): the audio
+net's ConvTranspose1d forwards take their NHWC copies (642 MiB for the last), its strided forwards and their
+transposes' input gradients the input's copy (``hand-conv1d-audio-b64-s32768-fp32``: reserved -20.8% -> -0.2%),
+Wav2Vec2's feature encoder its 754 and 760 MiB (``wav2vec2-base-ctc-b8-s160000-fp32``: -19.9% -> +1.4%). Its float32
+1x1 head to one channel at batch 64 takes the per-sample partials for its weight gradient, as the grid's 2-D 1x1s to
+21 and 19 channels do at batch 64 (:data:`ODD_1X1_PARTIALS_FROM_BATCH`). Known misses: some float32 forwards from
+16-32 MiB inputs (64 and 128 channels) take the input's copy only; bf16 input gradients of 64-channel convolutions at
+stride 4 (and so the forwards of ConvTranspose1d to 64 channels) take none; the 64->1 head's bf16 forward takes its
+copies (288 MiB) at batch 64; Wav2Vec2's grouped positional convolution (kernel 128, 16 groups) takes from none to 1.2
+times the rule's.
+
+**5x5 convolutions** (``record_handmade.py --part conv5``, ``conv_workspace_5x5__h200.json``: six 5x5 geometries with
+Inception-v3's 3x3, 1x7 and 7x1 ones at batch 16 and 64): forwards and bf16 input gradients take the NHWC copies as the
+rule gives them (17 and 18 of 18 float32 and bf16 forwards within 10%); float32 input gradients and weight gradients
+take other engines' sizes at about half the points. Inception-v3's 5x5 48->64 at 35x35, batch 64, float32, takes 250
+MiB for its weight gradient (the rule: 38) and 72 MiB for its input gradient (34): an engine the heuristics take for
+that problem alone, not modelled (``tv-inception_v3-b64-fp32``'s reserved stays -6.2%; with the H200's sizes for its
+passes, ``benchmarks/conv_stream_diff.py --substitute``, +0.05%).
+
+Not measured, assumed as stated in :data:`ASSUMPTIONS`: fp16 depthwise in NCHW, ``cudnn.benchmark = True``.
 """
 
 from __future__ import annotations
@@ -149,7 +185,7 @@ import torch
 _HALF = (torch.float16, torch.bfloat16)
 
 ASSUMPTIONS = {
-    "other": "cuDNN convolution workspace for a 1-D convolution: not measured, assumed none",
+    "other": "cuDNN convolution workspace for a convolution of more than 3 spatial dimensions: assumed none",
     "channels_last": "cuDNN convolution workspace for a dense channels-last convolution: not modelled, assumed "
                      "none (measured on the H200 at most 17 MB for most geometries; the channels-last stem and patchify "
                      "take several times their input)",
@@ -180,6 +216,12 @@ FP32_STEM_SPLIT_K_COPIES = 120
 # R3D-18's 1x1x1/2 downsample at 8 and 16; 2x2/2 384->384 at 14x14 takes the output's at 18.4 MiB)
 FP32_STRIDED_INPUT_ONLY = 64 * 1024 * 1024
 
+# a float32 1-D convolution's forward (a 2-D one of height 1) from at most this many input channels takes the input's
+# copy and the weight only, not the output's, once the input's copy is FP32_STRIDED_INPUT_ONLY or more, overlapping
+# strides or not (conv_workspace_1d__h200.json, record_handmade.py --part conv1d: 64 to 256 input channels, stride 1
+# to 4, kernels 3 to 8; 512 channels at kernel 3 take both; 2-D stride-1 and overlapping strided forwards take both)
+FP32_1D_INPUT_ONLY_MAX_CHANNELS = 256
+
 # a float32 2-D strided 1x1 convolution (a downsample shortcut) with fewer input channels than this takes no
 # workspace in any pass, and with this many none forward or for its input gradient (in situ on the H200, RegNet-Y
 # 1.6GF's cold stream at batch 128: the 1x1/2 32->48 and 48->120 shortcuts take none, 120->336 and 336->888 the NHWC
@@ -192,6 +234,10 @@ STRIDED_1X1_MIN_CHANNELS = 64
 # for its weight gradient (the UNet's 64->21 in its stream, 64->21 and 64->19 at batch 16 in conv_workspace_rules;
 # 256->21 keeps the per-sample partials: see the module docstring)
 ODD_1X1_MAX_CHANNELS = 64
+# ... at a batch below this: at batch 64 the same 1x1s (64->21 at 256x256, 64->19 at 128x128, conv_workspace_rules) and
+# the audio net's 1-D 64->1 head (hand-conv1d-audio-b64-s32768-fp32: its recorded peak has no room for 544 MiB of
+# copies) take the per-sample partials; batch 8 and 16 take the copies, 17-63 is not measured
+ODD_1X1_PARTIALS_FROM_BATCH = 64
 
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
@@ -201,6 +247,16 @@ SMALL_SPATIAL = 49
 
 def _round(c: int, m: int) -> int:
     return -(-c // m) * m
+
+
+def _as_2d(shape: Sequence[int]) -> tuple[int, ...]:
+    """A 1-D convolution's (N, C, L) shape as the 2-D (N, C, 1, L) that ``view4d`` gives cuDNN."""
+    return (shape[0], shape[1], 1, *shape[2:])
+
+
+def _height_1(x_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
+    """A 2-D convolution of height 1 with a filter of height 1: what a 1-D one becomes (:func:`_as_2d`)."""
+    return len(x_shape) == 4 and x_shape[2] == 1 and w_shape[2] == 1
 
 
 def _pow2(c: int) -> int:
@@ -236,6 +292,10 @@ def _channels_last_depthwise(pass_: str, x_shape: Sequence[int], w_shape: Sequen
 SPLIT_K_COPIES = {torch.float32: 14, torch.bfloat16: 13, torch.float16: 13}
 SPLIT_K_MIN_PIXELS = {torch.float32: 64 * 7 * 7, torch.bfloat16: 8 * 56 * 56, torch.float16: 8 * 56 * 56}
 SPLIT_K_CAP = 8 * 1024 * 1024
+# 16-bit: none where fewer than this many copies fit the cap (conv_workspace_1d__h200.json: the 3-tap 512->512's weight
+# gradient, 3 MiB per copy, takes none in bf16 at every size measured where float32 takes 2 copies; 2-D: 3 copies of a
+# 3x3 256->256's, 2.25 MiB each, taken)
+SPLIT_K_MIN_COPIES_16BIT = 3
 # 3-D (NDHWC) convolutions: at most 4 copies, and none where fewer than 2 fit the cap (see _split_k_partials)
 SPLIT_K_COPIES_3D = 4
 
@@ -266,6 +326,8 @@ def _split_k_partials(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int]
     copies = min(SPLIT_K_COPIES[dtype], SPLIT_K_CAP // w32)
     if copies == 0:
         return SPLIT_K_CAP if dtype == torch.float32 else 0
+    if dtype in _HALF and copies < SPLIT_K_MIN_COPIES_16BIT:
+        return 0
     return copies * w32
 
 
@@ -277,6 +339,11 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     the assumption made, if any (see the module docstring)."""
     if pass_ not in ("forward", "backward_data", "backward_filter"):
         raise ValueError(f"pass_ {pass_!r}: expected forward, backward_data or backward_filter")
+    if len(x_shape) == 3:
+        # a 1-D convolution runs as a 2-D one of height 1 (see the module docstring: ``view1d_as_2d``)
+        return conv_workspace_bytes(pass_, _as_2d(x_shape), _as_2d(w_shape), _as_2d(y_shape), (1, *stride),
+                                    (0, *padding), (1, *dilation), groups, dtype, transposed=transposed,
+                                    channels_last=channels_last)
     if transposed:
         # cuDNN runs a transposed convolution as the passes of the convolution it transposes (see the module doc)
         return conv_workspace_bytes(TRANSPOSED_PASS[pass_], y_shape, w_shape, x_shape, stride, padding, dilation,
@@ -295,8 +362,11 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
             and (cin < STRIDED_1X1_MIN_CHANNELS or (cin == STRIDED_1X1_MIN_CHANNELS and pass_ != "backward_filter"))):
         return 0, None                                   # a narrow float32 strided 1x1: a kernel without workspace
     if cin <= 3 and math.prod(w_shape[2:]) <= SMALL_STEM_TAPS and (
-            pass_ == "forward" or (pass_ == "backward_filter" and dtype == torch.float32)):
+            (pass_ == "forward" and (dtype == torch.float32 or not _height_1(x_shape, w_shape)))
+            or (pass_ == "backward_filter" and dtype == torch.float32)):
         return 0, None                                   # a small-filter stem: a kernel without workspace
+    if cin <= 3 and pass_ == "backward_data" and dtype == torch.float32:
+        return 0, None                                   # a float32 stem's input gradient: a kernel without workspace
     es = torch.empty((), dtype=dtype).element_size()
     pad = 8 if dtype in _HALF else 1
     # float32 weight gradients of a 3-channel input (a stem) copy the input with its channels padded to 4
@@ -313,6 +383,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         split_k = min(FP32_STEM_SPLIT_K_COPIES * cout * _round(w_shape[1], xpad) * math.prod(w_shape[2:]) * 4,
                       SPLIT_K_CAP)
     input_only = (len(x_shape) == 5 and all(st == 1 for st in stride)) or (
+        _height_1(x_shape, w_shape) and w_shape[3] > 1 and cin <= FP32_1D_INPUT_ONLY_MAX_CHANNELS) or (
         any(st > 1 for st in stride) and all(k <= st for k, st in zip(w_shape[2:], stride)) and not any(padding))
     if (pass_ == "forward" and dtype == torch.float32 and cin > 3 and input_only
             and n * cin * math.prod(x_shape[2:]) * es >= FP32_STRIDED_INPUT_ONLY):
@@ -323,7 +394,7 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
         return nhwc - cout * _round(w_shape[1], pad) * math.prod(w_shape[2:]) * es + split_k, None
     if pass_ != "backward_filter":
         return 0, None
-    if dtype == torch.float32 and cout % 2 and cin <= ODD_1X1_MAX_CHANNELS:
+    if dtype == torch.float32 and cout % 2 and cin <= ODD_1X1_MAX_CHANNELS and n < ODD_1X1_PARTIALS_FROM_BATCH:
         # a float32 1x1 from at most 64 channels to an odd number (a segmentation head's 21 classes): its weight
         # gradient copies input and output to NHWC, the output's channels padded to 4 (see the module docstring)
         padded_out = _round(cout, FP32_STEM_WGRAD_PAD) * math.prod(y_shape[2:])

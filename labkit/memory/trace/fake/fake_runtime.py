@@ -18,6 +18,11 @@
   is popped while it handles it, so the ops inside (the projections, SDPA) would bypass both fake
   mode's autocast and its kernel rules. On the GPU those ops are cast and dispatched one by one;
   fake mode runs the composite's body with the modes active instead.
+* :func:`recorded_init`: ``nn.init.trunc_normal_`` as the target's torch runs it. Up to 2.11 it samples in place
+  (the inverse CDF); from 2.12 (``targets/torch_gates.json``) by rejection, with masks of the weight's size. A model
+  built on the device (``torch.device("cuda")``, as the recordings build theirs) takes those masks from the caching
+  allocator, and the segments they leave move every later placement: ModernBERT amp-bf16, built by torch 2.13's
+  masks, missed one of the H200's four 3148 MiB segments (reserved -12.5%; as 2.11 samples, 0.0%).
 * :class:`ModuleStack`: which module is running (named in refusals and assumptions).
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import types
 from typing import Any, Callable, Iterator
 
@@ -39,7 +45,8 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.fake.cudnn_rnn import ASSUMPTION, pack_padded, pad_packed, run_cudnn_rnn
-from labkit.memory.trace.fake.sdpa import run_sdpa, select_backend
+from labkit.memory.trace.fake.sdpa import parse_version, run_sdpa, select_backend
+from labkit.memory.trace.fake.targets import TORCH_GATES
 
 
 class ModuleStack:
@@ -297,6 +304,36 @@ def fake_module_conversion() -> Iterator[None]:
         nn.Module._apply = original  # type: ignore[method-assign]
 
 
+def _trunc_normal_in_place(tensor: torch.Tensor, mean: float, std: float, a: float, b: float,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+    """A normal(mean, std) truncated to [a, b], sampled in place through the inverse of the normal CDF: the ops torch
+    up to 2.11 runs for ``nn.init.trunc_normal_`` (none allocates)."""
+    def cdf(x: float) -> float:
+        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+    with torch.no_grad():
+        tensor.uniform_(2 * cdf((a - mean) / std) - 1, 2 * cdf((b - mean) / std) - 1, generator=generator)
+        tensor.erfinv_().mul_(std * math.sqrt(2.0)).add_(mean).clamp_(min=a, max=b)
+    return tensor
+
+
+@contextlib.contextmanager
+def recorded_init(target_torch: str) -> Iterator[None]:
+    """``nn.init.trunc_normal_`` as torch ``target_torch`` runs it where the installed torch samples otherwise
+    (:data:`TORCH_GATES` ``trunc_normal_rejection``: in place up to 2.11, by rejection from 2.12)."""
+    gate = parse_version(TORCH_GATES["trunc_normal_rejection"]["torch"])
+    installed = parse_version(torch.__version__)
+    if not (parse_version(target_torch) < gate <= installed):
+        yield
+        return
+    original = nn.init._no_grad_trunc_normal_
+    nn.init._no_grad_trunc_normal_ = _trunc_normal_in_place          # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        nn.init._no_grad_trunc_normal_ = original                     # type: ignore[assignment]
+
+
 def refusal(op: str, where: str, why: str) -> str:
     return (f"fake-cuda cannot run {op} in {where}: {why}; "
             "measure it with --device cpu (or cuda), or use the analytical estimator")
@@ -321,6 +358,7 @@ def fake_run(emulator: Any) -> Iterator[None]:
         stack.enter_context(fake_module_conversion())
         stack.enter_context(fake_deepcopy())
         stack.enter_context(checkpoint_autocast(emulator))
+        stack.enter_context(recorded_init(emulator.target.torch_version))
         if emulator.target.emulate_kernels:
             stack.enter_context(CudaFunctionRules(emulator))
         try:

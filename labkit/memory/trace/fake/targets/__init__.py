@@ -6,6 +6,8 @@
   defaults.
 * ``sdpa_gates.json``: where PyTorch's SDPA backend selection changed with the torch and cuDNN versions
   and the GPU; :mod:`labkit.memory.trace.fake.sdpa` reads each gate by name.
+* ``torch_gates.json``: where torch's own Python code changed what it allocates (``nn.init.trunc_normal_``);
+  :mod:`labkit.memory.trace.fake.fake_runtime` reads each gate by name.
 
 A new target is a new file of the same facts (``CudaTarget.from_facts(load_facts(path))``).
 """
@@ -19,5 +21,6 @@ from labkit.core.facts import Facts, load_facts
 HERE = Path(__file__).resolve().parent
 H200: Facts = load_facts(HERE / "h200.json")
 SDPA_GATES: Facts = load_facts(HERE / "sdpa_gates.json")
+TORCH_GATES: Facts = load_facts(HERE / "torch_gates.json")
 
-__all__ = ["H200", "HERE", "SDPA_GATES"]
+__all__ = ["H200", "HERE", "SDPA_GATES", "TORCH_GATES"]
