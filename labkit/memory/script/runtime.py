@@ -29,13 +29,15 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.autograd.function import BackwardCFunction
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
@@ -48,7 +50,7 @@ from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, Cuda
                                            data_dependent_choices)
 from labkit.memory.trace.fake.addresses import FakeAddresses, fake_data_pointers
 from labkit.memory.trace.fake.fake_runtime import (CudaFunctionRules, checkpoint_autocast, fake_deepcopy,
-                                                   fake_module_conversion)
+                                                   fake_module_conversion, recorded_init)
 from labkit.memory.trace.storage import Roles
 
 # transformers (3-4 s of CPU to import its masking_utils here) is imported where a script uses it.
@@ -180,6 +182,30 @@ def _wraps_optimizer(opt: Any) -> bool:
     ``ZeroRedundancyOptimizer``): its step is counted where the optimizer it wraps steps (and not when it skips
     it: an accumulation step, a ``GradScaler`` overflow)."""
     return any(isinstance(getattr(opt, a, None), torch.optim.Optimizer) for a in ("optimizer", "optim"))
+
+
+@contextlib.contextmanager
+def custom_backward_modes(modes: Callable[[], list[TorchFunctionMode]]) -> Iterator[None]:
+    """A custom ``autograd.Function``'s backward run under the program's function modes again (``modes()``: the GPU
+    rules, :class:`ScriptAutocast`, the device placement; each one not already active). Torch function modes are not
+    active while autograd runs a backward, so the autocast region ``torch.amp.custom_bwd`` opens there (the forward's
+    autocast state, torch/amp/autocast_mode.py ``custom_bwd``) would compute in float32 where the GPU casts to bf16:
+    a script's custom Function predicted 4.1% high (users' ``custom_function_mlp``). Autograd calls
+    ``BackwardCFunction.apply`` for every custom Function's backward (torch/autograd/function.py)."""
+    original = BackwardCFunction.apply
+
+    def apply(self: Any, *args: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            for mode in modes():
+                if not any(type(m) is type(mode) for m in _get_current_function_mode_stack()):
+                    stack.enter_context(mode)
+            return original(self, *args)
+
+    BackwardCFunction.apply = apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BackwardCFunction.apply = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -347,6 +373,10 @@ class FakeGPU:
             st.enter_context(fake_deepcopy())
             st.enter_context(fake_data_pointers(self.addresses))
             st.enter_context(checkpoint_autocast(self.emulator))
+            st.enter_context(recorded_init(self.emulator.target.torch_version))
+            st.enter_context(custom_backward_modes(lambda: (
+                [CudaFunctionRules(self.emulator)] if self.target.emulate_kernels else [])
+                + [ScriptAutocast(self.emulator.autocast_state), DeviceMode(self.placement)]))
             st.enter_context(_autocast_cache(self.emulator.autocast_state))
             st.enter_context(cuda_answers(self.facts, self.live, self.note, self.local_rank))
             st.enter_context(framework_adapters(self))
