@@ -50,7 +50,7 @@ from labkit.memory.trace.fake.fake_cuda import (CudaAutocast, CudaEmulator, Cuda
                                            data_dependent_choices)
 from labkit.memory.trace.fake.addresses import FakeAddresses, fake_data_pointers
 from labkit.memory.trace.fake.fake_runtime import (CudaFunctionRules, checkpoint_autocast, fake_deepcopy,
-                                                   fake_module_conversion, recorded_init)
+                                                   fake_module_conversion, no_hub_kernels, recorded_init)
 from labkit.memory.trace.storage import Roles
 
 # transformers (3-4 s of CPU to import its masking_utils here) is imported where a script uses it.
@@ -374,6 +374,7 @@ class FakeGPU:
             st.enter_context(fake_data_pointers(self.addresses))
             st.enter_context(checkpoint_autocast(self.emulator))
             st.enter_context(recorded_init(self.emulator.target.torch_version))
+            st.enter_context(no_hub_kernels())
             st.enter_context(custom_backward_modes(lambda: (
                 [CudaFunctionRules(self.emulator)] if self.target.emulate_kernels else [])
                 + [ScriptAutocast(self.emulator.autocast_state), DeviceMode(self.placement)]))

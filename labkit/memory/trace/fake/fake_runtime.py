@@ -23,6 +23,7 @@
   built on the device (``torch.device("cuda")``, as the recordings build theirs) takes those masks from the caching
   allocator, and the segments they leave move every later placement: ModernBERT amp-bf16, built by torch 2.13's
   masks, missed one of the H200's four 3148 MiB segments (reserved -12.5%; as 2.11 samples, 0.0%).
+* :func:`no_hub_kernels`: transformers' Hub kernels off (from 5.25 a CUDA model downloads some when it runs).
 * :class:`ModuleStack`: which module is running (named in refusals and assumptions).
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import types
 from typing import Any, Callable, Iterator
 
@@ -334,6 +336,24 @@ def recorded_init(target_torch: str) -> Iterator[None]:
         nn.init._no_grad_trunc_normal_ = original                     # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def no_hub_kernels() -> Iterator[None]:
+    """Transformers' Hub kernels off (``USE_HUB_KERNELS=NO``, read at each call by transformers/integrations/
+    hub_kernels.py ``_kernels_enabled``): from transformers 5.25, which installs the ``kernels`` package, a model on
+    a CUDA device fetches kernels such as ``kernels-community/rotary`` from the Hub when it first runs, and without
+    a network that raises. Fake mode predicts PyTorch's own ops, as the H200 recordings ran them (transformers 5.17
+    loaded no Hub kernel); a downloaded kernel's allocations are not modelled."""
+    old = os.environ.get("USE_HUB_KERNELS")
+    os.environ["USE_HUB_KERNELS"] = "NO"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("USE_HUB_KERNELS", None)
+        else:
+            os.environ["USE_HUB_KERNELS"] = old
+
+
 def refusal(op: str, where: str, why: str) -> str:
     return (f"fake-cuda cannot run {op} in {where}: {why}; "
             "measure it with --device cpu (or cuda), or use the analytical estimator")
@@ -359,6 +379,7 @@ def fake_run(emulator: Any) -> Iterator[None]:
         stack.enter_context(fake_deepcopy())
         stack.enter_context(checkpoint_autocast(emulator))
         stack.enter_context(recorded_init(emulator.target.torch_version))
+        stack.enter_context(no_hub_kernels())
         if emulator.target.emulate_kernels:
             stack.enter_context(CudaFunctionRules(emulator))
         try:
