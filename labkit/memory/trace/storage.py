@@ -39,6 +39,7 @@ def device_of(args: tuple, kwargs: dict | None) -> torch.device:
         return t.fake_device
     return DEVICE_QUERY(*args, **(kwargs or {}))
 
+
 # The tracer's subset of the lab's memory categories (labkit.core.vocab): what it can tell apart
 # from the storages it sees.
 CATEGORIES: tuple[Category, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
