@@ -286,3 +286,12 @@ def test_the_layer_rule_sees_an_upward_import():
 def test_imports_point_down_the_layers():
     """core < chapters < advise < viz < lessons, deferred imports included, no exception."""
     assert sorted(_upward_imports(_graph(module_level_only=False))) == []
+
+
+def test_no_folder_holds_more_than_fifteen_modules():
+    """A folder that grows past 15 modules (its ``__init__`` counted) is split by concern into sub-packages, as
+    ``memory/trace/fake/`` and ``allocator/sim/`` were."""
+    sizes = {d.relative_to(ROOT).as_posix(): len(list(d.glob("*.py"))) for d in [PKG, *PKG.rglob("*")]
+             if d.is_dir() and d.name != "__pycache__"}
+    assert {d: n for d, n in sizes.items() if n > 15} == {}
+    assert sizes["labkit/core"] >= 10      # the count sees the folders it should

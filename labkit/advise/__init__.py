@@ -7,7 +7,7 @@ sample, or GPU count and memory). See :mod:`labkit.advise.advice` for where each
 
 from labkit.advise.advice import Advice, Evidence, advise, traced_step
 from labkit.advise.request import Job, MachineSource, ModelSource
-from labkit.core import step_tracer
+from labkit.memory.estimate import step_tracer
 
 step_tracer.offer(traced_step)   # `labkit estimate --plan` headlines the same traced step
 

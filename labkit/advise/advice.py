@@ -202,7 +202,7 @@ def traced_step(hf_config: str, *, layers: int | None, hidden: int | None, seq: 
                 optimizer: str, recompute: str) -> TracedStep | None:
     """One unsharded step of a Hugging Face model at this micro-batch and recompute, traced in fake
     mode and priced op by op: what advise headlines, offered to ``labkit estimate --plan``
-    (:mod:`labkit.core.step_tracer`)."""
+    (:mod:`labkit.memory.estimate.step_tracer`)."""
     rep = _trace(ModelSource(hf_config=hf_config, layers=layers, hidden=hidden),
                  Job(seq=seq, global_batch=micro_batch, micro_batch=micro_batch, precision=precision,
                      optimizer=optimizer, recompute=recompute), micro_batch, recompute)

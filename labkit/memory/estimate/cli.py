@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from labkit.core import step_tracer
+from labkit.memory.estimate import step_tracer
 from labkit.core.cliargs import Deprecated, finite_float, nonnegative_int, positive_int
 from labkit.core.errors import LabkitError
 from labkit.core.serialize import dumps, to_jsonable
