@@ -352,10 +352,28 @@ class GpuTracker(StorageTracker):
             with unset_fake_temporarily():
                 real = torch.nonzero(values)
             return self._new_gpu(types, x, real, drawn=self.storage_id(x) in self._drawn)
+        routed = self._routed_nonzero(x)
+        if routed is not None:
+            return self._new_gpu(types, x, routed)
         self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
                              "(torch.nonzero, x[mask]): the fake GPU has no values, so what it selects is the "
                              "largest it can be")
         return self._new_gpu(types, x, torch.empty(x.numel(), x.dim(), dtype=torch.long, device="meta"))
+
+    def _routed_nonzero(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A mixture-of-experts dispatch's ``nonzero`` (the experts hit, or one expert's rows: ``torch.where(ids ==
+        e)`` on a ``topk``'s indices), answered from the assumed routing as ``measure_step`` answers it
+        (:class:`labkit.memory.trace.fake.moe.RoutingOracle`): a host tensor of the output's shape, carrying the
+        expert ids where the oracle knows them, else on the meta device. None when ``x`` is no routing mask."""
+        routing = getattr(self.emulator, "routing", None)
+        out = routing.replace(torch.ops.aten.nonzero.default, (x,), {}) if routing is not None else NotImplemented
+        if out is NotImplemented:
+            return None
+        known = routing.values.get(out)
+        with unset_fake_temporarily():
+            if known is not None and out.numel() == len(known):
+                return torch.tensor(known, dtype=out.dtype).view(out.shape)
+            return torch.empty(out.shape, dtype=out.dtype, device="meta")
 
     def _data_dependent(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         """An op whose output sizes follow from its input's values (``torch.unique``, ``masked_select``), on GPU

@@ -187,6 +187,25 @@ def test_boolean_masks_select_as_many_as_their_values_say():
     assert any("a mask of unknown values" in n for n in gpu.report().notes)
 
 
+def test_a_hand_written_moe_routes_as_measure_step_assumes():
+    """A user's own mixture of experts (``topk`` over the router's scores, then ``torch.where(ids == e)`` per expert):
+    each expert's rows follow the assumed routing (balanced by default, as measure_step), not every token x top-k row
+    for every expert; a loop over the experts hit reads their ids."""
+    tokens, experts, k, d = 64, 4, 2, 32
+    with fake_gpu() as gpu:
+        scores = torch.randn(tokens, experts, device="cuda")
+        _, ids = torch.topk(scores.softmax(-1), k, dim=-1)
+        rows = [torch.where(ids == e)[0].shape[0] for e in range(experts)]
+        hit = torch.nonzero(torch.zeros(experts, device="cuda").index_add_(0, ids.flatten(), torch.ones(tokens * k,
+                                                                                                      device="cuda")))
+        x = torch.randn(tokens, d, device="cuda")
+        picked = x[torch.where(ids == 0)[0]]
+        assert hit.shape == (experts, 1) and hit.flatten().tolist() == list(range(experts))
+    assert rows == [tokens * k // experts] * experts and picked.shape == (tokens * k // experts, d)
+    notes = gpu.report().notes
+    assert any("MoE routing balanced" in n for n in notes) and not any("a mask of unknown values" in n for n in notes)
+
+
 def test_metrics_on_the_host_run():
     """An evaluation's metric code: a host copy of a tensor that carries values is real (accelerate's
     pad_across_processes reads the sizes it gathered), .numpy() of unknown values is zeros (a placeholder, noted),
