@@ -77,7 +77,7 @@ from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
 from labkit.memory.trace.fake.healthy_values import HealthyValues
 from labkit.memory.trace.fake.moe import RoutingOracle
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
-from labkit.memory.trace.fake.targets import H200
+from labkit.memory.trace.fake.targets import H200, TORCH_GATES
 
 # transformers (10 s to import: python -X importtime, 2-core machine) is imported where a model of its runs.
 
@@ -87,10 +87,13 @@ LOWER_PRECISION = frozenset({
     "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv",
     "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
     "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+    # the recurrent cells (nn.LSTMCell, nn.GRUCell, nn.RNNCell call them): autocast_mode.cpp KERNEL_CUDA(lstm_cell,
+    # lower_precision_fp) and the rest; the H200's torch 2.11 registers an AutocastCUDA kernel for each
+    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
 })
 FP32 = frozenset({
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
-    "rsqrt", "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm",
+    "rsqrt", "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "group_norm",
     "frobenius_norm", "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss",
     "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
@@ -103,7 +106,12 @@ FP32 = frozenset({
 # F.interpolate's modes that run one of those kernels ("area" runs adaptive_avg_pool, which autocast leaves alone)
 UPSAMPLE_MODES = frozenset({"nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic"})
 FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
-                                "linalg_matrix_norm", "sum"})
+                                "linalg_matrix_norm", "sum",
+                                # torch.norm / Tensor.norm: autocast's fp32_append_dtype (the result in float32)
+                                "norm"})
+# in CUDA autocast's float32 list from torch 2.12 (targets/torch_gates.json autocast_rms_norm_fp32); before, rms_norm
+# ran on the input's dtype (a bfloat16 input beside a float32 weight: the composite, a bfloat16 result)
+FP32_FROM_2_12 = frozenset({"rms_norm"})
 PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
                      "index_put", "tensordot", "scatter_add"})
 _RIGHT = {"__rmatmul__": "matmul", "__rpow__": "pow"}
@@ -276,7 +284,8 @@ class CudaAutocast(TorchFunctionMode):
             # nor where the region turned it off (torch.autocast(cache_enabled=False))
             c = None if (torch.is_inference_mode_enabled() or not torch.is_autocast_cache_enabled()) else self.state.cache
             args, kwargs = cast_arguments(args, kwargs, lambda x: _cast(x, self.dtype, c))
-        elif name in FP32 or (name == "interpolate" and _interpolate_mode(args, kwargs) in UPSAMPLE_MODES):
+        elif (name in FP32 or (name in FP32_FROM_2_12 and self.state.rms_norm_fp32)
+              or (name == "interpolate" and _interpolate_mode(args, kwargs) in UPSAMPLE_MODES)):
             low = (torch.float16, torch.bfloat16)
             f = lambda x: _cast(x, torch.float32, None) if isinstance(x, torch.Tensor) and x.dtype in low else x  # noqa: E731
             args, kwargs = cast_arguments(args, kwargs, f)
@@ -304,9 +313,12 @@ def _has_positional_dtype(args: tuple) -> bool:
 
 
 class _AutocastState:
-    def __init__(self) -> None:
+    def __init__(self, target_torch: str = "") -> None:
         self.depth = 0
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # rms_norm in the float32 list: a gate on the target's torch (FP32_FROM_2_12)
+        gate = parse_version(TORCH_GATES["autocast_rms_norm_fp32"]["torch"])
+        self.rms_norm_fp32 = bool(target_torch) and parse_version(target_torch) >= gate
 
 
 # an op overload's name and its base name ("mm.default", "mm"), looked up once per op (CudaEmulator.after)
@@ -322,7 +334,7 @@ class CudaEmulator:
         self.target = target
         self.policy = policy
         self.torch = warn_if_other_torch(target)
-        self.autocast_state = _AutocastState()
+        self.autocast_state = _AutocastState(target.torch_version)
         self._workspaces = 0
         self._backward_thread_ws = False
         self._tracker: Any = None

@@ -4,7 +4,8 @@
   (``F.scaled_dot_product_attention``: the kernel chosen by :mod:`labkit.memory.trace.fake.sdpa`;
   ``F.dropout``: ``at::dropout`` takes the fused ``native_dropout`` on CUDA, which saves a boolean
   mask, where the CPU multiplies by a noise tensor of the input's dtype; ``F.rms_norm``: one fused kernel on
-  CUDA, :mod:`labkit.memory.trace.fake.rms_norm`).
+  CUDA, :mod:`labkit.memory.trace.fake.rms_norm`; ``nn.LSTMCell``/``nn.GRUCell``: two matmuls and a fused cell,
+  :mod:`labkit.memory.trace.fake.rnn_cells`).
 * :func:`checkpoint_autocast`: ``torch.utils.checkpoint`` (reentrant or not) recomputes under the
   autocast state of the forward; torch records only its own autocast, so each checkpointed function
   is bound to the emulated CUDA autocast that was active when it was checkpointed, and to
@@ -49,6 +50,7 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from labkit.core.errors import LabkitError
 from labkit.memory.trace.fake.cudnn_rnn import ASSUMPTION, pack_padded, pad_packed, run_cudnn_rnn
 from labkit.memory.trace.fake.rms_norm import run_rms_norm
+from labkit.memory.trace.fake.rnn_cells import run_fused_cell
 from labkit.memory.trace.fake.sdpa import parse_version, run_sdpa, select_backend
 from labkit.memory.trace.fake.targets import TORCH_GATES
 
@@ -129,6 +131,8 @@ _CUDNN_RNN = {torch._VF.lstm: "lstm", torch._VF.gru: "gru", torch._VF.rnn_tanh: 
               torch._VF.rnn_relu: "rnn_relu"}
 
 
+# the recurrent cells a CUDA build runs as two matmuls and one fused kernel (rnn_cells.py)
+_FUSED_CELLS = {torch._VF.lstm_cell: "lstm", torch._VF.gru_cell: "gru"}
 # F.rms_norm (what nn.RMSNorm calls) and torch.rms_norm, which a CUDA build runs as one fused kernel (rms_norm.py)
 _RMS_NORM = (torch.nn.functional.rms_norm, torch.rms_norm)
 
@@ -155,6 +159,10 @@ class CudaFunctionRules(TorchFunctionMode):
             self.emulator.note_sdpa(choice)
             return run_sdpa(choice, q, k, v, p["attn_mask"], float(p["dropout_p"]), bool(p["is_causal"]),
                             p["scale"], bool(p["enable_gqa"]))
+        if func in _FUSED_CELLS:     # nn.LSTMCell, nn.GRUCell (rnn_cells.py)
+            out = run_fused_cell(_FUSED_CELLS[func], args, kwargs)
+            if out is not NotImplemented:
+                return out
         if func in _RMS_NORM:        # the fused CUDA kernel (rms_norm.py)
             out = run_rms_norm(args, kwargs, self.emulator.target.torch_version)
             if out is not NotImplemented:
