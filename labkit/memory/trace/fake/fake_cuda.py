@@ -109,6 +109,8 @@ FP32_SET_OPT_DTYPE = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cu
                                 "linalg_matrix_norm", "sum",
                                 # torch.norm / Tensor.norm: autocast's fp32_append_dtype (the result in float32)
                                 "norm"})
+# what CUDA autocast refuses to run (autocast_mode.cpp's banned kernel: it raises whatever the dtypes)
+BANNED = frozenset({"binary_cross_entropy"})
 # in CUDA autocast's float32 list from torch 2.12 (targets/torch_gates.json autocast_rms_norm_fp32); before, rms_norm
 # ran on the input's dtype (a bfloat16 input beside a float32 weight: the composite, a bfloat16 result)
 FP32_FROM_2_12 = frozenset({"rms_norm"})
@@ -276,6 +278,9 @@ class CudaAutocast(TorchFunctionMode):
         if out is not NotImplemented:
             return out
         name = _op_name(func)
+        if name in BANNED:
+            raise RuntimeError(f"{name} under CUDA autocast: the GPU refuses it (autocast_mode.cpp bans it as unsafe "
+                               "in lower precision); use binary_cross_entropy_with_logits on the logits instead")
         if decomposes_under_cuda_autocast(name, args, kwargs):
             with self:   # the sub-ops of the decomposition meet these lists, as on the GPU
                 return composite_under_cuda_autocast(name)(*args, **kwargs)
