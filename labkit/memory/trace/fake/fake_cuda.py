@@ -9,7 +9,8 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
 * **Autocast**: CPU autocast casts a different set of ops than CUDA autocast. :class:`CudaAutocast`
   is a ``TorchFunctionMode`` that applies CUDA's lists (``ATen/autocast_mode.h``: lower-precision
   ops such as ``linear``/``matmul``/``addmm``/SDPA; float32 ops such as ``layer_norm``, ``pow``,
-  ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``), with the same cache
+  ``nll_loss``; ``softmax``/``log_softmax``/``sum`` with ``dtype=float32``; held to the target torch's own
+  AutocastCUDA kernels by tests/memory/trace/test_autocast_lists.py), with the same cache
   of lower-precision copies of leaf weights, cleared when the outermost region exits. A composite op
   on none of CUDA's lists (``cross_entropy``) runs its decomposition, whose sub-ops meet the lists
   one by one (:mod:`labkit.memory.trace.fake.autocast_composite`).
