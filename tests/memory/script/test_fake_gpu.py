@@ -410,3 +410,18 @@ def test_a_custom_functions_backward_casts_under_the_forwards_autocast():
         assert y.dtype == torch.bfloat16
         y.float().sum().backward()
     assert _ScaledMatmul.seen == [(torch.bfloat16, torch.bfloat16)]
+
+
+def test_spectral_norm_registers_on_real_host_weights():
+    """spectral_norm's registration writes a weight into itself (``weight.set_(weight)``, parametrize.py
+    ``_maybe_set``): on host tensors that are real one by one (49,152 elements) but larger than the real-host
+    limit together, the write stays real instead of being refused (data/scripts/users2/gan_spectral_bf16.py)."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    with fake_gpu() as gpu:
+        head = spectral_norm(nn.Linear(49_152, 1))
+        assert not is_fake(head.parametrizations.weight.original)
+        head.cuda()
+        head(torch.randn(4, 49_152, device="cuda")).sum().backward()
+        assert head.parametrizations.weight.original.grad.is_cuda
+    assert gpu.report().peak_bytes >= 2 * 49_152 * 4
