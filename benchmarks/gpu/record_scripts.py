@@ -41,7 +41,7 @@ what the allocator does.
 Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json``, (``--users``)
 ``DIR/users.json`` and (``--users2``) ``DIR/users2.json`` (``kind`` ``script_peaks``; one row per case with its script, arguments, world size, peaks,
 per-step peaks, wall time and status) with the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
-peft and torchvision).
+peft, torchvision and timm).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
 """
 
@@ -164,7 +164,7 @@ def main() -> int:
     from labkit.core.provenance import header, write_measurement
 
     prov = header()
-    for mod in ("transformers", "accelerate", "lightning", "peft", "torchvision"):
+    for mod in ("transformers", "accelerate", "lightning", "peft", "torchvision", "timm"):
         try:
             prov[mod] = __import__(mod).__version__
         except Exception as e:  # noqa: BLE001 - recorded as missing
