@@ -124,8 +124,8 @@ def compact_trace(snap: dict[str, Any]) -> dict[str, Any]:
     frames: dict[str, int] = {}
     rows = []
     for e in (snap.get("device_traces") or [[]])[0]:
-        key = " < ".join(f"{'/'.join(str(f.get('filename', '')).split('/')[-2:])}:{f.get('line', '')}:{f.get('name', '')}"
-                         for f in (e.get("frames") or [])[:FRAMES_KEPT])
+        key = " < ".join(f"{'/'.join(str(f.get('filename', '')).split('/')[-2:])}:{f.get('line', '')}:"
+                         f"{f.get('name', '')}" for f in (e.get("frames") or [])[:FRAMES_KEPT])
         act = e.get("action")
         rows.append([TRACE_ACTIONS.index(act) if act in TRACE_ACTIONS else -1, int(e.get("addr", 0)),
                      int(e.get("size", 0)), int(e.get("stream", 0)), frames.setdefault(key, len(frames))])
