@@ -103,10 +103,11 @@ def show(label: str, d: dict[str, Any]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("script")
-    ap.add_argument("trace", help="record_scripts.py --segments's memory_trace__NAME.json")
+    ap.add_argument("trace", help="record_scripts.py --segments's memory_trace__NAME.json (or its merged copy)")
     ap.add_argument("args", nargs="*", help="the script's arguments (after --)")
     a = ap.parse_args()
-    rec = recorded(json.loads(Path(a.trace).read_text()))
+    doc = json.loads(Path(a.trace).read_text())
+    rec = recorded(doc.get("data", doc))          # as merged under data/ (with provenance) or as recorded
     pred = predicted(a.script, a.args)
     show("H200 (recorded)", rec)
     show(f"script mode (report: peak {pred['report'][0]:,d} B, reserved {pred['report'][1]:,d} B)", pred)
