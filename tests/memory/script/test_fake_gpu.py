@@ -425,3 +425,18 @@ def test_spectral_norm_registers_on_real_host_weights():
         head(torch.randn(4, 49_152, device="cuda")).sum().backward()
         assert head.parametrizations.weight.original.grad.is_cuda
     assert gpu.report().peak_bytes >= 2 * 49_152 * 4
+
+
+def test_a_cuda_generator_is_made_as_on_a_cuda_build():
+    """``torch.Generator(device="cuda")`` (timm's ModelEmaV3 keeps one), which a CPU build refuses: a host generator
+    stands in with the GPU as its device; torch's own generators stay what they were, and so does torch.Generator."""
+    original = torch.Generator
+    with fake_gpu() as gpu:
+        g = torch.Generator(device="cuda")
+        assert g.device == torch.device("cuda", 0) and g.manual_seed(3).initial_seed() == 3
+        assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+        assert torch.Generator().device.type == "cpu"
+        x = torch.randn(256, 1024, device="cuda", generator=g)
+        assert x.is_cuda and torch.cuda.memory_allocated() == 256 * 1024 * 4
+    assert torch.Generator is original
+    assert any("torch.Generator(device='cuda')" in n for n in gpu.report().notes)
