@@ -440,3 +440,27 @@ def test_a_cuda_generator_is_made_as_on_a_cuda_build():
         assert x.is_cuda and torch.cuda.memory_allocated() == 256 * 1024 * 4
     assert torch.Generator is original
     assert any("torch.Generator(device='cuda')" in n for n in gpu.report().notes)
+
+
+def test_a_create_graph_backward_numbers_its_nodes_as_the_gpus_device_thread_does():
+    """A gradient penalty (WGAN-GP: torch.autograd.grad with create_graph=True) makes its nodes on the CUDA autograd
+    engine's thread, whose sequence numbers run below the forward's, so a later backward reaches the critic's other
+    graphs (the real batch's) before the penalty's; on the calling thread the penalty's would come first and keep
+    every graph alive through its double backward (users2 wgan_gp: +14.9% peak before)."""
+    order = []
+
+    def critic(d, x, name):
+        h = d[1](d[0](x))
+        h.register_hook(lambda g: order.append(name))
+        return d[2](h.flatten(1)).mean()
+
+    with fake_gpu():
+        d = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)).cuda()
+        fake, real = torch.randn(8, 64, device="cuda"), torch.randn(8, 64, device="cuda")
+        mixed = (0.5 * fake + 0.5 * real).requires_grad_(True)
+        loss = critic(d, fake, "fake") - critic(d, real, "real")
+        (grad,) = torch.autograd.grad(critic(d, mixed, "mixed"), mixed, create_graph=True)
+        grad.register_hook(lambda g: order.append("penalty"))
+        order.clear()                                       # the mixed batch's hook ran in the penalty's backward
+        (loss + grad.norm(2, dim=1).sub(1).pow(2).mean()).backward()
+    assert order[0] == "real" and set(order) == {"real", "penalty", "fake", "mixed"}   # the calling thread: penalty
