@@ -1,7 +1,8 @@
 """Two phases in one program, as people tune a model then fine-tune its head: a Transformer encoder pretrained
 with a masked-token loss at a large batch (fp32, AdamW), then torch.cuda.empty_cache() and
-torch.cuda.reset_peak_memory_stats(), and a second phase with the embeddings and the encoder's lower half frozen (requires_grad_(False)), a new
-classification head and a longer sequence under bf16 autocast, only the encoder's top half trained. The printed peak is the second phase's.
+torch.cuda.reset_peak_memory_stats(), and a second phase with the embeddings and the encoder's lower half frozen
+(requires_grad_(False)), a new classification head and a longer sequence under bf16 autocast, only the encoder's
+top half trained. The printed peak is the second phase's.
 
 Tiny: --layers 2 --width 64 --batch 2 --seq 16 --steps 1"""
 import argparse

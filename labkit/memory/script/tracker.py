@@ -458,6 +458,8 @@ def _mutable(func: Any) -> bool:
     if mutable is None:
         mutable = _MUTABLE[func] = bool(func._schema.is_mutable)
     return mutable
+
+
 _UNKNOWN = object()
 
 
