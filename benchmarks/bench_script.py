@@ -5,6 +5,7 @@
     PYTHONPATH=. python benchmarks/bench_script.py --lora [--only NAME]
     PYTHONPATH=. python benchmarks/bench_script.py --users [--only NAME]
     PYTHONPATH=. python benchmarks/bench_script.py --users --predict-to data/measurements/script/users__predicted.json
+    PYTHONPATH=. python benchmarks/bench_script.py --users2 --predict-to data/measurements/script/users2__predicted.json
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/llama7b_bf16.py
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/ranks/fsdp2_llama7b.py --nproc-per-node 8
 
@@ -18,7 +19,8 @@ the H200 and here). ``--lora``: the peft LoRA scripts of ``lora.json`` (``data/s
 bf16 base, each script differing from the issue-27 loop in one thing; recorded by ``record_scripts.py --lora``).
 ``--users``: the scripts of ``users.json`` (``data/scripts/users/``: engineers' own habits, predicted before they
 were recorded by ``record_scripts.py --users``); with ``--predict-to FILE`` it predicts every script of that folder
-and writes the predictions (no recording needed: what was committed before the H200 ran them).
+and writes the predictions (no recording needed: what was committed before the H200 ran them). ``--users2``: the same
+for the second batch, ``data/scripts/users2/`` and ``users2.json``.
 ``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
 the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
 of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).
@@ -107,16 +109,16 @@ def validate(rows: list[dict], jobs: int, ranks: bool) -> int:
     return 0
 
 
-def predict_users(out: Path, only: str, jobs: int) -> int:
-    """Predict each script of data/scripts/users/ in its own process; write the predictions (kind
+def predict_users(out: Path, only: str, jobs: int, folder: str = "users") -> int:
+    """Predict each script of data/scripts/FOLDER/ in its own process; write the predictions (kind
     ``script_predictions``) with this machine's provenance, to commit before the scripts are recorded."""
     from labkit.core.provenance import write_measurement
 
-    scripts = [p for p in sorted((SCRIPTS / "users").glob("*.py")) if only in p.stem]
+    scripts = [p for p in sorted((SCRIPTS / folder).glob("*.py")) if only in p.stem]
 
     def one(p: Path) -> dict:
         rep, wall, _, err = predict(p, [])
-        row = {"name": p.stem, "script": f"users/{p.name}", "args": [], "split": split(p.stem),
+        row = {"name": p.stem, "script": f"{folder}/{p.name}", "args": [], "split": split(p.stem),
                "predict_wall_s": round(wall, 1)}
         if rep is None:
             return {**row, "status": f"refused: {err}"}
@@ -140,11 +142,13 @@ def main() -> int:
     g.add_argument("--ranks", action="store_true")
     g.add_argument("--lora", action="store_true")
     g.add_argument("--users", action="store_true")
+    g.add_argument("--users2", action="store_true")
     g.add_argument("--script")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--nproc-per-node", type=int, help="--script: as rank 0 of a launch of this many ranks")
-    ap.add_argument("--predict-to", help="--users: predict data/scripts/users/*.py and write the predictions here")
+    ap.add_argument("--predict-to", help="--users or --users2: predict data/scripts/users/*.py (users2/*.py) and "
+                                         "write the predictions here")
     a = ap.parse_args()
     print(json.dumps(header(), indent=1))
     if a.script:
@@ -162,11 +166,11 @@ def main() -> int:
               f"{rss / 1e9:.2f} GB resident (the labkit process); {os.cpu_count()} CPUs here")
         return 0 if ok else 1
     if a.predict_to:
-        if not a.users:
-            ap.error("--predict-to goes with --users")
-        return predict_users(Path(a.predict_to), a.only, a.jobs)
+        if not (a.users or a.users2):
+            ap.error("--predict-to goes with --users or --users2")
+        return predict_users(Path(a.predict_to), a.only, a.jobs, "users2" if a.users2 else "users")
     name = ("ranks__fake_pg.json" if a.ranks else "lora.json" if a.lora else "users.json" if a.users
-            else "scripts.json")
+            else "users2.json" if a.users2 else "scripts.json")
     doc = json.loads((ROOT / "data" / "measurements" / "script" / name).read_text())
     prov = doc["provenance"]
     print(f"recorded on {prov['gpu_name']}, {prov['date'][:10]} (torch {prov['torch']}, transformers "

@@ -20,16 +20,28 @@ Users' cases (``--users``, issue 27): the scripts of ``data/scripts/users/``, wr
 (``torch.compile``, fp16 ``GradScaler`` with clipping after ``unscale_``, accumulation with ``set_to_none=False``,
 evaluation under ``no_grad`` or ``inference_mode``, SWA, custom ``autograd.Function``s, ``checkpoint_sequential``,
 hand-kept fp32 master weights, Lightning, Hugging Face ``Trainer`` and accelerate variants), predicted here before
-they were recorded; run only with ``--users``.
+they were recorded; run only with ``--users``. ``--users2``: the second batch, ``data/scripts/users2/`` (WGAN-GP's
+double backward, a spectral-norm GAN, distillation with the deprecated ``torch.cuda.amp`` spellings, SimCLR,
+``generate()`` between training steps, ``empty_cache`` and ``reset_peak_memory_stats`` between phases,
+``nn.Embedding(sparse=True)`` with ``SparseAdam``, ``weight_norm``, ``torch.func`` per-sample gradients, timm, a GRU
+with truncated BPTT from a pinned ``DataLoader``, a checkpointed diffusion U-Net), also predicted before recording.
+
+``--segments``: each case's child also records the caching allocator's history
+(``torch.cuda.memory._record_memory_history``) and writes ``DIR/memory_trace__NAME.json`` after the script ends: the
+events with their sizes and innermost Python frames, the segments live when reserved bytes peaked (a replay of the
+segment events) and those at the end (``script_child.write_memory_trace``). Recording the history does not change
+what the allocator does.
 
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR [--jobs 4] [--only SUBSTR[,SUBSTR...]] [--smoke]
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --lora --no-scripts --no-ranks --jobs 3
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users --no-scripts --no-ranks --jobs 4
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users2 --no-scripts --no-ranks --jobs 3
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --no-ranks --only cnn_dataloader --segments --jobs 1
 
-Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json`` and (``--users``)
-``DIR/users.json`` (``kind`` ``script_peaks``; one row per case with its script, arguments, world size, peaks,
-per-step peaks, wall time and status) with the provenance header (GPU, driver, torch, CUDA, and the versions of transformers, accelerate, lightning,
-peft and torchvision).
+Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json``, (``--users``)
+``DIR/users.json`` and (``--users2``) ``DIR/users2.json`` (``kind`` ``script_peaks``; one row per case with its
+script, arguments, world size, peaks, per-step peaks, wall time and status) with the provenance header (GPU, driver,
+torch, CUDA, and the versions of transformers, accelerate, lightning, peft, torchvision and timm).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
 """
 
@@ -61,6 +73,8 @@ LORA_CASES = [
 ]
 # (name, script relative to data/scripts, arguments): users' scripts the lab had not seen (issue 27)
 USER_CASES = [(p.stem, f"users/{p.name}", []) for p in sorted((SCRIPTS / "users").glob("*.py"))]
+# the second batch (data/scripts/users2/): GANs, distillation, contrastive, generate(), sparse embeddings, torch.func
+USER2_CASES = [(p.stem, f"users2/{p.name}", []) for p in sorted((SCRIPTS / "users2").glob("*.py"))]
 # (name, script, arguments, world size[, rank])
 RANK_CASES = [
     *[(f"fsdp2-llama-w{w}", "ranks/fsdp2_llama.py", [], w) for w in (2, 4, 8)],
@@ -98,16 +112,23 @@ if world:
             _PipelineSchedule._warmup_p2p = warmup
     except ImportError:
         pass
-steps = []
+steps, extra = [], {}
 if torch.cuda.is_available():
     from torch.optim.optimizer import register_optimizer_step_post_hook
     register_optimizer_step_post_hook(lambda o, a, k: steps.append(torch.cuda.max_memory_allocated()))
-child.run_script(path, step_cumulative_peaks=steps)
+    trace = os.environ.get("RECORD_MEMORY_TRACE")
+    if trace:   # --segments: the allocator's history, written after the script ends
+        child.record_memory_history()
+        extra["memory_trace_file"] = lambda: child.write_memory_trace(trace)
+child.run_script(path, step_cumulative_peaks=steps, **extra)
 '''
 
 
-def run_case(name: str, script: str, args: list[str], world: int, rank: int = 0, *, timeout: float) -> dict:
+def run_case(name: str, script: str, args: list[str], world: int, rank: int = 0, *, timeout: float,
+             trace_dir: str = "") -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if trace_dir:
+        env["RECORD_MEMORY_TRACE"] = str(Path(trace_dir).resolve() / f"memory_trace__{name}.json")
     if world:
         # LOCAL_RANK 0 whatever the rank: one GPU records every rank
         env.update(RECORD_FAKE_WORLD=str(world), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world),
@@ -133,13 +154,17 @@ def main() -> int:
     ap.add_argument("--no-ranks", action="store_true")
     ap.add_argument("--lora", action="store_true", help="also the LoRA scripts of data/scripts/lora/")
     ap.add_argument("--users", action="store_true", help="also the users' scripts of data/scripts/users/")
+    ap.add_argument("--users2", action="store_true", help="also the second batch of data/scripts/users2/")
+    ap.add_argument("--segments", action="store_true",
+                    help="each case also writes OUT/memory_trace__NAME.json: the allocator's history, the segments "
+                         "at the peak of reserved bytes and at the end")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from labkit.core.provenance import header, write_measurement
 
     prov = header()
-    for mod in ("transformers", "accelerate", "lightning", "peft", "torchvision"):
+    for mod in ("transformers", "accelerate", "lightning", "peft", "torchvision", "timm"):
         try:
             prov[mod] = __import__(mod).__version__
         except Exception as e:  # noqa: BLE001 - recorded as missing
@@ -154,13 +179,16 @@ def main() -> int:
         groups.append(("lora", [(n, s, ar, 0) for n, s, ar in LORA_CASES]))
     if a.users:
         groups.append(("users", [(n, s, ar, 0) for n, s, ar in USER_CASES]))
+    if a.users2:
+        groups.append(("users2", [(n, s, ar, 0) for n, s, ar in USER2_CASES]))
     for kind, cases in groups:
         cases = [c for c in cases if any(part in c[0] for part in a.only.split(","))]
         if a.smoke:
             cases = cases[:1]
         rows: list[dict | None] = [None] * len(cases)
         with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-            futures = {pool.submit(run_case, *c, timeout=a.timeout): i for i, c in enumerate(cases)}
+            futures = {pool.submit(run_case, *c, timeout=a.timeout, trace_dir=a.out if a.segments else ""): i
+                       for i, c in enumerate(cases)}
             for fut in as_completed(futures):   # written after each case: a run cut short keeps what it recorded
                 rows[futures[fut]] = fut.result()
                 write_measurement(Path(a.out) / f"{kind}.json", "script_peaks", [r for r in rows if r],

@@ -96,6 +96,64 @@ def run_script(path: str, **extra: Any) -> None:
     print(RESULT + json.dumps(row), flush=True)
 
 
+def record_memory_history() -> None:
+    """Start the caching allocator's history (every alloc, free and segment event with its Python frames), for
+    :func:`write_memory_trace` after the script ends."""
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=400_000)
+
+
+TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                 "segment_unmap", "oom", "snapshot")
+FRAMES_KEPT = 4           # innermost Python frames kept per event
+
+
+def write_memory_trace(path: str) -> str:
+    """The allocator's history as a compact JSON file at ``path``: ``trace`` rows ``[action, addr, size, stream,
+    frame]`` (``action`` indexes ``actions``, ``frame`` indexes ``frames``: the innermost Python frames, file names
+    cut to their last two parts), the segments live at the peak of reserved bytes (a replay of the trace's
+    segment events: ``[addr, size, stream]``, and the blocks allocated in them then) and at the end. Returns the
+    file's name."""
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    Path(path).write_text(json.dumps(compact_trace(snap), separators=(",", ":")))
+    return Path(path).name
+
+
+def compact_trace(snap: dict[str, Any]) -> dict[str, Any]:
+    """:func:`write_memory_trace`'s document from a ``torch.cuda.memory._snapshot()`` of device 0."""
+    frames: dict[str, int] = {}
+    rows = []
+    for e in (snap.get("device_traces") or [[]])[0]:
+        key = " < ".join(f"{'/'.join(str(f.get('filename', '')).split('/')[-2:])}:{f.get('line', '')}:"
+                         f"{f.get('name', '')}" for f in (e.get("frames") or [])[:FRAMES_KEPT])
+        act = e.get("action")
+        rows.append([TRACE_ACTIONS.index(act) if act in TRACE_ACTIONS else -1, int(e.get("addr", 0)),
+                     int(e.get("size", 0)), int(e.get("stream", 0)), frames.setdefault(key, len(frames))])
+    segs: dict[int, list[int]] = {}
+    blocks: dict[int, int] = {}
+    reserved = peak = 0
+    at_peak: list = []
+    for act, addr, size, stream, _ in rows:
+        name = TRACE_ACTIONS[act] if act >= 0 else ""
+        if name in ("segment_alloc", "segment_map"):
+            segs[addr] = [addr, size, stream]
+            reserved += size
+            if reserved > peak:
+                peak = reserved
+                at_peak = [[*sg, sorted(sz for a, sz in blocks.items() if sg[0] <= a < sg[0] + sg[1])]
+                           for sg in sorted(segs.values())]
+        elif name in ("segment_free", "segment_unmap"):
+            reserved -= segs.pop(addr, [0, 0, 0])[1]
+        elif name == "alloc":
+            blocks[addr] = size
+        elif name == "free_completed":
+            blocks.pop(addr, None)
+    return {"actions": list(TRACE_ACTIONS), "frames": list(frames), "trace": rows,
+            "peak_reserved_replayed": peak, "segments_at_peak_reserved": at_peak,
+            "segments_at_end": [[int(sg["address"]), int(sg["total_size"]), int(sg["stream"]), sg.get("segment_type")]
+                                for sg in snap.get("segments", [])]}
+
+
 # -- in the recorder --------------------------------------------------------------------------------
 
 def run_child(wrapper: str, argv: list[str], *, env: dict[str, str], cwd: Path,

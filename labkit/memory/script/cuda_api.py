@@ -148,6 +148,38 @@ def _summary(live: Any) -> str:
             f"{st['segment.all.current']} segments")
 
 
+def _generator_type(note: Any) -> type:
+    """``torch.Generator`` as a CUDA build answers ``torch.Generator(device="cuda")`` (a CPU build refuses it): a host
+    generator stands in, its ``device`` the GPU's (timm's ``ModelEmaV3`` keeps one for stochastic rounding). Every
+    other generator is torch's own, and ``isinstance`` answers for torch's generators as before."""
+    base = torch.Generator
+
+    class Meta(type(base)):  # type: ignore[misc]
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub: Any) -> bool:
+            return issubclass(sub, base)
+
+    class Generator(base, metaclass=Meta):  # type: ignore[misc, valid-type]
+        def __new__(cls, device: Any = "cpu") -> Any:
+            if torch.device(device).type != "cuda":
+                return base(device)
+            note("torch.Generator(device='cuda'): a host generator stands in on the fake GPU (its own seed and "
+                 "state; draws with it are the host's, the same shapes)")
+            return base.__new__(cls, device="cpu")
+
+        def __init__(self, device: Any = "cpu") -> None:
+            dev = torch.device(device)
+            self._fake_device = torch.device("cuda", 0 if dev.index is None else dev.index)
+
+        @property
+        def device(self) -> torch.device:
+            return self._fake_device
+
+    return Generator
+
+
 @contextlib.contextmanager
 def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> Iterator[None]:
     """Patch ``torch.cuda`` (and the few ``torch.backends`` queries that need a GPU) for the duration.
@@ -264,6 +296,7 @@ def cuda_answers(facts: GpuFacts, live: Any, note: Any, local_rank: int = 0) -> 
                  "reset_peak_memory_stats", "memory_stats", "mem_get_info", "empty_cache", "memory_snapshot"):
         if hasattr(tcm, attr):
             patch(tcm, attr, names[attr])
+    patch(torch, "Generator", _generator_type(note))
     patch(tcm, "_record_memory_history", record_history)
     patch(tcm, "_dump_snapshot", dump_snapshot)
 

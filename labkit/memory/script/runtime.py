@@ -26,8 +26,10 @@ import dataclasses
 import importlib.abc
 import importlib.util
 import sys
+import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -38,6 +40,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
 from labkit.core.errors import LabkitError
 from labkit.memory.script.cuda_api import GpuFacts, cuda_answers
@@ -208,6 +211,57 @@ def custom_backward_modes(modes: Callable[[], list[TorchFunctionMode]]) -> Itera
         BackwardCFunction.apply = original  # type: ignore[method-assign]
 
 
+class DeviceThread:
+    """The CUDA autograd engine's device thread, for the backward passes that build a graph (``create_graph=True``:
+    a gradient penalty's ``torch.autograd.grad``, a double backward).
+
+    On a GPU every backward runs on the engine's thread for that device, and the nodes a ``create_graph`` backward
+    creates take their sequence numbers from that thread's counter (``at::sequence_number`` is thread-local:
+    aten/src/ATen/SequenceNumber.cpp), which counts only the nodes made there, so they number below every forward
+    node of the program. The engine takes ready nodes by sequence number, highest first (torch/csrc/autograd/engine.h
+    ``CompareNodeTaskTime``), so a later backward through them reaches them last. On the fake GPU the engine runs
+    on the calling thread, and the same nodes would number above every forward node and be reached first: WGAN-GP's
+    loss kept the real batch's critic graph alive through the penalty's double backward, 14.9% above the H200's
+    peak (users2 ``wgan_gp``). Such a backward runs here on one thread of its own, kept for the run as the GPU's is,
+    under the program's dispatch and function modes and grad mode; one inside a ``torch.func`` transform (whose
+    state is the calling thread's) or already on that thread runs where it is called."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._ident: int | None = None
+
+    def wanted(self) -> bool:
+        return threading.get_ident() != self._ident and torch._C._functorch.peek_interpreter_stack() is None
+
+    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-cuda-autograd")
+        dispatch_modes, function_modes = _get_current_dispatch_mode_stack(), _get_current_function_mode_stack()
+        grad = torch.is_grad_enabled()
+
+        def work() -> Any:
+            self._ident = threading.get_ident()
+            for mode in function_modes:
+                torch._C._push_on_torch_function_stack(mode)
+            for mode in dispatch_modes:
+                _push_mode(mode)
+            try:
+                with torch.set_grad_enabled(grad):
+                    return fn(*args, **kwargs)
+            finally:
+                for _ in dispatch_modes:
+                    _pop_mode()
+                for _ in function_modes:
+                    torch._C._pop_torch_function_stack()
+
+        return self._pool.submit(work).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 @contextlib.contextmanager
 def _autocast_cache(state: _AutocastState) -> Iterator[None]:
     original = torch.clear_autocast_cache
@@ -324,13 +378,17 @@ class FakeGPU:
                 raise StopScript()
 
         original_backward, original_grad = torch.autograd.backward, torch.autograd.grad
+        device_thread = DeviceThread()
 
-        def in_backward(fn: Any) -> Any:
+        def in_backward(fn: Any, create_graph_at: int) -> Any:
             def run(*a: Any, **k: Any) -> Any:
                 prev = self.phase
                 self._depth = 0
                 self._set_phase("backward")
                 try:
+                    create_graph = k.get("create_graph", a[create_graph_at] if len(a) > create_graph_at else False)
+                    if create_graph and device_thread.wanted():
+                        return device_thread.run(fn, a, k)
                     return fn(*a, **k)
                 finally:
                     self._set_phase("other" if prev in ("loss", "forward") else prev)
@@ -338,11 +396,15 @@ class FakeGPU:
 
         hooks = [register_module_forward_pre_hook(pre), register_module_forward_hook(post),
                  register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
-        torch.autograd.backward = in_backward(original_backward)          # type: ignore[assignment]
-        torch.autograd.grad = in_backward(original_grad)                  # type: ignore[assignment]
+        # create_graph's place among the positional arguments: torch.autograd.backward(tensors, grad_tensors,
+        # retain_graph, create_graph, ...), torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph,
+        # create_graph, ...) (Tensor.backward passes it by position)
+        torch.autograd.backward = in_backward(original_backward, 3)       # type: ignore[assignment]
+        torch.autograd.grad = in_backward(original_grad, 4)               # type: ignore[assignment]
         try:
             yield
         finally:
+            device_thread.close()
             for h in hooks:
                 h.remove()
             torch.autograd.backward = original_backward                   # type: ignore[assignment]

@@ -141,9 +141,7 @@ class GpuTracker(StorageTracker):
         op (ATen's ``nondeterministic_seeded`` tag: ``randint``, ``randperm``, ...) draws on the host: the same
         distribution, not the GPU's numbers (said in the notes). An op that writes into a tensor from unknown
         values makes its storage's carried values unknown (every view of it included)."""
-        mutable = _MUTABLE.get(func)
-        if mutable is None:
-            mutable = _MUTABLE[func] = bool(func._schema.is_mutable)
+        mutable = _mutable(func)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         small = bool(outs) and all(isinstance(o, torch.Tensor) and not o.is_floating_point() and not o.is_complex()
                                    and o.numel() <= REAL_HOST_NUMEL for o in outs)
@@ -455,7 +453,9 @@ class GpuTracker(StorageTracker):
                 return as_read_by(func, self.emulator.scalar_read(args[0]))
             return func(*args, **kwargs)
         if leaves:
-            if sum(x.numel() for x in leaves) <= REAL_HOST_NUMEL:
+            # an op writing into real tensors stays real whatever their sizes together (a real tensor cannot
+            # turn fake in place: spectral_norm's registration runs ``weight.set_(weight)`` on a real weight)
+            if sum(x.numel() for x in leaves) <= REAL_HOST_NUMEL or _mutable(func):
                 with unset_fake_temporarily():
                     return func(*args, **kwargs)
             return func(*args, **kwargs)
@@ -468,6 +468,16 @@ class GpuTracker(StorageTracker):
 
 
 _MUTABLE: dict[Any, bool] = {}    # op overload -> whether it writes into an argument (its schema)
+
+
+def _mutable(func: Any) -> bool:
+    """Whether the op overload writes into an argument (its schema), remembered."""
+    mutable = _MUTABLE.get(func)
+    if mutable is None:
+        mutable = _MUTABLE[func] = bool(func._schema.is_mutable)
+    return mutable
+
+
 _UNKNOWN = object()
 
 

@@ -429,3 +429,57 @@ def test_a_custom_functions_backward_casts_under_the_forwards_autocast():
         assert y.dtype == torch.bfloat16
         y.float().sum().backward()
     assert _ScaledMatmul.seen == [(torch.bfloat16, torch.bfloat16)]
+
+
+def test_spectral_norm_registers_on_real_host_weights():
+    """spectral_norm's registration writes a weight into itself (``weight.set_(weight)``, parametrize.py
+    ``_maybe_set``): on host tensors that are real one by one (49,152 elements) but larger than the real-host
+    limit together, the write stays real instead of being refused (data/scripts/users2/gan_spectral_bf16.py)."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    with fake_gpu() as gpu:
+        head = spectral_norm(nn.Linear(49_152, 1))
+        assert not is_fake(head.parametrizations.weight.original)
+        head.cuda()
+        head(torch.randn(4, 49_152, device="cuda")).sum().backward()
+        assert head.parametrizations.weight.original.grad.is_cuda
+    assert gpu.report().peak_bytes >= 2 * 49_152 * 4
+
+
+def test_a_cuda_generator_is_made_as_on_a_cuda_build():
+    """``torch.Generator(device="cuda")`` (timm's ModelEmaV3 keeps one), which a CPU build refuses: a host generator
+    stands in with the GPU as its device; torch's own generators stay what they were, and so does torch.Generator."""
+    original = torch.Generator
+    with fake_gpu() as gpu:
+        g = torch.Generator(device="cuda")
+        assert g.device == torch.device("cuda", 0) and g.manual_seed(3).initial_seed() == 3
+        assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+        assert torch.Generator().device.type == "cpu"
+        x = torch.randn(256, 1024, device="cuda", generator=g)
+        assert x.is_cuda and torch.cuda.memory_allocated() == 256 * 1024 * 4
+    assert torch.Generator is original
+    assert any("torch.Generator(device='cuda')" in n for n in gpu.report().notes)
+
+
+def test_a_create_graph_backward_numbers_its_nodes_as_the_gpus_device_thread_does():
+    """A gradient penalty (WGAN-GP: torch.autograd.grad with create_graph=True) makes its nodes on the CUDA autograd
+    engine's thread, whose sequence numbers run below the forward's, so a later backward reaches the critic's other
+    graphs (the real batch's) before the penalty's; on the calling thread the penalty's would come first and keep
+    every graph alive through its double backward (users2 wgan_gp: +14.9% peak before)."""
+    order = []
+
+    def critic(d, x, name):
+        h = d[1](d[0](x))
+        h.register_hook(lambda g: order.append(name))
+        return d[2](h.flatten(1)).mean()
+
+    with fake_gpu():
+        d = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)).cuda()
+        fake, real = torch.randn(8, 64, device="cuda"), torch.randn(8, 64, device="cuda")
+        mixed = (0.5 * fake + 0.5 * real).requires_grad_(True)
+        loss = critic(d, fake, "fake") - critic(d, real, "real")
+        (grad,) = torch.autograd.grad(critic(d, mixed, "mixed"), mixed, create_graph=True)
+        grad.register_hook(lambda g: order.append("penalty"))
+        order.clear()                                       # the mixed batch's hook ran in the penalty's backward
+        (loss + grad.norm(2, dim=1).sub(1).pow(2).mean()).backward()
+    assert order[0] == "real" and set(order) == {"real", "penalty", "fake", "mixed"}   # the calling thread: penalty

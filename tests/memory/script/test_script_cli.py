@@ -248,3 +248,24 @@ def test_recorded_lora_padded_batch(run_cli):
     r = run_cli("measure", "--script", str(script), "--steps", "1", "--json", "--", *rec["args"], timeout=600)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["peak_bytes"] == rec["step_cumulative_peaks"][0]
+
+
+def test_second_batch_of_users_scripts_at_tiny_sizes():
+    """Two scripts of data/scripts/users2/ at tiny sizes, through their own arguments (bench_script.py --users2 runs
+    all twelve at their recorded sizes against users2.json): WGAN-GP's critic steps hold the gradient penalty's
+    double backward (torch.autograd.grad with create_graph=True) and so peak above the generator's step (at a size
+    where activations outweigh the weights); sparse embedding tables train with SparseAdam's dense moments but
+    sparse gradients (indices and rows, not the tables' size)."""
+    from labkit.memory.script.run import run_script
+
+    users2 = REPO / "data" / "scripts" / "users2"
+    wgan = run_script(str(users2 / "wgan_gp.py"), ["--batch", "16", "--width", "8", "--iters", "1"], banner=False)
+    assert wgan.outcome == "completed" and len(wgan.steps) == 6          # five critic steps, one generator step
+    assert min(s.peak_bytes for s in wgan.steps[:5]) > wgan.steps[5].peak_bytes
+    args = ["--tables", "2", "--rows", "20000", "--dim", "64", "--batch", "64", "--steps", "2"]
+    rec = run_script(str(users2 / "sparse_embedding_rec.py"), args, banner=False)
+    tables = 2 * 20000 * 64 * 4                                          # float32 tables
+    cat = rec.peak_by_category
+    assert rec.outcome == "completed" and len(rec.steps) == 4            # two optimizers, two steps
+    assert cat["optimizer_state"] >= 2 * tables + 2 * (cat["parameters"] - tables)   # both moments everywhere
+    assert cat["gradients"] < cat["parameters"] - tables + tables // 10  # the dense MLPs' and the sparse rows'

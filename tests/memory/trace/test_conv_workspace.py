@@ -583,3 +583,33 @@ def test_the_cases_these_rules_fixed_are_within_targets(name):
     (rec,) = [r for r in load_plain(process="fresh") if r.name == name]
     (v,) = validate([rec])
     assert v.within_targets, (v.peak_error_pct, v.reserved_error_pct)
+
+
+def test_per_sample_weight_gradients_take_no_workspace_as_the_h200s_history_shows():
+    """torch.func per-sample gradients (data/scripts/users2/per_sample_grads.py, B = 512): functorch runs each weight
+    gradient as a convolution of batch 1 with 512 times the groups. In the H200's allocator history of that script
+    every transient block of 16 MiB or more is an ordinary convolution pass of batch 512 (a forward or an input
+    gradient, the rule's bytes and cuDNN's 147) and none is the grouped copies' size (1.8 GB, 624 MiB, 271 MiB)."""
+    from labkit.core.paths import REPO_ROOT
+
+    doc = load_measurement(REPO_ROOT / "data" / "measurements" / "script" / "memory_trace__per_sample_grads.json",
+                           kind="allocator_trace")["data"]
+    acts, transients, last = doc["actions"], set(), None
+    for act, addr, size, _, _ in doc["trace"]:
+        if acts[act] == "alloc":
+            last = (addr, size)
+        elif acts[act] == "free_requested":
+            if last is not None and last[0] == addr:
+                transients.add(size)
+            last = None
+    f32 = torch.float32
+    ordinary = {conv_workspace_bytes(p, (512, cin, hw, hw), (cout, cin, 3, 3), (512, cout, hw, hw), (1, 1), (1, 1),
+                                     (1, 1), 1, f32)[0]
+                for p in ("forward", "backward_data") for cin, cout, hw in ((96, 192, 16), (192, 384, 8))}
+    assert {t for t in transients if t >= 16 * MiB} == {n + 147 for n in ordinary} == {151658643, 78151827}
+    for cin, cout, hw in ((3, 96, 32), (96, 192, 16), (192, 384, 8)):
+        shapes = ((1, 512 * cin, hw, hw), (512 * cout, cin, 3, 3), (1, 512 * cout, hw, hw))
+        assert conv_workspace_bytes("backward_filter", *shapes, (1, 1), (1, 1), (1, 1), 512, f32)[0] == 0
+        # the same problem at batch 2 is an ordinary grouped convolution: the NHWC copies
+        assert conv_workspace_bytes("backward_filter", (2, *shapes[0][1:]), shapes[1], (2, *shapes[2][1:]), (1, 1),
+                                    (1, 1), (1, 1), 512, f32)[0] > 100 * MiB

@@ -172,6 +172,17 @@ MiB for its weight gradient (the rule: 38) and 72 MiB for its input gradient (34
 that problem alone, not modelled (``tv-inception_v3-b64-fp32``'s reserved stays -6.2%; with the H200's sizes for its
 passes, ``benchmarks/conv_stream_diff.py --substitute``, +0.05%).
 
+**Per-sample weight gradients** (``torch.func``: ``vmap(grad(loss))`` over a batch of B samples, each run as a batch
+of one) reach cuDNN as a grouped convolution of batch 1: functorch's batch rule for a weight gradient whose input and
+output gradient both carry the vmapped dimension folds it into the channels and multiplies the groups by B
+(``aten/src/ATen/functorch/BatchRulesConvolution.cpp``, ``convolution_backward_weight_batch_rule``: "BNO, BNI ->
+N(BO), N(BI) -> (BO)I", ``groups * batch_size``). On the H200 those passes take no workspace of note (B = 512 in
+``data/scripts/users2/per_sample_grads.py``'s allocator history, ``memory_trace__per_sample_grads.json``: 41 KB for
+512 groups of 192->384 at 8x8, 7.3 MiB for 96->192 at 16x16, none above 2 KB for 3->96 at 32x32), where the grouped
+rule's NHWC copies would be the per-sample weight gradients' size again (1.8 GB for the first):
+:data:`GROUPED_WGRAD_BATCH_1` (that script's peak from +8.69% to the byte, reserved from -1.73% to the byte). Their
+input gradients are ordinary convolutions of batch B.
+
 Not measured, assumed as stated in :data:`ASSUMPTIONS`: fp16 depthwise in NCHW, ``cudnn.benchmark = True``.
 """
 
@@ -238,6 +249,10 @@ ODD_1X1_MAX_CHANNELS = 64
 # the audio net's 1-D 64->1 head (hand-conv1d-audio-b64-s32768-fp32: its recorded peak has no room for 544 MiB of
 # copies) take the per-sample partials; batch 8 and 16 take the copies, 17-63 is not measured
 ODD_1X1_PARTIALS_FROM_BATCH = 64
+
+# a grouped convolution's weight gradient at this batch (functorch's per-sample gradients: see the module docstring)
+# takes no workspace (measured on the H200 at 512 groups: 41 KB, 7.3 MiB and under 2 KB for its three convolutions)
+GROUPED_WGRAD_BATCH_1 = 1
 
 # a 1x1 stride-1 convolution at this many output pixels or fewer takes the NHWC copies of input and output
 # in every pass (measured at 7x7; 14x14 and larger take none / the partials): the heuristics' boundary lies
@@ -351,6 +366,8 @@ def conv_workspace_bytes(pass_: str, x_shape: Sequence[int], w_shape: Sequence[i
     cin = x_shape[1]
     if groups == cin and groups > 1 and dtype != torch.float16 and not channels_last:
         return 0, None                                   # PyTorch's depthwise kernel, not cuDNN
+    if pass_ == "backward_filter" and groups > 1 and x_shape[0] == GROUPED_WGRAD_BATCH_1:
+        return 0, None                                   # per-sample weight gradients (torch.func): none of note
     if len(x_shape) not in (4, 5):
         return 0, ASSUMPTIONS["other"]
     if channels_last and groups == cin and groups > 1:
