@@ -117,7 +117,7 @@ class Case:
 # Shrinking for CI
 
 # configuration fields that count layers or set widths, per naming convention
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers",
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "encoder_layers",
                "decoder_layers")
 _TINY_WIDTH = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128, "ffn_dim": 128,
@@ -126,7 +126,8 @@ _TINY_WIDTH = {
     "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "head_dim": 16, "d_kv": 16, "vocab_size": 512, "image_size": 32,
     "patch_size": 8, "max_position_embeddings": 128, "n_positions": 128, "num_labels": 10,
-    "num_local_experts": 4, "num_experts": 4, "rotary_dim": 8,
+    "num_local_experts": 4, "num_experts": 4, "rotary_dim": 8, "embedding_size": 32, "dim": 64, "hidden_dim": 128,
+    "n_heads": 4,
 }
 
 
