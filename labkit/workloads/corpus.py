@@ -138,18 +138,22 @@ TINY_IMAGE_SIDE = {"vit_b_16": 224, "swin_t": 224, "vit_b_32": 224, "maxvit_t": 
 # attention pools fixed position tables (MViT V2: 16 frames of 224 x 224); fake mode's cost does not grow with it
 TINY_CLIP = {"video.s3d": (224, 16), "video.mvit_v2_s": (224, 16)}
 # the CI size of timm models (``timm.create_model`` keyword arguments, and the image side): a fixed input size (ViTs,
-# Swin, CoAtNet's and LeViT's relative positions) shrunk with the model, fewer blocks where the constructor takes their
-# count; the others keep their full depth at 32 pixels (about 2 s of CPU each); every one gets 10 classes
+# Swin, CoAtNet's and LeViT's relative positions) shrunk with the model, one or two blocks a stage where the constructor
+# takes their count (``stage_depth``: see _timm_kwargs); EfficientNet-B2 keeps its full depth at 32 pixels (timm's
+# builder fixes it; about 2.5 s of CPU); every one gets 10 classes
 TINY_TIMM: dict[str, tuple[dict[str, Any], int]] = {
     "vit_base_patch16_reg4_gap_256": (dict(img_size=32, depth=2), 32),
     "deit3_small_patch16_224": (dict(img_size=32, depth=2), 32),
     "eva02_tiny_patch14_224": (dict(img_size=28, depth=2), 28),
-    "coatnet_0_rw_224": (dict(img_size=64), 64),
-    "levit_128": (dict(img_size=64), 64),
+    "coatnet_0_rw_224": (dict(img_size=64, depths=(1, 1, 1, 1)), 64),
+    "levit_128": (dict(img_size=64, depth=(1, 1, 1)), 64),
     "swin_tiny_patch4_window7_224": (dict(img_size=64, window_size=2, depths=(1, 1, 1, 1)), 64),
     "resnet50d": (dict(layers=[1, 1, 1, 1]), 32),
     "convnextv2_tiny": (dict(depths=(1, 1, 1, 1)), 32),
     "edgenext_small": (dict(depths=(1, 1, 1, 1)), 32),
+    "dm_nfnet_f0": (dict(depths=(1, 1, 1, 1)), 32),
+    "regnetz_c16": (dict(stage_depth=1), 32),
+    "mobilevitv2_100": (dict(stage_depth=1), 32),
 }
 # the CI size of the fields of the speech and contrastive configurations (``tiny`` shrinks their nested
 # ``text_config`` / ``vision_config`` with the same table)
@@ -263,7 +267,7 @@ def build_model(case: Case) -> nn.Module:
         extra = {"weights_backbone": None} if case.task == "segmentation" else {}   # no download
         model = model(weights=None, **extra, **case.overrides)
     elif case.family == "timm":
-        model = require("timm", "timm").create_model(case.arch, pretrained=False, **case.overrides)
+        model = require("timm", "timm").create_model(case.arch, pretrained=False, **_timm_kwargs(case))
     else:
         transformers = require_transformers()
         model = getattr(transformers, _AUTO_CLASS[case.task]).from_config(hf_config(case))
@@ -283,6 +287,27 @@ def build_model(case: Case) -> nn.Module:
         if case.lora_order == "cast-before-input-grads":
             model.enable_input_require_grads()
     return model
+
+
+def _timm_kwargs(case: Case) -> dict[str, Any]:
+    """``timm.create_model``'s keyword arguments for ``case``: its overrides, where ``stage_depth`` (labkit's, for CI
+    sizes) caps the blocks of every stage of a model timm builds from a ``ByoModelCfg`` (RegNetZ, MobileViT V2) by
+    overlaying ``blocks`` on it, as ``ByobNet``'s own ``**kwargs`` do."""
+    import dataclasses
+
+    kw = dict(case.overrides)
+    depth = kw.pop("stage_depth", None)
+    if depth:
+        import timm.models.byobnet as byobnet
+        import timm.models.mobilevit as mobilevit
+
+        cfg = {**byobnet.model_cfgs, **mobilevit.model_cfgs}[case.arch]
+
+        def cap(b: Any) -> Any:
+            return tuple(cap(x) for x in b) if isinstance(b, tuple) else dataclasses.replace(b, d=min(b.d, depth))
+
+        kw["blocks"] = tuple(cap(b) for b in cfg.blocks)
+    return kw
 
 
 LORA_ORDERS = ("cast-before", "cast-before-bf16-adapters", "cast-after", "cast-before-input-grads")
