@@ -293,8 +293,6 @@ def _timm_kwargs(case: Case) -> dict[str, Any]:
     """``timm.create_model``'s keyword arguments for ``case``: its overrides, where ``stage_depth`` (labkit's, for CI
     sizes) caps the blocks of every stage of a model timm builds from a ``ByoModelCfg`` (RegNetZ, MobileViT V2) by
     overlaying ``blocks`` on it, as ``ByobNet``'s own ``**kwargs`` do."""
-    import dataclasses
-
     kw = dict(case.overrides)
     depth = kw.pop("stage_depth", None)
     if depth:
@@ -304,7 +302,7 @@ def _timm_kwargs(case: Case) -> dict[str, Any]:
         cfg = {**byobnet.model_cfgs, **mobilevit.model_cfgs}[case.arch]
 
         def cap(b: Any) -> Any:
-            return tuple(cap(x) for x in b) if isinstance(b, tuple) else dataclasses.replace(b, d=min(b.d, depth))
+            return tuple(cap(x) for x in b) if isinstance(b, tuple) else replace(b, d=min(b.d, depth))
 
         kw["blocks"] = tuple(cap(b) for b in cfg.blocks)
     return kw
@@ -823,7 +821,7 @@ BATCH6_FILE = "predicted__issue27_batch6.json"
 def _batch6() -> list[Case]:
     """Issue 27, a sixth batch (added 2026-12-03): kinds of model the corpus had never seen, predicted in fake mode
     before any recording (``data/measurements/measure/`` + :data:`BATCH6_FILE`; names' hash decides the split):
-    twelve ``timm`` classifiers (timm's own layers: ResNet-D stems, EfficientNet, ConvNeXt V2's GRN, a ViT with
+    thirteen ``timm`` classifiers (timm's own layers: ResNet-D stems, EfficientNet, ConvNeXt V2's GRN, a ViT with
     registers, DeiT III's LayerScale, EVA-02's rotary SwiGLU, CoAtNet, LeViT, MobileViT V2, RegNetZ, EdgeNeXt,
     NFNet's weight standardisation; stochastic depth on four), ten Hugging Face families (ALBERT, DistilBERT, ELECTRA,
     XLM-R, CodeGen, StableLM 2, Phi-1.5, OLMo 2, Marian, ConvNeXt), eight more torchvision models (AlexNet,
