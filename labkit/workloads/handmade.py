@@ -24,6 +24,11 @@ whose ``forward(**batch)`` returns the loss, as a user's own training script com
   (``pad_packed_sequence``) tagged token by token;
 * ``conv1d-audio``: a waveform autoencoder of strided ``nn.Conv1d`` and ``nn.ConvTranspose1d`` layers with
   BatchNorm1d and an L1 loss (``s`` is the number of samples);
+* ``mha-seqfirst-lm``: ``nn.MultiheadAttention`` blocks with ``batch_first=False`` (sequence-first activations), a
+  float causal ``attn_mask`` and a float ``key_padding_mask``;
+* ``unet3d``: a volumetric UNet (Conv3d, BatchNorm3d, ``max_pool3d``, ConvTranspose3d, ``torch.cat``; ``s`` is the
+  cube's side); ``sr-pixelshuffle``: an EDSR-style super-resolution net upsampling by ``nn.PixelShuffle`` (L1 loss);
+  ``wavenet``: dilated causal ``nn.Conv1d`` stacks with gated units over mu-law samples (``s`` samples);
 * ``embbag-rec``: a recommender of ``nn.EmbeddingBag`` tables (sum over variable-length bags given by
   offsets), a dense MLP over their concatenation and a binary cross-entropy (``s`` ids per bag on average).
 
@@ -132,6 +137,110 @@ class RNNLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         h, _ = self.rnn(self.embed(input_ids))
         return F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+
+
+class MHASeqFirstLM(nn.Module):
+    """Attention as older code and ``nn.Transformer``'s own default lay it out: ``nn.MultiheadAttention`` with
+    ``batch_first=False`` over (sequence, batch, width) activations, a float causal ``attn_mask`` (``-inf`` above the
+    diagonal, ``generate_square_subsequent_mask``) and a float ``key_padding_mask`` (``-inf`` at padding)."""
+
+    def __init__(self, vocab: int = 32000, d_model: int = 1024, nhead: int = 16, ff: int = 4096, layers: int = 6,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.ln1 = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
+        self.attn = nn.ModuleList(nn.MultiheadAttention(d_model, nhead, dropout=dropout) for _ in range(layers))
+        self.ln2 = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d_model, ff), nn.GELU(), nn.Linear(ff, d_model))
+                                 for _ in range(layers))
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        s = input_ids.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(s, device=input_ids.device)
+        pad = torch.zeros(padding_mask.shape, device=input_ids.device).masked_fill(padding_mask, float("-inf"))
+        x = self.embed(input_ids.t())                                  # (s, b, d)
+        for ln1, attn, ln2, mlp in zip(self.ln1, self.attn, self.ln2, self.mlp):
+            h = ln1(x)
+            x = x + attn(h, h, h, attn_mask=causal, key_padding_mask=pad, need_weights=False)[0]
+            x = x + mlp(ln2(x))
+        return F.cross_entropy(self.head(x).flatten(0, 1), labels.t().flatten())
+
+
+class UNet3D(nn.Module):
+    """A volumetric UNet (medical segmentation style): Conv3d, BatchNorm3d, ReLU, ``max_pool3d``, ConvTranspose3d
+    (kernel 2, stride 2), ``torch.cat`` of the skips, a per-voxel cross-entropy; one input channel."""
+
+    def __init__(self, classes: int = 4, base: int = 32, depth: int = 3) -> None:
+        super().__init__()
+        widths = [base * 2 ** i for i in range(depth + 1)]
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv3d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm3d(cout),
+                                 nn.ReLU(inplace=True), nn.Conv3d(cout, cout, 3, padding=1, bias=False),
+                                 nn.BatchNorm3d(cout), nn.ReLU(inplace=True))
+
+        self.down = nn.ModuleList([block(1, widths[0])] + [block(widths[i], widths[i + 1]) for i in range(depth)])
+        self.up = nn.ModuleList(nn.ConvTranspose3d(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(depth)))
+        self.merge = nn.ModuleList(block(2 * widths[i], widths[i]) for i in reversed(range(depth)))
+        self.out = nn.Conv3d(widths[0], classes, 1)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        skips = []
+        x = pixel_values
+        for i, blk in enumerate(self.down):
+            x = blk(x if i == 0 else F.max_pool3d(x, 2))
+            skips.append(x)
+        skips.pop()
+        for up, merge in zip(self.up, self.merge):
+            x = merge(torch.cat([skips.pop(), up(x)], dim=1))
+        return F.cross_entropy(self.out(x), labels)
+
+
+class PixelShuffleSR(nn.Module):
+    """A super-resolution net (EDSR style): a 3x3 stem, residual blocks (conv, ReLU, conv, scaled by 0.1, no
+    normalisation), an upsampler of ``nn.PixelShuffle(2)`` stages, an L1 loss against the high-resolution image."""
+
+    def __init__(self, channels: int = 64, blocks: int = 16, scale: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.body = nn.ModuleList(nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(inplace=True),
+                                                nn.Conv2d(channels, channels, 3, padding=1)) for _ in range(blocks))
+        ups: list[nn.Module] = []
+        for _ in range(max(1, scale.bit_length() - 1)):
+            ups += [nn.Conv2d(channels, 4 * channels, 3, padding=1), nn.PixelShuffle(2)]
+        self.up = nn.Sequential(*ups, nn.Conv2d(channels, 3, 3, padding=1))
+
+    def forward(self, pixel_values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = h = self.stem(pixel_values)
+        for blk in self.body:
+            h = h + 0.1 * blk(h)
+        return F.l1_loss(self.up(x + h), target)
+
+
+class WaveNet(nn.Module):
+    """WaveNet over 8-bit mu-law samples: an embedding, stacks of dilated causal ``nn.Conv1d`` (left padding by
+    ``F.pad``, dilations 1..2**(layers-1)), gated ``tanh * sigmoid`` units, 1x1 residual and skip convolutions, and
+    a per-sample cross-entropy over the 256 classes of the next sample."""
+
+    def __init__(self, channels: int = 64, skip: int = 256, layers: int = 10, stacks: int = 3, classes: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(classes, channels)
+        self.dilations = [2 ** i for i in range(layers)] * stacks
+        self.filt = nn.ModuleList(nn.Conv1d(channels, 2 * channels, 2, dilation=d) for d in self.dilations)
+        self.res = nn.ModuleList(nn.Conv1d(channels, channels, 1) for _ in self.dilations)
+        self.skip = nn.ModuleList(nn.Conv1d(channels, skip, 1) for _ in self.dilations)
+        self.head = nn.Sequential(nn.ReLU(), nn.Conv1d(skip, skip, 1), nn.ReLU(), nn.Conv1d(skip, classes, 1))
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids).transpose(1, 2)                      # (b, channels, samples)
+        out = 0
+        for d, filt, res, skip in zip(self.dilations, self.filt, self.res, self.skip):
+            f, g = filt(F.pad(x, (d, 0))).chunk(2, dim=1)
+            z = torch.tanh(f) * torch.sigmoid(g)
+            out = out + skip(z)
+            x = x + res(z)
+        return F.cross_entropy(self.head(out), labels)
 
 
 _NORMS: dict[str, Callable[[int], nn.Module]] = {
@@ -272,7 +381,8 @@ BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "rnn-lm": lambda **o: RNNLM("rnn_tanh", **o), "packed-gru-encoder": PackedGRUEncoder, "unet": UNet,
     "gn-unet": lambda **o: UNet(norm="group", **o), "in-unet": lambda **o: UNet(norm="instance", **o),
     "seq2seq": Seq2Seq, "mha-weights-lm": lambda **o: MHALM(need_weights=True, **o), "bilstm-tagger": BiLSTMTagger,
-    "packed-gru": PackedGRU, "conv1d-audio": Conv1dAudio, "embbag-rec": EmbBagRec,
+    "packed-gru": PackedGRU, "conv1d-audio": Conv1dAudio, "embbag-rec": EmbBagRec, "mha-seqfirst-lm": MHASeqFirstLM,
+    "unet3d": UNet3D, "sr-pixelshuffle": PixelShuffleSR, "wavenet": WaveNet,
 }
 UNETS = ("unet", "gn-unet", "in-unet")
 RNNS = ("lstm-lm", "gru-lm", "rnn-lm", "bilstm-tagger", "packed-gru", "packed-gru-encoder")
@@ -294,6 +404,17 @@ def make_batch(arch: str, overrides: dict[str, Any], b: int, s: int, g: torch.Ge
                 "labels": torch.randint(0, classes, (b, s, s), generator=g)}
     if arch == "conv1d-audio":
         return {"input_values": torch.randn(b, 1, s, generator=g)}
+    if arch == "unet3d":
+        return {"pixel_values": torch.randn(b, 1, s, s, s, generator=g),
+                "labels": torch.randint(0, int(overrides.get("classes", 4)), (b, s, s, s), generator=g)}
+    if arch == "sr-pixelshuffle":
+        scale = int(overrides.get("scale", 4))
+        return {"pixel_values": torch.randn(b, 3, s, s, generator=g),
+                "target": torch.randn(b, 3, scale * s, scale * s, generator=g)}
+    if arch == "wavenet":
+        classes = int(overrides.get("classes", 256))
+        return {"input_ids": torch.randint(0, classes, (b, s), generator=g),
+                "labels": torch.randint(0, classes, (b, s), generator=g)}
     if arch == "embbag-rec":
         tables, rows = int(overrides.get("tables", 8)), int(overrides.get("rows", 100000))
         lengths = torch.randint(1, 2 * s, (b,), generator=g)
@@ -317,7 +438,7 @@ def make_batch(arch: str, overrides: dict[str, Any], b: int, s: int, g: torch.Ge
         return {"input_ids": ids, "lengths": lengths,
                 "labels": torch.randint(0, int(overrides.get("classes", 4)), (b,), generator=g)}
     batch = {"input_ids": ids, "labels": torch.randint(0, vocab, (b, s), generator=g)}
-    if arch in ("encoder-lm", "decoder-lm", "mha-lm", "mha-weights-lm", "seq2seq"):
+    if arch in ("encoder-lm", "decoder-lm", "mha-lm", "mha-weights-lm", "seq2seq", "mha-seqfirst-lm"):
         batch["padding_mask"] = _padding_mask(ids)
     return batch
 
@@ -332,6 +453,12 @@ def tiny_overrides(arch: str, overrides: dict[str, Any]) -> dict[str, Any]:
         return dict(overrides, channels=8, depth=2)
     if arch == "embbag-rec":
         return dict(overrides, tables=2, rows=1000, dim=16, mlp=32)
+    if arch == "unet3d":
+        return dict(overrides, base=4, depth=2)
+    if arch == "sr-pixelshuffle":
+        return dict(overrides, channels=8, blocks=2)
+    if arch == "wavenet":
+        return dict(overrides, channels=8, skip=16, layers=3, stacks=1)
     o = dict(overrides, vocab=512, layers=2)
     if arch in RNNS:
         return dict(o, hidden=64, **{k: 32 for k in ("proj", "embed") if o.get(k)})

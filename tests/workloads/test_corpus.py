@@ -31,7 +31,7 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 266         # the support corpus runs them at CI size (compat_cases): keep CI time in mind
+    assert 60 <= len(CASES) <= 301         # the support corpus runs them at CI size (compat_cases): keep CI time in mind
     # issue 27: models built by hand from PyTorch's modules, cuDNN RNNs, 3-D and transposed convolutions,
     # segmentation heads, more torchvision classifiers and the LoRA orders
     assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
@@ -358,3 +358,36 @@ def test_predictions_are_written_before_recording_and_compared_after(tmp_path, b
     assert script.main(["--compare", str(out), str(recording(1.01))]) == 0
     assert script.main(["--compare", str(out), str(recording(1.10))]) == 1
     assert "MISS" in capsys.readouterr().out
+
+
+def test_the_sixth_batch_is_new_kinds_timm_among_them_predicted_before_recording():
+    """Issue 27's sixth batch: about 30 kinds the corpus had never seen (timm classifiers, Hugging Face families,
+    torchvision models, hand-built ones), each predicted in fake mode at its full size (predicted__issue27_batch6.json,
+    committed before any recording) and in the CI corpus at CI size; a third held out by the names' hash."""
+    from dataclasses import replace
+
+    from labkit.workloads.corpus import BATCH6_FILE, BATCH6_NOT_IN_CI, _batch6, build_model, compat_cases, make_batch, tiny
+
+    cases = _batch6()
+    assert 30 <= len(cases) and {c.family for c in cases} == {"timm", "transformers", "torchvision", "handmade"}
+    assert {c.precision for c in cases} == {"fp32", "amp-bf16", "bf16"}
+    assert not {c.arch for c in cases} & {c.arch for c in CASES if c not in cases}
+    assert 0.25 < sum(c.split == "held-out" for c in cases) / len(cases) < 0.42
+    path = Path(__file__).resolve().parents[2] / "data/measurements/measure" / BATCH6_FILE
+    rows = {r["name"]: r for r in load_measurement(path, kind="fake_predictions")["data"]["cases"]}
+    assert sorted(rows) == sorted(c.name for c in cases)
+    for c in cases:
+        assert rows[c.name]["split"] == c.split and "refused" not in rows[c.name], rows[c.name]
+        assert 4e9 < rows[c.name]["peak_allocated"] <= rows[c.name]["peak_reserved"] < 60e9    # realistic, fits one H200
+    ci = compat_cases()             # by content: at CI size DistilBERT is COMPAT_EXTRA's, kept under that name
+    assert {repr(replace(tiny(c), name="")) for c in cases if c.arch not in BATCH6_NOT_IN_CI} <= {
+        repr(replace(c, name="")) for c in ci}
+    shallower = {"resnet152": "resnet50", "efficientnet_b1": "efficientnet_b0", "convnext_base": "convnext_tiny",
+                 "swin_s": "swin_t", "segmentation.deeplabv3_resnet101": "segmentation.deeplabv3_resnet50"}
+    assert set(BATCH6_NOT_IN_CI) == set(shallower) and set(shallower.values()) <= {c.arch for c in ci}
+    # a timm case is timm's model (pretrained=False: no download), and its CI size keeps its kind (EVA-02's head
+    # asked for: its default has none)
+    eva = tiny(next(c for c in cases if c.arch.startswith("eva02")))
+    model = build_model(eva)
+    assert type(model).__module__.startswith("timm.") and model.num_classes == 10 and len(model.blocks) == 2
+    assert model(make_batch(eva)["pixel_values"]).shape == (2, 10)

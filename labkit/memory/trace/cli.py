@@ -276,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
     except LabkitError as exc:
         if args.device != "fake-cuda" or not _fake_refusal(exc):
             raise
+        if args.factory and _batch_misfits(args, exc):
+            raise LabkitError(_misfit_line(args, str(exc.cause))) from None
         raise LabkitError(_refusal_with_command(args, exc, _runs_without_cache(args))) from None
     if args.json:
         print(dumps(rep))
@@ -440,9 +442,9 @@ def _kv_cache_note() -> str:
             f"--no-kv-cache to see the step with use_cache=False{recorded}")
 
 
-def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
-    from labkit.memory.trace.step import measure_step
-    from labkit.workloads.corpus import vision_call, vision_loss
+def _factory_batch(args: argparse.Namespace) -> tuple[Any, str, dict]:
+    """``--factory``'s function, its task and the batch the lab gives it (token ids, or images for
+    image-classification)."""
     from labkit.workloads.user_model import load_factory, make_shaped_batch
 
     factory = load_factory(args.factory)
@@ -450,12 +452,63 @@ def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
     batch = make_shaped_batch(task, micro_batch=args.micro_batch or 4,
                               seq=(args.image_size or 224) if task == "image-classification" else (args.seq or 512),
                               vocab=args.vocab, factory=factory)
+    return factory, task, batch
+
+
+def _run_factory(args: argparse.Namespace) -> tuple[Any, str]:
+    from labkit.memory.trace.step import measure_step
+    from labkit.workloads.corpus import vision_call, vision_loss
+
+    factory, task, batch = _factory_batch(args)
     kw: dict[str, Any] = {}
     if task == "image-classification":
         kw = {"loss_fn": vision_loss, "call": vision_call}
-    rep = measure_step(factory, batch, **kw, **_step_kwargs(args))
+    try:
+        rep = measure_step(factory, batch, **kw, **_step_kwargs(args))
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        import torch
+
+        # fake mode's own refusals are LabkitErrors; a GPU running out of memory is no misfit of the batch
+        if args.device == "fake-cuda" or isinstance(exc, torch.OutOfMemoryError):
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        raise LabkitError(_misfit_line(args, f"{type(exc).__name__}: {first}")) from None
     _check_routing(args, rep, f"{args.factory}()")
     return rep, f"{args.factory}() ({task})"
+
+
+def _batch_misfits(args: argparse.Namespace, exc: Exception) -> bool:
+    """Whether a step fake mode refused in the forward, outside any op it could not run (the model's own Python: an
+    unpacking, a reshape's size check), fails the same way on meta tensors, which have shapes and no values: then
+    the lab's batch does not fit the model (a video model given images), and real tensors fail too. An op without a
+    fake kernel (a custom op) has no meta kernel either: that refusal keeps its --device cpu."""
+    import torch
+
+    from labkit.memory.trace.step import FakeModeUnsupported
+    from labkit.workloads.corpus import vision_call
+
+    if not isinstance(exc, FakeModeUnsupported) or exc.op or exc.phase != "forward" or not exc.cause:
+        return False
+    factory, task, batch = _factory_batch(args)
+    try:
+        with torch.device("meta"):
+            model = factory()
+        meta = {k: v.to("meta") for k, v in batch.items()}
+        vision_call(model, meta) if task == "image-classification" else model(**meta)
+    except Exception as meta_exc:  # noqa: BLE001 - any error of the model's own forward is compared, none raised
+        first = (str(meta_exc).strip().splitlines() or [""])[0]
+        return (bool(first) and not isinstance(meta_exc, NotImplementedError)
+                and str(exc.cause).startswith(f"{type(meta_exc).__name__}: {first[:240]}"))
+    return False
+
+
+def _misfit_line(args: argparse.Namespace, cause: str) -> str:
+    """One line for a ``--factory`` model that raises on the lab's batch: the batch it was given and what to run."""
+    _, task, batch = _factory_batch(args)
+    shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
+    return (f"--factory {args.factory}: the model raised on the batch labkit makes for --task {task} ({shapes}): {cause}; "
+            "a model that takes other inputs (a video clip, several tensors) is measured with its own training loop: "
+            "labkit measure --script YOUR_TRAIN.py")
 
 
 def _print_report(args: argparse.Namespace, rep: Any, what: str) -> None:

@@ -11,7 +11,7 @@ from labkit.workloads.corpus import compat_cases
 
 # The corpus in shards (every case in exactly one), so that under pytest-xdist both CI workers share it. A shard
 # holds whole architectures (a process's first case of an architecture imports its modules and fills fake mode's
-# dispatch cache for the rest), cut where the cost so far reaches a quarter: a torchvision model, traced at its
+# dispatch cache for the rest), cut where the cost so far reaches a quarter: a torchvision or timm model, traced at its
 # full depth, costs about two transformers cases at CI size.
 SHARDS = 4
 
@@ -22,7 +22,7 @@ def _shard(i: int) -> list:
     for n, c in enumerate(cases):
         first.setdefault(c.arch, n)
     ordered = sorted(cases, key=lambda c: first[c.arch])   # stable: each architecture's cases stay in corpus order
-    cost = [2 if c.family == "torchvision" else 1 for c in ordered]
+    cost = [2 if c.family in ("torchvision", "timm") else 1 for c in ordered]
     total, acc, cut = sum(cost), 0, [0]
     for n, w in enumerate(cost):
         acc += w

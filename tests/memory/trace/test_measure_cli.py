@@ -172,6 +172,39 @@ def test_fake_mode_refusal_is_one_line_naming_op_and_module(tmp_path, capsys):
         sys.path.remove(str(tmp_path))
 
 
+def test_a_factory_model_that_does_not_take_the_batch_is_one_line_on_any_device(tmp_path, capsys):
+    """A video model given --task image-classification's images fails in its forward on any device (meta tensors
+    show it without running it): fake mode does not suggest --device cpu, which would fail the same way, and
+    --device cpu itself says so in one line instead of a traceback; both name --script."""
+    _write_module(tmp_path, "corpus_cli_clip", """
+        import torch.nn as nn
+
+        class Clip(nn.Module):               # takes (batch, 3, frames, side, side), as torchvision's video models
+            def __init__(self):
+                super().__init__()
+                self.conv, self.head = nn.Conv3d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+            def forward(self, x):
+                b, c, t, h, w = x.shape
+                return self.head(self.conv(x).reshape(b, 8, t * h * w).mean(-1))
+
+        def clip():
+            return Clip()
+    """)
+    try:
+        for device in ("fake-cuda", "cpu"):
+            rc, out, err = run(capsys, "--factory", "corpus_cli_clip:clip", "--image-size", "16", "--micro-batch", "2",
+                               "--device", device)
+            assert rc == 2 and out == "" and "Traceback" not in err, err
+            (line,) = err.strip().splitlines()
+            assert "--factory corpus_cli_clip:clip: the model raised on the batch labkit makes for --task " \
+                   "image-classification (pixel_values (2, 3, 16, 16), labels (2,))" in line, line
+            assert "ValueError: not enough values to unpack" in line and "--device cpu" not in line
+            assert line.endswith("labkit measure --script YOUR_TRAIN.py")
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 @pytest.mark.parametrize("args, msg", [
     (["--hf-config", "lama"], "did you mean llama"),
     (["--hf-config", "llama", "--factory", "a:b"], "give one model"),
