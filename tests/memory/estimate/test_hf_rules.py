@@ -88,9 +88,11 @@ def test_the_stated_error_is_what_the_recordings_give():
     n, total = map(int, re.search(r"within 5% of the H200 on (\d+) of (\d+)", ESTIMATOR_ERROR).groups())
     assert (within, cases) == (n, total)
     # both splits apart: the rules were written against reference cases, the held-out ones check them (103 and 58
-    # cases when this was written, the T5 and DeBERTa variants among them, every one within 5%)
+    # cases when this was written, the T5 and DeBERTa variants among them, every one within 5%); the sixth batch's
+    # StableLM 2 (reference, +8.8%) is the one miss, named in ESTIMATOR_ERROR
+    misses = {"reference": 1, "held-out": 0}
     for split, least in (("reference", 103), ("held-out", 58)):
-        assert s[split]["cases"] >= least and s[split]["within"] == s[split]["cases"], (split, s[split])
+        assert s[split]["cases"] >= least and s[split]["within"] == s[split]["cases"] - misses[split], (split, s[split])
     worst = max(s["reference"]["worst_pct"], s["held-out"]["worst_pct"])
     assert worst <= float(re.search(r"worst (\d+)%", ESTIMATOR_ERROR).group(1)) + 0.5
 
