@@ -60,7 +60,8 @@ class _FusedLSTMCell(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_hy: Any, grad_cy: Any) -> Any:
-        igates, hgates, cx, cy, workspace = ctx.saved_tensors[:5]
+        saved = ctx.saved_tensors
+        cx, workspace = saved[2], saved[4]
         if grad_hy is None and grad_cy is None:
             return None, None, None, None, None
         grad_gates = torch.empty_like(workspace, memory_format=torch.contiguous_format)
@@ -85,7 +86,8 @@ class _FusedGRUCell(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_hy: Any) -> Any:
-        igates, hgates, hx, workspace = ctx.saved_tensors[:4]
+        saved = ctx.saved_tensors
+        hx, workspace = saved[2], saved[3]
         if grad_hy is None:
             return None, None, None, None, None
         hidden = hx.size(-1)
