@@ -180,7 +180,7 @@ def validate(args) -> int:
         for r in sel:
             print(f"{r.name:46s} {fmt_bytes(r.estimated):>10s} {fmt_bytes(r.traced) if r.traced else '':>10s} "
                   f"{fmt_bytes(r.recorded) if r.recorded else '':>10s} {pct(r.err('trace')):>9s} "
-                  f"{pct(r.err('recorded')):>8s}")
+                  f"{pct(r.err('recorded')):>8s}" + (f"  (not traced: {r.trace_error})" if r.trace_error else ""))
         for against in ("trace", "recorded"):
             s = summary(sel, against)[split]
             if s["cases"]:

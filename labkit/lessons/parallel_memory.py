@@ -163,6 +163,8 @@ def layouts_traced(smoke: bool = False) -> Section:
         r = rows[name]
         ref, src = (r.traced, "traced here") if r.traced else (r.recorded, "recorded on the H200") if r.recorded \
             else (None, "traced in the full profile")
+        if r.trace_error:
+            src += " (tracing here failed: below)"
         err = None if not ref else (r.estimated / ref - 1) * 100
         if err is not None:
             errs.append(abs(err))
@@ -187,6 +189,9 @@ def layouts_traced(smoke: bool = False) -> Section:
                       "1024) cut in two stages with torch.distributed.pipelining. Outside the allocator a real run "
                       "holds the CUDA context and NCCL's buffers besides (labkit measure --script reports them per "
                       "rank, as a model).")
+    for layout, name in LAYOUTS:
+        if rows[name].trace_error:
+            sec.note(f"{layout} ({name}): fake mode could not trace this rank here: {rows[name].trace_error}")
     return sec.note("DDP keeps a full copy of everything on each GPU: its gradients live in the reducer's buckets "
                     "(gradient_as_bucket_view), so adding GPUs frees nothing. FSDP2 shards the fp32 parameters, "
                     "gradients and Adam states over the ranks, but the activations, the float32 logits and the "

@@ -58,6 +58,7 @@ class EstimateCheck:
     recorded: int | None
     traced: int | None = None
     reason: str = ""                     # why the estimator does not cover the case (then estimated is None)
+    trace_error: str = ""                # why tracing the rank here failed (then traced is None)
 
     def err(self, against: str) -> float | None:
         ref = self.traced if against == "trace" else self.recorded
@@ -287,8 +288,12 @@ def check_ranks(names: list[str] | None = None, *, trace: bool = False, jobs: in
     def traced(pair: tuple[EstimateCheck, dict]) -> EstimateCheck:
         row, r = pair
         if trace and row.estimated is not None:
-            doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=r["world_size"],
-                               ranks=str(r.get("rank", 0)))
+            try:
+                doc = trace_launch(str(SCRIPTS / r["script"]), r["args"], nproc_per_node=r["world_size"],
+                                   ranks=str(r.get("rank", 0)))
+            except LabkitError as exc:       # one launch fake mode cannot run: said beside it, the others go on
+                row.trace_error = str(exc)
+                return row
             row.traced = doc["ranks"][0]["peak_bytes"]
         return row
 
