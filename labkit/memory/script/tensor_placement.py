@@ -33,6 +33,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 _CPU = torch.device("cpu")
+# what torch raises for a copy of a meta tensor to a real device (aten/src/ATen/native/Copy.cpp, copy_impl; the
+# text torch/nn/modules/module.py's Module.to matches to suggest to_empty())
+_NO_DATA = "Cannot copy out of meta tensor; no data!"
 
 
 def is_cuda_device(d: Any) -> bool:
@@ -52,6 +55,17 @@ def is_host_device(d: Any) -> bool:
         return False
     try:
         return torch.device(d).type == "cpu"
+    except (RuntimeError, TypeError):
+        return False
+
+
+def is_meta_device(d: Any) -> bool:
+    """Whether a ``.to()`` target names the meta device (a tensor target never does here: meta tensors are not
+    the program's GPU or host tensors)."""
+    if d is None or isinstance(d, (int, torch.Tensor)):
+        return False
+    try:
+        return torch.device(d).type == "meta"
     except (RuntimeError, TypeError):
         return False
 
@@ -133,6 +147,8 @@ class DeviceMode(TorchFunctionMode):
             return t
         if name == "is_pinned":
             return False
+        if name in ("cuda", "cpu") and t.device.type == "meta":
+            raise NotImplementedError(_NO_DATA)
         if name == "cuda":
             if gpu:
                 return t
@@ -147,6 +163,11 @@ class DeviceMode(TorchFunctionMode):
         if parsed is None:
             return func(t, *args, **kwargs)
         target, dtype, non_blocking, copy, memory_format = parsed
+        if is_meta_device(target):              # shape only, no data (pipelining's stage takes its inputs' so)
+            with self.p.direct("host"):
+                return func(t, *args, **kwargs)
+        if t.device.type == "meta" and (is_cuda_device(target) or is_host_device(target)):
+            raise NotImplementedError(_NO_DATA)
         to_gpu = self.p.on_gpu(target) if isinstance(target, torch.Tensor) else is_cuda_device(target)
         to_host = (not self.p.on_gpu(target)) if isinstance(target, torch.Tensor) else is_host_device(target)
         rest = {"dtype": dtype, "non_blocking": non_blocking, "copy": copy, "memory_format": memory_format}

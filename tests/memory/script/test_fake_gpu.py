@@ -36,6 +36,22 @@ def test_placement_follows_the_gpu_program():
     assert gpu.report().peak_bytes >= 400_384 + 2 * 200_192
 
 
+def test_meta_tensors_stay_shapes_without_memory():
+    """``.to("meta")`` keeps a tensor's shape and nothing else, on the GPU as here: torch 2.11's pipelining stage
+    takes ``.to("meta")`` of its example inputs (``_RootArgPlaceholder``), which are meta tensors already. Script mode
+    once copied them to the host and refused the program ("Cannot copy out of meta tensor")."""
+    with fake_gpu():
+        m = torch.empty(4, 8, device="meta", requires_grad=True)
+        g = torch.randn(256, 256, device="cuda")
+        before = torch.cuda.memory_allocated()
+        for t in (m.to("meta"), g.to("meta"), g.to(torch.device("meta"), torch.bfloat16), m.to(device="meta")):
+            assert t.device.type == "meta" and not t.is_cuda
+        assert m.to("meta").shape == (4, 8) and g.to("meta").dtype == torch.float32
+        assert torch.cuda.memory_allocated() == before           # no copy anywhere
+        with pytest.raises(NotImplementedError, match="meta"):    # as on a GPU: a meta tensor has no data to copy
+            m.to("cuda")
+
+
 def test_module_to_keeps_the_optimizer_and_deepcopy_copies_on_the_gpu():
     with fake_gpu() as gpu:
         model = nn.Linear(1000, 1000)
