@@ -65,8 +65,8 @@ TABLE = [
     ("bf16 head_dim 512: above flash's 256", dict(D=512), dict(), H200, "efficient"),
     ("fp32 head_dim 66: mem-efficient wants a multiple of 4", dict(dtype=torch.float32, D=66), dict(), H200, "math"),
     ("bf16 boolean padding mask: cuDNN takes a 4-D mask", dict(), dict(attn_mask=mask()), H200, "cudnn"),
-    ("mask requiring grad (T5's learned bias): math, as recorded", dict(),
-     dict(attn_mask=mask(grad=True, dtype=torch.bfloat16)), H200, "math"),
+    ("mask requiring grad (a learned bias): mem-efficient, as the H200's dispatcher chose", dict(),
+     dict(attn_mask=mask(grad=True, dtype=torch.bfloat16)), H200, "efficient"),
     ("fp32 with a mask", dict(dtype=torch.float32), dict(attn_mask=mask()), H200, "efficient"),
     ("dropout 0.1 on 2.11: cuDNN (as recorded for GPT-2, BERT)", dict(), dict(dropout_p=0.1), H200, "cudnn"),
     ("dropout 0.1 on 2.12: cuDNN resolution is 1/16 -> flash", dict(), dict(dropout_p=0.1), T212, "flash"),
@@ -152,15 +152,18 @@ def test_math_path_dropout_keeps_a_boolean_mask():
     assert with_dropout - without == B * H * S * S * (4 + 1)
 
 
-def test_mem_efficient_keeps_the_padded_mask():
-    B, S, H, D = 2, 200, 4, 32                     # 200 is not a multiple of 16: preprocess_mask pads to 208
+@pytest.mark.parametrize("S,cols", [(200, 200), (196, 200)])
+def test_mem_efficient_keeps_the_mask_in_its_own_shape_padded_once(S, cols):
+    """``preprocess_mask`` (attention.cpp): the (B, 1, S, S) additive mask is padded to a multiple of 8 columns only
+    where its strides are not multiples of 8 (S = 196), then expanded over the heads without a copy; the kernel
+    saves it in that shape, never (B, H, S, S)."""
+    B, H, D = 2, 4, 32
     x = torch.randn(B, S, H * D)
     masked, rep = _fwd_end(lambda: Attn(H=H, D=D, mask_len=S), x)
     causal, _ = _fwd_end(lambda: Attn(H=H, D=D), x)
     assert all(key.startswith("efficient") for key in rep.emulation["sdpa"])
-    padded = B * H * S * 208 * 4                   # expanded additive bias, float32, saved for backward
-    assert masked - causal >= padded
-    assert masked - causal < padded + B * S * S * 4 + 4096   # plus at most the (B, 1, S, S) additive mask
+    kept = B * S * cols * 4                        # float32, one head's worth, saved for backward
+    assert kept <= masked - causal < kept + 512
 
 
 def test_sdpa_choice_is_reported():
@@ -203,3 +206,45 @@ def test_math_path_adds_the_mask_in_place():
         run_sdpa(SdpaChoice("math"), q, k, v, None, 0.0, True, None, True)
     scores = [d for _, d, _ in tr.events[start:] if d == B * H * S * S * 4]
     assert len(scores) == 2             # the scores (masked in place) and the softmax's result
+
+
+class BiasAttn(torch.nn.Module):
+    """One SDPA call with a learned (1, H, S, S) bias, as timm's CoAtNet passes its relative positions."""
+
+    def __init__(self, H=4, D=32, S=49):
+        super().__init__()
+        self.H, self.D = H, D
+        self.qkv = torch.nn.Linear(H * D, 3 * H * D, bias=False)
+        self.bias = torch.nn.Parameter(torch.zeros(1, H, S, S))
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, self.H, self.D).permute(2, 0, 3, 1, 4).contiguous()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias).transpose(1, 2).reshape(B, S, -1)
+
+
+def test_a_learned_bias_runs_mem_efficient_and_gets_its_gradient():
+    """The bias (1, H, 49, 49) is padded once to 56 columns and kept in that shape, not per batch row (the same
+    forward as a frozen bias); the backward kernel also allocates its gradient, (B, H, 49, 64): the expanded shape,
+    columns padded to 16 (attention_backward.cu ``grad_bias``), as on the GPU."""
+    from labkit.memory.trace.fake.sdpa import _efficient_mask
+
+    B, H, S, D = 8, 4, 49, 32
+    x = torch.randn(B, S, H * D)
+
+    def frozen():
+        m = BiasAttn(H, D, S)
+        m.bias.requires_grad_(False)
+        return m
+
+    _, learned = _fwd_end(lambda: BiasAttn(H, D, S), x)
+    _, fixed = _fwd_end(frozen, x)
+    assert all(key.startswith("efficient") for r in (learned, fixed) for key in r.emulation["sdpa"])
+    a, b = ({p.phase: p for p in r.by_phase} for r in (learned, fixed))
+    assert a["forward"].end_bytes - a["forward"].start_bytes == b["forward"].end_bytes - b["forward"].start_bytes
+    grad_bias = B * H * S * 64 * 4
+    extra = (a["backward"].peak_bytes - a["backward"].start_bytes) - (b["backward"].peak_bytes - b["backward"].start_bytes)
+    assert grad_bias <= extra < 2 * grad_bias
+    q = torch.empty(B, H, S, D, device="meta")
+    m = _efficient_mask(torch.empty(1, H, S, S, device="meta"), q, q)
+    assert m.shape == (B, H, S, S) and m.stride() == (0, S * 56, 56, 1)     # a view of (1, H, 49, 56)

@@ -431,6 +431,17 @@ class CudaEmulator:
             self._sdpa_forward(args, kwargs, out, tracker)
         elif base == "_scaled_dot_product_flash_attention_for_cpu_backward":
             self._sdpa_backward(args, kwargs, out, tracker)
+        elif base == "_scaled_dot_product_efficient_attention":     # a learned bias (sdpa.run_sdpa)
+            self._pending_sdpa = None
+            # without dropout the philox seed and offset are host tensors (attention.cu, _efficient_attention_forward:
+            # at::empty({}, at::dtype(at::kLong)))
+            for t in out[2:4]:
+                tracker.resize(t, 0)
+        elif base == "_scaled_dot_product_efficient_attention_backward":
+            grad_out, q = args[0], args[1]
+            if not grad_out.transpose(1, 2).is_contiguous():         # grad_out_.contiguous() (attention_backward.cu)
+                tracker.transient(grad_out.numel() * grad_out.element_size())
+            tracker.transient_group(self._efficient_backward_workspace(q))
 
         elif base == "_safe_softmax":
             self._safe_softmax_inner(args, kwargs, tracker)
@@ -509,9 +520,12 @@ class CudaEmulator:
                 sizes += [B * sk * H * D * k.element_size()] * 2
             tracker.transient_group(sizes)
         elif kind == "efficient":
-            blk = self.target.efficient_lse_block
-            t_p = math.ceil(T / blk) * blk
-            tracker.transient_group([B * H * T * D * 4, B * H * t_p * 4, B * H * t_p * 4])
+            tracker.transient_group(self._efficient_backward_workspace(q))
+
+    def _efficient_backward_workspace(self, q: torch.Tensor) -> list[int]:
+        B, H, T, D = q.size(0), q.size(1), q.size(2), q.size(3)
+        t_p = math.ceil(T / self.target.efficient_lse_block) * self.target.efficient_lse_block
+        return [B * H * T * D * 4, B * H * t_p * 4, B * H * t_p * 4]
 
     def note_sdpa(self, choice: Any) -> None:
         key = choice.describe()

@@ -26,8 +26,10 @@ limits, each backend's GPU range. The default target (:class:`SdpaTarget`) is th
 ``targets/h200.json`` (the torch and cuDNN its recordings ran). Checked against the H200 recordings
 (plain loops, the kernels the profiler saw; reference cases only): cuDNN ran for every fp16/bf16 call,
 including HF's attention dropout 0.1 (so the 1/16 dropout check of the current source is newer than
-2.11) and head_dim 256 (Gemma: cuDNN 9.19, so 2.11 still had the earlier cuDNN >= 9.10 rule); a mask
-that requires grad (T5's learned relative-position bias) ran the math path, not mem-efficient.
+2.11) and head_dim 256 (Gemma: cuDNN 9.19, so 2.11 still had the earlier cuDNN >= 9.10 rule). And against the
+H200's dispatcher itself (``torch._fused_sdp_choice`` on 4,320 calls, ``sdpa_choice__h200.json``,
+``benchmarks/gpu/record_sdpa_choice.py``): every call gets the same backend, a mask that requires grad (a learned
+relative-position bias) among them, which mem-efficient takes (and returns its gradient; see :func:`run_sdpa`).
 
 Nested tensors and ROCm are not modelled (fake mode sees dense CUDA-like tensors).
 """
@@ -229,8 +231,6 @@ def _efficient(q, k, v, mask, dropout_p, is_causal, enable_gqa, grad, t: SdpaTar
         for x in (q, k, v):
             if x.numel() and (x.storage_offset() * x.element_size()) % (align * x.element_size()):
                 return "storage offset not aligned"
-    if mask is not None and mask.requires_grad:
-        return "attn_mask requires grad"
     r = _common_dense(q, k, v, mask, False)
     if r:
         return r
@@ -277,14 +277,16 @@ def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _efficient_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``preprocess_mask`` (attention.cpp): the mem-efficient kernel needs the mask's last dim padded to
-    a multiple of 16; padding materialises the expanded (B, H, Sq, Sk padded) bias, which the kernel saves."""
-    full = mask.expand(q.size(0), q.size(1), q.size(2), k.size(2))
-    sk = k.size(2)
-    if sk % 16:
-        padded = torch.empty(q.size(0), q.size(1), q.size(2), -(-sk // 16) * 16, dtype=mask.dtype)
-        return padded[..., :sk]
-    return full
+    """``preprocess_mask`` (``aten/src/ATen/native/transformers/attention.cpp``, with ``aligned_tensor`` and
+    ``pad_bias``): a mask whose strides are not all multiples of 8 elements (or whose last stride is not 1) is padded
+    by ``8 - Sk % 8`` columns and sliced back, then expanded to (B, H, Sq, Sk) without a copy. So the kernel saves the
+    mask in its own shape (padded once, never per head or batch where it broadcasts). The ops are autograd's, so a
+    learned bias gets its gradient back through them as on the GPU."""
+    aligned = all(mask.stride(i) % 8 == 0 for i in range(mask.dim() - 1)) and mask.stride(-1) == 1
+    if not aligned:
+        sk = mask.size(-1)
+        mask = torch.constant_pad_nd(mask, (0, 8 - sk % 8))[..., :sk]
+    return mask.expand(q.size(0), q.size(1), q.size(2), k.size(2))
 
 
 def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
@@ -340,5 +342,11 @@ def run_sdpa(choice: SdpaChoice, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return _math(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
     if mask is not None and choice.backend == "efficient":
         mask = _efficient_mask(mask, q, k)
+        if mask.requires_grad and torch.is_grad_enabled():
+            # a learned bias (relative positions): the CUDA kernel also returns the bias's gradient, of the padded
+            # shape (attention_backward.cu, ``grad_bias``), which the CPU flash kernel cannot take a mask for. The
+            # mem-efficient op itself runs: its meta kernels have the GPU's shapes (logsumexp padded to 32 rows).
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, mask, True, 0.0, is_causal, scale=scale)[0]
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)[0]
