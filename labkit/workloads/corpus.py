@@ -874,6 +874,24 @@ def _batch6() -> list[Case]:
     return c
 
 
+BATCH7_FILE = "predicted__issue27_batch7.json"
+
+
+def _batch7() -> list[Case]:
+    """Issue 27, a seventh batch (added 2026-12-03): attention with a learned relative-position bias passed to
+    ``F.scaled_dot_product_attention`` as its mask (a mask that requires grad: mem-efficient on the H200, with the
+    bias's own gradient), in timm's MaxViT, CoAtNet and CoAtNeXt families, a table-lookup bias and an MLP-made one
+    (``rmlp``), token counts aligned to 8 (MaxViT's 8 x 8 windows) and not (CoAtNet's 14 x 14 maps). Predicted in fake
+    mode (:data:`BATCH7_FILE`) after the SDPA rules were checked against the H200's dispatcher, before any recording;
+    names' hash decides the split. Not in the CI corpus (timm's CoAtNet at CI size already runs this path there)."""
+    return [Case(f"timm-{arch}-b{b}-{p}", "timm", arch, "image-classification", {}, b, side, p)
+            for arch, b, side, p in (("maxvit_nano_rw_256", 64, 256, "amp-bf16"),
+                                     ("maxvit_rmlp_nano_rw_256", 64, 256, "amp-bf16"),
+                                     ("coatnet_nano_rw_224", 64, 224, "amp-bf16"),
+                                     ("coatnet_rmlp_nano_rw_224", 64, 224, "fp32"),
+                                     ("coatnext_nano_rw_224", 64, 224, "amp-bf16"))]
+
+
 def _cases() -> list[Case]:
     c: list[Case] = []
     c += _hf("gpt2-b8", "gpt2", "causal-lm", GPT2["gpt2"], 8, 1024, ALL3)
@@ -1051,6 +1069,7 @@ def _cases() -> list[Case]:
     c += _new_kinds()
     c += _rnn_kinds()
     c += _batch6()
+    c += _batch7()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -1147,7 +1166,7 @@ def compat_cases() -> list[Case]:
     under all three precisions."""
     out: list[Case] = []
     seen: set[tuple[str, str]] = set()
-    new, batch6 = _new_kinds() + _rnn_kinds(), _batch6()
+    new, batch6 = _new_kinds() + _rnn_kinds(), _batch6() + _batch7()
     plain = [c for c in CASES if c.recompute == "none" and not c.lora and c.loop == "plain" and c.optimizer_impl == "fused"
              and c not in new and c not in batch6]
     for c in plain:
@@ -1171,7 +1190,7 @@ def compat_cases() -> list[Case]:
         if c.family == "handmade" or (c.precision == "amp-bf16" and (c.family == "transformers"
                                                                      or c.arch in NEW_TV_IN_CI)):
             out.append(tiny(c))
-    out += [tiny(c) for c in batch6 if c.arch not in BATCH6_NOT_IN_CI]   # each in its precision (TINY_TIMM, TINY_CLIP)
+    out += [tiny(c) for c in _batch6() if c.arch not in BATCH6_NOT_IN_CI]   # each in its precision (TINY_TIMM, TINY_CLIP)
     for p in COMPAT_PRECISIONS:       # HF gradient checkpointing, both kinds, under every precision
         for impl in ("hf", "hf-reentrant"):
             out.append(replace(tiny(get_case("llama-gqa-b8-hfgc-fp32")), precision=p, checkpoint_impl=impl,

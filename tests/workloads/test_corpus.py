@@ -31,7 +31,7 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 301         # the support corpus runs them at CI size (compat_cases): keep CI time in mind
+    assert 60 <= len(CASES) <= 306         # the support corpus runs most at CI size (compat_cases): keep CI time in mind
     # issue 27: models built by hand from PyTorch's modules, cuDNN RNNs, 3-D and transposed convolutions,
     # segmentation heads, more torchvision classifiers and the LoRA orders
     assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
@@ -59,6 +59,14 @@ def test_corpus_covers_the_families_and_policies():
         case = get_case(name)
         assert case.precision == "fp32" and case.micro_batch >= 128 and r["split"] == case.split == "reference"
     assert any(c.padded and c.lora for c in CASES)
+    # the seventh: learned attention biases (SDPA masks that require grad), predicted before recording
+    from labkit.workloads.corpus import BATCH7_FILE, _batch7
+
+    pred = load_measurement(path.with_name(BATCH7_FILE), kind="fake_predictions")
+    seventh = {r["name"]: r for r in pred["data"]["cases"]}
+    assert sorted(seventh) == sorted(c.name for c in _batch7()) and all(c in CASES for c in _batch7())
+    assert all(r["split"] == get_case(n).split and r["peak_allocated"] > 0 for n, r in seventh.items())
+    assert {r["split"] for r in seventh.values()} == {"reference", "held-out"}
 
 
 def test_the_fp32_logits_loss_is_the_users_shifted_cross_entropy():
