@@ -290,17 +290,17 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
 def predict_as_recorded(case: Any, recorded_version: str | None, attn_implementation: str | None,
                         **kw: Any) -> tuple[Any, list[str]]:
     """``corpus.predict(case, **kw)`` running the program its recording ran where the installed ``transformers``
-    differs from the recorded one: the recorded attention implementation, rotary embedding and KV-cache dtype
-    (:func:`recorded_attention`, :func:`recorded_rotary`, :func:`recorded_cache_dtype`). Returns the report and
-    what was changed."""
+    differs from the recorded one: the recorded attention implementation, rotary embedding, KV-cache dtype and
+    position-bias layout (:func:`recorded_attention`, :func:`recorded_rotary`, :func:`recorded_cache_dtype`,
+    :func:`recorded_position_bias`). Returns the report and what was changed."""
     from labkit.workloads.corpus import predict
 
     notes: list[str] = []
-    with recorded_cache_dtype(recorded_version) as note:
+    with recorded_cache_dtype(recorded_version) as note, recorded_position_bias(recorded_version) as bias_note:
         rep = predict(case, prepare=lambda m: notes.extend(
             (recorded_attention(m, attn_implementation, recorded_version), recorded_rotary(m, recorded_version))),
             **kw)
-    notes.append(note())
+    notes += [note(), bias_note()]
     return rep, [n for n in notes if n]
 
 
@@ -463,6 +463,57 @@ def recorded_cache_dtype(recorded_version: str | None) -> Iterator[Callable[[], 
     finally:
         if patched:
             layer.lazy_initialization = original
+
+
+# the first transformers version the lab has seen hand T5's position bias to SDPA made contiguous (5.24, installed
+# here: ``integrations/sdpa_attention.py`` ``create_position_bias_mask``); the H200's 5.17 did not (see below)
+POSITION_BIAS_CONTIGUOUS = (5, 24)
+
+
+@contextlib.contextmanager
+def recorded_position_bias(recorded_version: str | None) -> Iterator[Callable[[], str]]:
+    """Hand T5-style position biases to SDPA as the recording's ``transformers`` did, where the installed one differs.
+
+    T5's relative-position bias comes out of ``compute_bias`` as a permuted view: (1, H, q, k) with a last-dimension
+    stride of H. The installed 5.24 makes the mask it builds from it contiguous; the H200's 5.17 passed it in that
+    layout, and a mask whose last stride is not 1 fails every fused kernel's check
+    (``check_last_dim_stride_equals_1_dense``, ``sdp_utils_cpp.h``), so SDPA ran the math path: the recording's
+    profiler shows ``_scaled_dot_product_attention_math`` for all 24 self-attention calls of T5-base and the fused
+    kernels for its 12 cross-attention calls, whose bias is a contiguous zeros tensor. (A contiguous bias that
+    requires grad runs mem-efficient there: ``sdpa_choice__h200.json``.) Predicted so, both T5 recordings match to the
+    byte; with the installed layout they were 34% and 42% low. Yields a function giving the note ("" when no mask
+    was built)."""
+    built: list[int] = []
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        sdpa_attention = None
+    original = getattr(sdpa_attention, "create_position_bias_mask", None)
+    patched = (original is not None and (0,) < _version(recorded_version) < POSITION_BIAS_CONTIGUOUS
+               <= _version(_installed_transformers()))
+    if patched:
+        def in_its_own_layout(position_bias: Any, attention_mask: Any, is_causal: bool, query: Any, key: Any) -> Any:
+            import torch
+
+            built.append(1)
+            low = torch.finfo(key.dtype).min
+            if attention_mask is None and is_causal:
+                q, k = query.shape[2], key.shape[2]
+                allowed = torch.arange(q, device=key.device)[:, None] >= torch.arange(k, device=key.device)[None, :]
+                return torch.where(allowed.view(1, 1, q, k), position_bias, low)
+            if attention_mask is None:
+                return position_bias
+            if attention_mask.dtype == torch.bool:
+                return torch.where(attention_mask, position_bias, low)
+            return position_bias + attention_mask
+
+        sdpa_attention.create_position_bias_mask = in_its_own_layout
+    try:
+        yield lambda: (f"position bias handed to SDPA in its own layout as recorded (transformers {recorded_version})"
+                       if built else "")
+    finally:
+        if patched:
+            sdpa_attention.create_position_bias_mask = original
 
 
 def _installed_transformers() -> str | None:

@@ -272,6 +272,31 @@ def test_the_rotary_embedding_runs_as_the_recorded_transformers_ran_it(arch):
         assert a.dtype == b.dtype and torch.allclose(a, b, atol=1e-5)
 
 
+def test_t5s_position_bias_reaches_sdpa_in_the_layout_the_recorded_transformers_gave_it():
+    """The H200's transformers 5.17 handed T5's permuted position bias (last stride H) to SDPA as it was, so every
+    self-attention ran the math path (its profiler); the installed version makes it contiguous (mem-efficient).
+    Predicted as recorded, T5 runs math for its self-attention and the fused kernel for cross-attention; the same
+    model predicted as installed runs no math at all."""
+    from labkit.memory.trace.corpus_check import (POSITION_BIAS_CONTIGUOUS, _installed_transformers, _version,
+                                                  predict_as_recorded)
+    from labkit.workloads.corpus import get_case, tiny
+
+    case = tiny(get_case("t5-base-b16-fp32"))
+    rep, notes = predict_as_recorded(case, "5.17.0", "sdpa", steps=1)
+    installed, installed_notes = predict_as_recorded(case, None, "sdpa", steps=1)
+    assert not any("position bias" in n for n in installed_notes)
+    assert not any(k.startswith("math") for k in installed.emulation["sdpa"])
+    if _version(_installed_transformers()) < POSITION_BIAS_CONTIGUOUS:    # the installed one is the recorded program
+        return
+    assert "position bias handed to SDPA in its own layout as recorded (transformers 5.17.0)" in notes
+    math = {k: n for k, n in rep.emulation["sdpa"].items() if k.startswith("math")}
+    fused = {k: n for k, n in rep.emulation["sdpa"].items() if not k.startswith("math")}
+    assert math and fused and all("last dimension stride is not 1" in k for k in math)
+    assert sum(math.values()) == 2 * sum(fused.values())       # encoder and decoder self-attention; cross-attention
+    kept = [next(p.end_bytes - p.start_bytes for p in r.by_phase if p.phase == "forward") for r in (rep, installed)]
+    assert kept[0] > kept[1]                                    # the math path keeps the float32 scores
+
+
 def test_a_warm_process_miss_is_checked_against_the_range_of_segment_address_orders():
     # mistral-b4-keep-amp-bf16 in-process: the fresh recording reserved the same 17.18 GB and fake mode predicts it
     # for a fresh process; after other cases (their freed ranges placed its segments) the point prediction from its
