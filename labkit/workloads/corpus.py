@@ -1159,11 +1159,14 @@ BATCH6_NOT_IN_CI = ("resnet152", "efficientnet_b1", "convnext_base", "swin_s", "
 
 def compat_cases() -> list[Case]:
     """The compatibility corpus at CI size (see :func:`tiny`): every transformers model type of
-    :data:`CASES` under fp32, amp-bf16 and bf16, each torchvision classifier under the precisions
-    the corpus records for it, the :data:`COMPAT_EXTRA` types under amp-bf16 (the usual HF
-    training setting: breadth of architectures, at a CI cost of a second a case), the corpus's
-    LoRA, recomputation, optimizer and loop cases, and HF gradient checkpointing (both kinds)
-    under all three precisions."""
+    :data:`CASES` under fp32 and amp-bf16, each torchvision classifier once, under amp-bf16 where
+    the corpus records it so (autocast's rules are the most fake mode applies), else under its first
+    recorded precision, the :data:`COMPAT_EXTRA` types under amp-bf16 (the usual HF training setting:
+    breadth of architectures, at a CI cost of a second a case), the corpus's LoRA, recomputation,
+    optimizer and loop cases (pure bf16 among them), and HF gradient checkpointing (both kinds)
+    under all three precisions. (Until 2026-12-03 every transformers type also ran in pure bf16 and
+    every torchvision classifier in each recorded precision: 274 cases, 273 predicted; cut for the
+    suite's time, issue 30.)"""
     out: list[Case] = []
     seen: set[tuple[str, str]] = set()
     new, batch6 = _new_kinds() + _rnn_kinds(), _batch6() + _batch7()
@@ -1174,8 +1177,9 @@ def compat_cases() -> list[Case]:
             continue
         seen.add((c.family, c.arch))
         t = tiny(c)
-        precisions = (COMPAT_PRECISIONS if c.family == "transformers" else
-                      [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)])
+        recorded = [p for p in COMPAT_PRECISIONS if any(x.arch == c.arch and x.precision == p for x in plain)]
+        precisions = (("fp32", "amp-bf16") if c.family == "transformers" else
+                      ["amp-bf16"] if "amp-bf16" in recorded else recorded[:1])
         for p in precisions:
             prefix = {"transformers": "hf", "torchvision": "tv", "timm": "timm", "handmade": "hand"}[c.family]
             out.append(replace(t, name=f"{prefix}-{c.arch}-{p}@tiny", precision=p))
