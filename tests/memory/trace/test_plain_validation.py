@@ -272,6 +272,21 @@ def test_the_rotary_embedding_runs_as_the_recorded_transformers_ran_it(arch):
         assert a.dtype == b.dtype and torch.allclose(a, b, atol=1e-5)
 
 
+def test_validation_in_worker_processes_gives_the_same_figures_in_the_same_order():
+    """The full profile of notebook 04 and bench_tracer --validate predict every recorded case in as many processes as
+    the machine has cores (minutes of one core otherwise): the same figures and notes, in the records' order."""
+    from labkit.memory.trace.corpus_check import iter_validate, validation_jobs
+
+    records = sorted(CHEAP_FRESH, key=lambda r: layer_count(r.case))[:3]
+    serial = list(iter_validate(records))
+    parallel = list(iter_validate(records, jobs=2))
+    assert [v.name for v in parallel] == [r.name for r in records]
+    for a, b in zip(serial, parallel):
+        assert (a.predicted_peak, a.predicted_reserved, a.note, a.status) == (b.predicted_peak, b.predicted_reserved,
+                                                                              b.note, b.status)
+    assert validation_jobs(3) == 1 and 1 <= validation_jobs(300) <= 300
+
+
 def test_t5s_position_bias_reaches_sdpa_in_the_layout_the_recorded_transformers_gave_it():
     """The H200's transformers 5.17 handed T5's permuted position bias (last stride H) to SDPA as it was, so every
     self-attention ran the math path (its profiler); the installed version makes it contiguous (mem-efficient).
@@ -281,6 +296,24 @@ def test_t5s_position_bias_reaches_sdpa_in_the_layout_the_recorded_transformers_
                                                   predict_as_recorded)
     from labkit.workloads.corpus import get_case, tiny
 
+    import torch
+
+    from labkit.core.paths import REPO_ROOT
+    from labkit.core.provenance import load_measurement
+    from labkit.memory.trace.fake.sdpa import select_backend
+
+    # what 5.17 handed over on the H200 (benchmarks/gpu/record_t5_mask.py): self-attention masks permuted, last stride
+    # = heads, the math path; cross-attention's contiguous zeros, a fused kernel. Fake mode's rule gives the same.
+    rec = load_measurement(REPO_ROOT / "data/measurements/measure/t5_position_bias__h200.json", kind="t5_sdpa_calls")
+    assert rec["provenance"]["transformers"] == "5.17.0"
+    for run in rec["data"]["runs"].values():
+        for call in run["calls"]:
+            m, heads = call["mask"], call["q"][1]
+            assert (call["choice"] == "math") == (m["stride"][-1] == heads != 1)
+            q = torch.empty_strided(call["q"], call["q_stride"], dtype=getattr(torch, call["dtype"][6:]), device="meta",
+                                    requires_grad=True)
+            mask = torch.empty_strided(m["shape"], m["stride"], dtype=q.dtype, device="meta", requires_grad=m["grad"])
+            assert (select_backend(q, q, q, mask, call["dropout"]).backend == "math") == (call["choice"] == "math")
     case = tiny(get_case("t5-base-b16-fp32"))
     rep, notes = predict_as_recorded(case, "5.17.0", "sdpa", steps=1)
     installed, installed_notes = predict_as_recorded(case, None, "sdpa", steps=1)
