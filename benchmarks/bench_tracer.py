@@ -186,8 +186,8 @@ def validate_plain(only: str | None = None, process: str = "fresh") -> int:
     the recorded ones, reference and held-out cases separately."""
     from labkit.core.table import render
     from labkit.memory.trace.corpus_check import (PEAK_TOLERANCE_PCT, PLACEMENT_ORDERS, PROCESS_WORDS, RECORDINGS,
-                                                  RESERVED_TOLERANCE_PCT, VALIDATION_HEADERS, load_plain, summary,
-                                                  validate, validation_rows)
+                                                  RESERVED_TOLERANCE_PCT, VALIDATION_HEADERS, iter_validate,
+                                                  load_plain, summary, validation_jobs, validation_rows)
     from labkit.memory.trace.recorded import recorded_label
 
     records = [r for r in load_plain(process=process) if not only or only in r.name]
@@ -198,8 +198,7 @@ def validate_plain(only: str | None = None, process: str = "fresh") -> int:
           f"{recorded_label(records[0].provenance)}; targets: peak within {PEAK_TOLERANCE_PCT:g}%, reserved within "
           f"{RESERVED_TOLERANCE_PCT:g}%", flush=True)
     vals = []
-    for r in records:
-        (v,) = validate([r])
+    for v in iter_validate(records, jobs=validation_jobs(len(records))):
         vals.append(v)
         pe = "refused" if v.peak_error_pct is None else f"{v.peak_error_pct:+.1f}%"
         note = f"  [{v.note}]" if v.note else ""

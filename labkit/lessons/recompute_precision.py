@@ -24,7 +24,7 @@ from labkit.memory.trace import moe_sweep
 from labkit.memory.trace.recorded import load_recorded, measure_dir
 from labkit.memory.trace.sweeps import fit_segments, recorded_sweep, run_sweep, segment_lengths
 from labkit.viz import trace as vm
-from labkit.viz.display import busy, progress
+from labkit.viz.display import bar, busy, progress
 from labkit.viz.section import Section, ShowsSection
 from labkit.workloads import GPT, GPTConfig, StepPolicy, get_workload, gpt_batch, gpt_call, gpt_loss
 from labkit.workloads.corpus import compat_cases, layer_count
@@ -463,11 +463,25 @@ def plain_loop_validation(*, smoke: bool = False, validate_all: bool = True, pro
     if smoke:  # the cheapest recorded cases, of both splits
         cheap = sorted((r for r in records if r.case.family == "transformers"), key=lambda r: layer_count(r.case))
         records = [r for s in ("reference", "held-out") for r in [c for c in cheap if c.split == s][:SMOKE_VALIDATION // 2]]
-    sec = validation_section(cc.validate(_progress(records, "recorded steps")), process=process)
+    sec = validation_section(_validated(records), process=process)
     if smoke:
         sec.note(f"Smoke profile: {len(records)} of the recorded cases; the full profile predicts every one "
                  "(benchmarks/bench_tracer.py --validate prints the same table, for both recordings).")
     return sec
+
+
+def _validated(records: list) -> list:
+    """:func:`cc.validate` with a progress bar, in as many processes as this machine gives (``cc.validation_jobs``:
+    every recorded case in the full profile is minutes of one core)."""
+    b = bar("recorded steps", len(records))
+    try:
+        out = []
+        for v in cc.iter_validate(records, jobs=cc.validation_jobs(len(records))):
+            out.append(v)
+            b.update(1)
+        return out
+    finally:
+        b.close()
 
 
 def one_loop_two_processes() -> Section:

@@ -20,10 +20,13 @@ recorded plain loops on the H200.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import shlex
 import statistics
 import time
 import types
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -256,35 +259,74 @@ def load_plain(path: str | Path | None = None, *, process: str = "in-process") -
     return out
 
 
-def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
-    records = records if records is not None else load_plain()
-    out = []
-    for rec in records:
-        from labkit.memory.trace.step import FakeCuda, FakeModeUnsupported
+def validate(records: list[PlainRecord] | None = None, *, jobs: int = 1) -> list[Validation]:
+    """Fake mode's prediction of each recorded case beside its recording (:func:`iter_validate`), in order."""
+    return list(iter_validate(records if records is not None else load_plain(), jobs=jobs))
 
-        t = time.perf_counter()
-        v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
-        notes: list[str] = []
-        version = rec.provenance.get("transformers")
 
-        def run(**kw: Any) -> Any:
-            fake = FakeCuda(allocator_state=rec.base_segments, **recorded_process(rec.base_segments), **kw)
-            rep, changed = predict_as_recorded(rec.case, version, rec.attn_implementation, fake=fake)
-            notes.extend(changed)
-            return rep
+def iter_validate(records: list[PlainRecord], *, jobs: int = 1) -> Iterator[Validation]:
+    """:func:`validate` one case at a time, in the records' order. ``jobs`` > 1 predicts in that many processes of
+    their own, forked from this one where the platform forks (nothing to import again, and no ``__main__`` to run
+    again, which a notebook or ``python -c`` does not have), else spawned; a case's figures do not depend on the
+    process that predicts it (each prediction starts from the allocator state its recording started in)."""
+    if jobs <= 1 or len(records) < 2:
+        yield from map(validate_one, records)
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(max_workers=min(jobs, len(records)), mp_context=multiprocessing.get_context(method),
+                             initializer=_one_thread) as pool:
+        yield from pool.map(validate_one, records)
 
-        try:
-            rep = run()
-            v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
-            if rec.base_segments and not v.within_targets and abs(v.peak_error_pct or 0) <= PEAK_TOLERANCE_PCT:
-                notes.clear()
-                v.reserved_range = run(reserved_placements=PLACEMENT_ORDERS).reserved_range
-        except FakeModeUnsupported as exc:
-            v.status, v.reason = "refused", short_reason(str(exc))
-        v.seconds = time.perf_counter() - t
-        v.note = "; ".join(n for n in notes if n)
-        out.append(v)
-    return out
+
+def _one_thread() -> None:
+    """A validation worker computes with one thread: the workers are the parallelism (and a forked child must not
+    reuse its parent's OpenMP pool)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def validation_jobs(cases: int) -> int:
+    """How many processes :func:`iter_validate` should use here for ``cases`` cases: one per core but one, and at most
+    one per 3 GiB of memory (a worker holds torch, transformers and a traced model's fake graph), 1 for fewer than
+    8 cases (spawning costs more than it saves)."""
+    if cases < 8:
+        return 1
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        mem = 0
+    by_mem = max(1, mem // (3 * GiB)) if mem else 1
+    return max(1, min((os.cpu_count() or 1) - 1, by_mem, cases))
+
+
+def validate_one(rec: PlainRecord) -> Validation:
+    """Fake mode's prediction of one recorded case (the program its recording's transformers ran, from the allocator
+    state it started in) beside the recording; a warm-process miss also gets the range of segment-address orders."""
+    from labkit.memory.trace.step import FakeCuda, FakeModeUnsupported
+
+    t = time.perf_counter()
+    v = Validation(rec.name, rec.split, "predicted", rec.peak_allocated, rec.peak_reserved)
+    notes: list[str] = []
+    version = rec.provenance.get("transformers")
+
+    def run(**kw: Any) -> Any:
+        fake = FakeCuda(allocator_state=rec.base_segments, **recorded_process(rec.base_segments), **kw)
+        rep, changed = predict_as_recorded(rec.case, version, rec.attn_implementation, fake=fake)
+        notes.extend(changed)
+        return rep
+
+    try:
+        rep = run()
+        v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
+        if rec.base_segments and not v.within_targets and abs(v.peak_error_pct or 0) <= PEAK_TOLERANCE_PCT:
+            notes.clear()
+            v.reserved_range = run(reserved_placements=PLACEMENT_ORDERS).reserved_range
+    except FakeModeUnsupported as exc:
+        v.status, v.reason = "refused", short_reason(str(exc))
+    v.seconds = time.perf_counter() - t
+    v.note = "; ".join(n for n in notes if n)
+    return v
 
 
 def predict_as_recorded(case: Any, recorded_version: str | None, attn_implementation: str | None,
