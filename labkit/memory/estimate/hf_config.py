@@ -22,6 +22,11 @@ from labkit.memory.estimate.spec import HfTraits, ModelSpec
 # families whose MLP is gated (SwiGLU/GeGLU) and whose norm is RMSNorm, with rotary positions
 _LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2_moe", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
                "olmo", "olmo2", "cohere", "granite", "stablelm", "internlm2", "deepseek_v2", "starcoder2", "smollm3"}
+# Llama-like decoders whose norms are torch's nn.LayerNorm (weight and bias, the input's dtype, mean and rstd saved), not
+# an RMSNorm computed in float32 (transformers' modeling_stablelm.py and modeling_starcoder2.py: nn.LayerNorm with
+# layer_norm_eps / norm_epsilon); StarCoder2's MLP is c_fc -> act -> c_proj, ungated (Starcoder2MLP)
+_NN_LAYERNORM = {"stablelm", "starcoder2"}
+_UNGATED = {"starcoder2"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 # mixture-of-experts model types the estimator reads (transformers' grouped_mm experts, integrations/moe.py)
 _MOE_TYPES = {"mixtral", "qwen2_moe"}
@@ -161,8 +166,10 @@ def spec_from_hf_config(cfg: dict[str, Any], *, seq: int | None = None, name: st
                     kv_heads=_int(cfg, "num_key_value_heads", required=False), vocab=_int(cfg, "vocab_size"),
                     seq=seq or _int(cfg, "max_position_embeddings", default=2048),
                     ffn=_int(cfg, "intermediate_size", required=False), head_dim=_int(cfg, "head_dim", required=False),
-                    gated_mlp=mt in _LLAMA_LIKE or str(cfg.get("hidden_act", "")) in ("silu", "swiglu"),
-                    norm="rmsnorm" if mt in _LLAMA_LIKE or "rms_norm_eps" in cfg else "layernorm",
+                    gated_mlp=mt not in _UNGATED and (mt in _LLAMA_LIKE
+                                                      or str(cfg.get("hidden_act", "")) in ("silu", "swiglu")),
+                    norm="layernorm" if mt in _NN_LAYERNORM else
+                    "rmsnorm" if mt in _LLAMA_LIKE or "rms_norm_eps" in cfg else "layernorm",
                     bias=bool(cfg.get("attention_bias", cfg.get("bias", False))), learned_pos_emb=False,
                     tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
     if layers is not None:

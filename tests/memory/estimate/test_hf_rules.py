@@ -87,14 +87,30 @@ def test_the_stated_error_is_what_the_recordings_give():
     cases = s["reference"]["cases"] + s["held-out"]["cases"]
     n, total = map(int, re.search(r"within 5% of the H200 on (\d+) of (\d+)", ESTIMATOR_ERROR).groups())
     assert (within, cases) == (n, total)
-    # both splits apart: the rules were written against reference cases, the held-out ones check them (103 and 58
-    # cases when this was written, the T5 and DeBERTa variants among them, every one within 5%); the sixth batch's
-    # StableLM 2 (reference, +8.8%) is the one miss, named in ESTIMATOR_ERROR
-    misses = {"reference": 1, "held-out": 0}
-    for split, least in (("reference", 103), ("held-out", 58)):
-        assert s[split]["cases"] >= least and s[split]["within"] == s[split]["cases"] - misses[split], (split, s[split])
+    # both splits apart: the rules were written against reference cases, the held-out ones check them (107 and 59
+    # cases when this was written, the T5 and DeBERTa variants among them, every one within 5%; the sixth batch's
+    # StableLM 2, +8.8% while its nn.LayerNorm was read as an RMSNorm, is +1.8%)
+    for split, least in (("reference", 107), ("held-out", 59)):
+        assert s[split]["cases"] >= least and s[split]["within"] == s[split]["cases"], (split, s[split])
     worst = max(s["reference"]["worst_pct"], s["held-out"]["worst_pct"])
-    assert worst <= float(re.search(r"worst (\d+)%", ESTIMATOR_ERROR).group(1)) + 0.5
+    assert worst <= float(re.search(r"worst ([\d.]+)%", ESTIMATOR_ERROR).group(1)) + 0.05
+
+
+def test_llama_like_decoders_with_torchs_layernorm_are_read_so():
+    """StableLM and StarCoder2 are Llama-like decoders whose norms are nn.LayerNorm (the input's dtype, mean and rstd
+    kept), not a float32 RMSNorm; StarCoder2's MLP is ungated. Read as RMSNorm, StableLM 2 1.6B bf16 was estimated
+    8.8% above its H200 recording; read so, 1.8%."""
+    from labkit.memory.estimate.hf_config import spec_from_hf_config
+
+    base = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                intermediate_size=128, max_position_embeddings=64, hidden_act="silu")
+    stablelm = spec_from_hf_config(dict(base, model_type="stablelm", layer_norm_eps=1e-5), seq=32)
+    starcoder2 = spec_from_hf_config(dict(base, model_type="starcoder2", norm_epsilon=1e-5, hidden_act="gelu_pytorch_tanh"),
+                                     seq=32)
+    llama = spec_from_hf_config(dict(base, model_type="llama", rms_norm_eps=1e-5), seq=32)
+    assert (stablelm.norm, stablelm.gated_mlp) == ("layernorm", True)
+    assert (starcoder2.norm, starcoder2.gated_mlp) == ("layernorm", False)
+    assert (llama.norm, llama.gated_mlp) == ("rmsnorm", True)
 
 
 def test_traits_take_the_model_types_defaults_for_keys_a_config_leaves_out():
