@@ -26,6 +26,7 @@ import shlex
 import statistics
 import time
 import types
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -274,16 +275,20 @@ def iter_validate(records: list[PlainRecord], *, jobs: int = 1) -> Iterator[Vali
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(max_workers=min(jobs, len(records)), mp_context=multiprocessing.get_context(method),
-                             initializer=_one_thread) as pool:
+                             initializer=_validation_worker) as pool:
         yield from pool.map(validate_one, records)
 
 
-def _one_thread() -> None:
+def _validation_worker() -> None:
     """A validation worker computes with one thread: the workers are the parallelism (and a forked child must not
-    reuse its parent's OpenMP pool)."""
+    reuse its parent's OpenMP pool). It keeps quiet about the installed torch, which the report states once (each
+    worker would warn again, a line per process in a notebook's output)."""
     import torch
 
+    from labkit.memory.trace.fake.fake_cuda import TorchVersionWarning
+
     torch.set_num_threads(1)
+    warnings.simplefilter("ignore", TorchVersionWarning)
 
 
 def validation_jobs(cases: int) -> int:
