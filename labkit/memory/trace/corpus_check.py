@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import shlex
 import statistics
+import sys
 import time
 import types
 import warnings
@@ -267,16 +268,24 @@ def validate(records: list[PlainRecord] | None = None, *, jobs: int = 1) -> list
 
 def iter_validate(records: list[PlainRecord], *, jobs: int = 1) -> Iterator[Validation]:
     """:func:`validate` one case at a time, in the records' order. ``jobs`` > 1 predicts in that many processes of
-    their own, forked from this one where the platform forks (nothing to import again, and no ``__main__`` to run
-    again, which a notebook or ``python -c`` does not have), else spawned; a case's figures do not depend on the
-    process that predicts it (each prediction starts from the allocator state its recording started in)."""
-    if jobs <= 1 or len(records) < 2:
-        yield from map(validate_one, records)
+    their own, forked from this one where the platform forks and this process has not initialised CUDA (nothing to
+    import again), else spawned: a forked child of a process that has cannot use CUDA at all, and on a GPU machine
+    the report's own probe of the GPU initialises it (the H200 refused every case so). A case's figures do not depend
+    on the process that predicts it (each prediction starts from the allocator state its recording started in)."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and not _cuda_initialized() else "spawn"
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if jobs <= 1 or len(records) < 2 or (method == "spawn" and main is not None and not os.path.exists(main)):
+        yield from map(validate_one, records)     # (a spawned worker runs __main__'s file again: `python - < x` has none)
         return
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(max_workers=min(jobs, len(records)), mp_context=multiprocessing.get_context(method),
                              initializer=_validation_worker) as pool:
         yield from pool.map(validate_one, records)
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return torch.cuda.is_initialized()
 
 
 def _validation_worker() -> None:

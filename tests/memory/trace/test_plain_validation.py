@@ -287,6 +287,24 @@ def test_validation_in_worker_processes_gives_the_same_figures_in_the_same_order
     assert validation_jobs(3) == 1 and 1 <= validation_jobs(300) <= 300
 
 
+def test_validation_workers_are_spawned_where_this_process_has_initialised_cuda(monkeypatch):
+    """A forked child of a process that initialised CUDA cannot use it (on the H200, whose report probes the GPU
+    first, forked workers refused every case): there the workers are spawned, and give the same figures."""
+    import multiprocessing
+
+    from labkit.memory.trace import corpus_check as cc
+
+    methods = []
+    real = multiprocessing.get_context
+    monkeypatch.setattr(cc, "_cuda_initialized", lambda: True)
+    monkeypatch.setattr(cc.multiprocessing, "get_context", lambda m=None: methods.append(m) or real(m))
+    records = sorted(CHEAP_FRESH, key=lambda r: layer_count(r.case))[:2]
+    spawned = list(cc.iter_validate(records, jobs=2))
+    assert methods == ["spawn"]
+    assert [(v.name, v.predicted_peak, v.predicted_reserved) for v in spawned] == [
+        (v.name, v.predicted_peak, v.predicted_reserved) for v in map(cc.validate_one, records)]
+
+
 def test_t5s_position_bias_reaches_sdpa_in_the_layout_the_recorded_transformers_gave_it():
     """The H200's transformers 5.17 handed T5's permuted position bias (last stride H) to SDPA as it was, so every
     self-attention ran the math path (its profiler); the installed version makes it contiguous (mem-efficient).
