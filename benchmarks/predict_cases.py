@@ -3,10 +3,11 @@
 ``transformers`` runs (``corpus_check.predict_as_recorded``), written as one ``fake_predictions`` file.
 
     PYTHONPATH=. .venv/bin/python benchmarks/predict_cases.py --out PREDICTIONS.json \\
-        --recorded-transformers 5.17.0 (--new-kinds | --batch6 | --batch7 | --case NAME ...) [--note TEXT]
+        --recorded-transformers 5.17.0 (--new-kinds | --batch6 | --batch7 | --batch8 | --case NAME ...) [--note TEXT]
 
 ``--new-kinds``: the cases of ``corpus._new_kinds()`` (issue 27's fifth batch); ``--batch6``: ``corpus._batch6()``
-(its sixth: timm among them); ``--batch7``: ``corpus._batch7()`` (learned attention biases). A case fake mode refuses gets a row
+(its sixth: timm among them); ``--batch7``: ``corpus._batch7()`` (learned attention biases); ``--batch8``:
+``corpus._batch8()`` (speech encoders with LayerDrop off). A case fake mode refuses gets a row
 with its ``refused`` line instead of figures. The file is rewritten after every case.
 
     PYTHONPATH=. .venv/bin/python benchmarks/predict_cases.py --compare PREDICTIONS.json RECORDING.json
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-kinds", action="store_true", help="the cases of corpus._new_kinds()")
     ap.add_argument("--batch6", action="store_true", help="the cases of corpus._batch6()")
     ap.add_argument("--batch7", action="store_true", help="the cases of corpus._batch7()")
+    ap.add_argument("--batch8", action="store_true", help="the cases of corpus._batch8()")
     ap.add_argument("--case", action="append", default=[], metavar="NAME")
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
@@ -50,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = ((corpus._new_kinds() if args.new_kinds else []) + (corpus._batch6() if args.batch6 else [])
              + (corpus._batch7() if args.batch7 else [])
+             + (corpus._batch8() if args.batch8 else [])
              + [corpus.get_case(n) for n in args.case])
     if not cases:
-        ap.error("no cases: give --new-kinds, --batch6, --batch7 or --case NAME")
+        ap.error("no cases: give --new-kinds, --batch6, --batch7, --batch8 or --case NAME")
     prov = header("python benchmarks/predict_cases.py " + shlex.join(argv if argv is not None else sys.argv[1:]))
     if args.note:
         prov["note"] = args.note

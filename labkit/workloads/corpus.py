@@ -892,6 +892,22 @@ def _batch7() -> list[Case]:
                                      ("coatnext_nano_rw_224", 64, 224, "amp-bf16"))]
 
 
+BATCH8_FILE = "predicted__issue27_batch8.json"
+
+
+def _batch8() -> list[Case]:
+    """Issue 27, an eighth batch (added 2026-12-07): speech encoders with LayerDrop off. Wav2Vec2's configuration skips
+    each encoder layer at random in training (``layerdrop=0.1``), so its recorded peak varies from step to step (on the
+    H200, float32: 6.26, 6.37 and 6.15 GB in one process's steps 2-4) and fake mode traces the step that skips none;
+    with ``layerdrop=0.0`` each step runs every layer and the recording is exact ground truth. Wav2Vec2 in both
+    precisions, and HuBERT (the same feature encoder and a post-norm encoder) under autocast. Predicted in fake mode
+    (:data:`BATCH8_FILE`) before any recording; names' hash decides the split. Not in the CI corpus (Wav2Vec2 at CI
+    size runs there)."""
+    nodrop = dict(WAV2VEC2_BASE, layerdrop=0.0)
+    return (_hf("wav2vec2-base-ctc-nodrop-b8-s160000", "wav2vec2", "ctc", nodrop, 8, 160000, ("fp32", "amp-bf16"))
+            + _hf("hubert-base-ctc-nodrop-b8-s160000", "hubert", "ctc", nodrop, 8, 160000, ("amp-bf16",)))
+
+
 def _cases() -> list[Case]:
     c: list[Case] = []
     c += _hf("gpt2-b8", "gpt2", "causal-lm", GPT2["gpt2"], 8, 1024, ALL3)
@@ -1070,6 +1086,7 @@ def _cases() -> list[Case]:
     c += _rnn_kinds()
     c += _batch6()
     c += _batch7()
+    c += _batch8()
     names = [x.name for x in c]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -1175,7 +1192,7 @@ def compat_cases() -> list[Case]:
     one: 274 cases, 273 predicted; cut for the suite's time, issue 30.)"""
     out: list[Case] = []
     seen: set[tuple[str, str]] = set()
-    new, batch6 = _new_kinds() + _rnn_kinds(), _batch6() + _batch7()
+    new, batch6 = _new_kinds() + _rnn_kinds(), _batch6() + _batch7() + _batch8()
     plain = [c for c in CASES if c.recompute == "none" and not c.lora and c.loop == "plain" and c.optimizer_impl == "fused"
              and c not in new and c not in batch6]
     for c in plain:

@@ -31,7 +31,7 @@ def test_corpus_covers_the_families_and_policies():
     assert {c.precision for c in CASES} == {"fp32", "amp-bf16", "bf16"}
     assert {c.checkpoint_impl for c in CASES if c.recompute != "none"} == {"torch", "hf", "hf-reentrant"}
     assert any(c.lora for c in CASES) and {c.loop for c in CASES} == {"plain", "keep-output"}
-    assert 60 <= len(CASES) <= 306         # the support corpus runs most at CI size (compat_cases): keep CI time in mind
+    assert 60 <= len(CASES) <= 309         # the support corpus runs most at CI size (compat_cases): keep CI time in mind
     # issue 27: models built by hand from PyTorch's modules, cuDNN RNNs, 3-D and transposed convolutions,
     # segmentation heads, more torchvision classifiers and the LoRA orders
     assert {"encoder-lm", "decoder-lm", "mha-lm", "lstm-lm", "gru-lm", "unet", "video.r3d_18",
@@ -67,6 +67,12 @@ def test_corpus_covers_the_families_and_policies():
     assert sorted(seventh) == sorted(c.name for c in _batch7()) and all(c in CASES for c in _batch7())
     assert all(r["split"] == get_case(n).split and r["peak_allocated"] > 0 for n, r in seventh.items())
     assert {r["split"] for r in seventh.values()} == {"reference", "held-out"}
+    # the eighth: speech encoders with LayerDrop off (each step runs every layer), predicted before recording
+    from labkit.workloads.corpus import BATCH8_FILE, _batch8
+
+    eighth = {r["name"]: r for r in load_measurement(path.with_name(BATCH8_FILE), kind="fake_predictions")["data"]["cases"]}
+    assert sorted(eighth) == sorted(c.name for c in _batch8()) and all(c in CASES for c in _batch8())
+    assert all(c.overrides["layerdrop"] == 0.0 and eighth[c.name]["split"] == c.split for c in _batch8())
 
 
 def test_the_fp32_logits_loss_is_the_users_shifted_cross_entropy():
@@ -286,9 +292,10 @@ def test_the_fifth_batch_is_new_kinds_predicted_before_recording():
     """Issue 27's fifth batch: kinds of model the corpus had not seen, each in float32 and under autocast bf16, every
     one predicted in fake mode (predicted__issue27_batch5.json, committed before any recording); names' hash
     decides the split (about a third held out); the CI corpus runs each kind at least once."""
-    from labkit.workloads.corpus import NEW_KINDS_FILE, _new_kinds, _rnn_kinds, compat_cases
+    from labkit.workloads.corpus import NEW_KINDS_FILE, _batch8, _new_kinds, _rnn_kinds, compat_cases
 
-    new, later = _new_kinds(), _rnn_kinds()             # later: cases added after the batch (a tagger of 3 layers)
+    new, later = _new_kinds(), _rnn_kinds() + _batch8()  # later: cases added after it (a 3-layer tagger, Wav2Vec2
+    #                                                    without LayerDrop)
     assert len(new) == 50 and {c.precision for c in new} == {"fp32", "amp-bf16"}
     kinds = {c.arch for c in new}
     assert len(kinds) == 25 and not kinds & {c.arch for c in CASES if c not in new + later} - {"llama"}

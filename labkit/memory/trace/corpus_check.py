@@ -182,6 +182,7 @@ class PlainRecord:
     provenance: dict[str, Any] = field(default_factory=dict)
     attn_implementation: str | None = None   # the model config's, as the recorded transformers chose it
     base_segments: list | None = None        # the allocator's segments when the case started (record_plain.py)
+    step_peaks: list[int] = field(default_factory=list)   # each recorded step's peak (steps 2-4), where recorded
 
 
 @dataclass
@@ -252,7 +253,8 @@ def load_plain(path: str | Path | None = None, *, process: str = "in-process") -
                                    None if r.get("peak_reserved") is None else int(r["peak_reserved"]),
                                    r.get("median_step_s"), list(r.get("sdpa_backends") or []),
                                    r.get("provenance") or doc["provenance"],   # rows recorded later carry their own
-                                   r.get("attn_implementation"), r.get("base_segments")))
+                                   r.get("attn_implementation"), r.get("base_segments"),
+                                   [int(p) for p in r.get("step_peaks_allocated") or []]))
         except (KeyError, TypeError, ValueError) as exc:
             raise LabkitError(f"{path}: case {r.get('name', '?')!r} is malformed ({exc})") from None
         if case.split != r["split"]:
@@ -261,13 +263,14 @@ def load_plain(path: str | Path | None = None, *, process: str = "in-process") -
     return out
 
 
-def validate(records: list[PlainRecord] | None = None, *, jobs: int = 1) -> list[Validation]:
-    """Fake mode's prediction of each recorded case beside its recording (:func:`iter_validate`), in order."""
-    return list(iter_validate(records if records is not None else load_plain(), jobs=jobs))
+def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
+    """Fake mode's prediction of each recorded case beside its recording, in order, in this process
+    (:func:`iter_validate` spreads them over processes)."""
+    return list(map(validate_one, records if records is not None else load_plain()))
 
 
 def iter_validate(records: list[PlainRecord], *, jobs: int = 1) -> Iterator[Validation]:
-    """:func:`validate` one case at a time, in the records' order. ``jobs`` > 1 predicts in that many processes of
+    """Fake mode's prediction of each recorded case (:func:`validate_one`), yielded in the records' order. ``jobs`` > 1 predicts in that many processes of
     their own, forked from this one where the platform forks and this process has not initialised CUDA (nothing to
     import again), else spawned: a forked child of a process that has cannot use CUDA at all. (On the H200,
     ``bench_tracer.py --validate``, whose header probes the GPU first, got every case refused from forked workers, while
@@ -335,6 +338,10 @@ def validate_one(rec: PlainRecord) -> Validation:
     try:
         rep = run()
         v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
+        if rec.step_peaks and any("random draw" in a for a in rep.emulation.get("assumptions", ())):
+            notes.append(f"random from step to step (a test of a random draw, such as LayerDrop's): the recorded "
+                         f"steps peaked at {min(rec.step_peaks) / GiB:.2f}-{max(rec.step_peaks) / GiB:.2f} GiB, "
+                         f"fake mode traced the step that skips nothing")
         if rec.base_segments and not v.within_targets and abs(v.peak_error_pct or 0) <= PEAK_TOLERANCE_PCT:
             notes.clear()
             v.reserved_range = run(reserved_placements=PLACEMENT_ORDERS).reserved_range

@@ -29,6 +29,62 @@ def _follow(fn):
     return hv.value(out)
 
 
+def _from_draw(fn):
+    """fn(x) on a fake float tensor, every op observed: whether HealthyValues calls the result random."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hv = HealthyValues()
+
+    class Observe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            hv.observe(func, args, kwargs or {}, out)
+            return out
+
+    with FakeTensorMode():
+        x = torch.randn(4, 3)
+        with Observe():
+            return hv.random(fn(x))
+
+
+def test_a_test_of_a_random_draw_is_known_as_random():
+    assert _from_draw(lambda x: torch.rand([]) < 0.1)                  # Hugging Face's LayerDrop
+    assert _from_draw(lambda x: (torch.rand_like(x) * 2 > x).any())
+    assert _from_draw(lambda x: torch.empty(3).uniform_().sum() > 1)
+    assert not _from_draw(lambda x: x > 0)
+    assert not _from_draw(lambda x: torch.isfinite(x).all())
+
+
+class _LayerDrop(torch.nn.Module):
+    """Four layers, each skipped when a draw falls under 0.5 (as ``Wav2Vec2Encoder`` skips with ``layerdrop``)."""
+
+    def __init__(self, draw: bool):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(256, 256) for _ in range(4))
+        self.draw = draw
+
+    def forward(self, x):
+        for layer in self.layers:
+            if not (self.draw and torch.rand([]) < 0.5):
+                x = torch.relu(layer(x))
+        return x.square().mean()
+
+
+def test_layerdrop_is_traced_with_every_layer_and_said_to_be_random():
+    """Fake mode traces the step in which no layer is skipped (the most memory), and says that on the GPU the
+    peak there varies from step to step."""
+    from labkit.memory.trace.step import measure_step
+    from labkit.workloads import StepPolicy
+
+    batch = torch.randn(512, 256)
+    runs = {draw: measure_step(lambda: _LayerDrop(draw), batch, StepPolicy(), device="fake-cuda",
+                               loss_fn=lambda out, b: out, call=lambda m, b: m(b)) for draw in (True, False)}
+    assert runs[True].peak_bytes == runs[False].peak_bytes
+    (said,) = runs[True].emulation["assumptions"]
+    assert "random draw" in said and "_LayerDrop" in said and "step to step" in said
+    assert not runs[False].emulation["assumptions"]
+
+
 def test_checks_answer_as_for_finite_values():
     assert _follow(lambda x: torch.isfinite(x).all()) is True         # (x == x) * (x.abs() != inf), then all
     assert _follow(lambda x: ~torch.isfinite(x.sum())) is False

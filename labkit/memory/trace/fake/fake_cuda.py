@@ -42,8 +42,8 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   tensors and out of place on fake ones (:mod:`labkit.memory.trace.fake.grad_accumulation`): fake mode
   sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
-  boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"), a float one
-  0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
+  boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"; one computed from a random
+  draw, as LayerDrop's, is reported as random from step to step), a float one 0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
   integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
   each expert's share), reported; other data-dependent shapes (``nonzero``) and integer reads are
@@ -677,6 +677,11 @@ class CudaEmulator:
         if healthy is not None:
             self.assume(f"a NaN/infinity check ({where}) read as {healthy}: the run's values are finite")
             return healthy
+        if x.dtype == torch.bool and self.healthy.random(x):
+            self.assume(f"a test of a random draw ({where}) read as False, as if the draw never passed it: on the GPU "
+                        f"it goes either way from step to step (Hugging Face's LayerDrop skips a layer so), and so "
+                        f"does the peak")
+            return False
         if x.dtype == torch.bool:
             self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
             return False

@@ -20,6 +20,11 @@ them (below autograd):
 
 Every element of a followed boolean has the same value, which is what ``all``/``any`` and a read return.
 A boolean not made this way is not followed (:meth:`value` answers None).
+
+Random draws have no healthy value: a boolean computed from one (``torch.rand([]) < p``, as Hugging Face's
+LayerDrop decides whether a layer runs) goes either way from step to step on the GPU. :meth:`HealthyValues.random`
+says whether a tensor was computed from a draw (a random op's output, or any op's output with such an input), so
+that the answer fake mode gives it can say the run's peak is random there.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ _SAME = frozenset({"all", "any", "_to_copy", "clone", "alias", "view", "reshape"
                    "detach", "lift_fresh"})
 
 
+# ATen's random ops (aten/src/ATen/native/native_functions.yaml: the factories and the in-place samplers)
+_RANDOM = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "uniform",
+                     "uniform_", "normal", "normal_", "bernoulli", "bernoulli_", "multinomial", "exponential_",
+                     "geometric_", "log_normal_", "cauchy_", "random_"})
+
+
 def _non_finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)
 
@@ -47,14 +58,23 @@ class HealthyValues:
 
     def __init__(self) -> None:
         self._value: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._random: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def value(self, t: Any) -> bool | None:
         return self._value.get(t) if isinstance(t, torch.Tensor) else None
 
+    def random(self, t: Any) -> bool:
+        """Whether ``t`` was computed from a random draw (see the module docstring)."""
+        return isinstance(t, torch.Tensor) and t in self._random
+
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+        if not isinstance(out, torch.Tensor):
             return
         base = getattr(func, "__name__", str(func)).split(".")[0]
+        if base in _RANDOM or (self._random and any(self.random(a) for a in args)):
+            self._random[out] = True
+        if out.dtype != torch.bool:
+            return
         v = self._rule(base, args)
         if v is not None:
             self._value[out] = v
