@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import traceback
 from typing import Any, Iterator
 
+import torch
 import torch.nn as nn
 
 from labkit.core.errors import LabkitError
@@ -20,15 +22,48 @@ class FakeModeUnsupported(LabkitError):
     """Fake mode could not run the step: one line naming the op, the module and the phase, the
     cause's first line, and what to use instead. ``op``, ``module``, ``phase`` and ``cause`` hold them."""
 
-    def __init__(self, op: str | None, module: str | None, phase: str, cause: BaseException) -> None:
-        self.op, self.module, self.phase = op, module, phase
+    def __init__(self, op: str | None, module: str | None, phase: str, cause: BaseException, *,
+                 own: bool = False) -> None:
+        self.op, self.module, self.phase, self.own = op, module, phase, own
         first = (str(cause).strip().splitlines() or [""])[0]
         self.cause = f"{type(cause).__name__}: {first[:240]}"
         what = f"op {op}" if op else "this step"
         where = f" in module {module}" if module else ""
+        if own:
+            super().__init__(f"the step itself fails{where} during {phase} ({self.cause}): the program's own code "
+                             "raised it before fake mode had guessed any value, so it fails the same on any device; "
+                             "fix the model or its configuration")
+            return
         super().__init__(f"fake mode cannot run {what}{where} during {phase} ({self.cause}); run the step on a "
                          "device instead (--device cpu, or cuda on a GPU) or size it with the analytical "
                          "estimator (labkit estimate)")
+
+
+# Python's own errors: raised by a program's code (a list index, a configuration check), not by fake tensors
+_PROGRAM_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, AssertionError)
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_NN_MODULES = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def programs_own(exc: BaseException, tracker: StorageTracker) -> bool:
+    """Whether ``exc`` is the program's own failure: one of Python's errors (:data:`_PROGRAM_ERRORS`) raised in the
+    program's code or in torch.nn's Python modules it called (not under a dispatcher, a fake tensor or labkit), before fake mode answered any value it cannot know (a boolean or float read,
+    MoE routing: an answer could steer the program into the error). Such a step fails on every device, so
+    ``--device cpu`` would only fail again."""
+    if not isinstance(exc, _PROGRAM_ERRORS) or exc.__traceback__ is None:
+        return False
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):     # innermost first
+        origin = os.path.abspath(frame.f_code.co_filename)
+        if origin.startswith(_TORCH_NN_MODULES):
+            continue                        # torch.nn's Python API (a ModuleList's index): the program's call
+        if origin.startswith((_TORCH_DIR, _LABKIT_DIR)) or frame.f_code.co_filename.startswith("<"):
+            return False                    # raised under a dispatcher, a fake tensor or labkit
+        break
+    emulator = tracker.emulator
+    routing = getattr(emulator, "routing", None)
+    return (emulator is not None and not getattr(emulator, "assumptions", None)
+            and not getattr(routing, "used", None))
 
 
 class _Why(Exception):
@@ -62,7 +97,7 @@ def refusals(device: str, tracker: StorageTracker, built: list[nn.Module], model
         if device != "fake-cuda":
             raise
         op, module = locate(exc, _module_names(built[-1] if built else model))
-        raise FakeModeUnsupported(op, module, tracker.phases[-1], exc) from exc
+        raise FakeModeUnsupported(op, module, tracker.phases[-1], exc, own=programs_own(exc, tracker)) from exc
     finally:
         quiet.setLevel(level)
 
