@@ -49,8 +49,10 @@ def _from_draw(fn):
 
 def test_a_test_of_a_random_draw_is_known_as_random():
     assert _from_draw(lambda x: torch.rand([]) < 0.1)                  # Hugging Face's LayerDrop
-    assert _from_draw(lambda x: (torch.rand_like(x) * 2 > x).any())
-    assert _from_draw(lambda x: torch.empty(3).uniform_().sum() > 1)
+    assert _from_draw(lambda x: (torch.rand(1) * 2 > 1.5).any())
+    assert _from_draw(lambda x: torch.randint(0, 10, (1,)) == 3)
+    assert not _from_draw(lambda x: (torch.empty(3, 3).normal_() @ x.T).sum() > 1)   # an initialised weight's use
+    assert not _from_draw(lambda x: (x + torch.randn_like(x)).sum() > 1)              # noise: not followed
     assert not _from_draw(lambda x: x > 0)
     assert not _from_draw(lambda x: torch.isfinite(x).all())
 
@@ -94,6 +96,12 @@ def test_checks_answer_as_for_finite_values():
     assert _follow(lambda x: x != x) is False
     assert _follow(lambda x: x > 0) is None                          # a value's sign is not known: not followed
     assert _follow(lambda x: (x > 0) & torch.isfinite(x)) is None
+    # counts of a followed boolean, compared with a number (I-BERT's quantiser asserts x.isnan().sum() == 0)
+    assert _follow(lambda x: x.isnan().sum() == 0) is True
+    assert _follow(lambda x: torch.isinf(x).sum() > 0) is False
+    assert _follow(lambda x: torch.isfinite(x).sum(dim=1) == 3).__bool__() is True    # 3 columns, all finite
+    assert _follow(lambda x: torch.count_nonzero(~torch.isfinite(x)) != 0) is False
+    assert _follow(lambda x: (x > 0).sum() == 0) is None                               # a sign count: not known
 
 
 GUARDED = textwrap.dedent('''

@@ -21,15 +21,20 @@ them (below autograd):
 Every element of a followed boolean has the same value, which is what ``all``/``any`` and a read return.
 A boolean not made this way is not followed (:meth:`value` answers None).
 
+Counts of a followed boolean are known too (``sum``, ``count_nonzero``: 0 where it is False, the elements reduced
+where it is True), and so are comparisons of a count with a number: ``assert x.isnan().sum() == 0`` (I-BERT's
+activation quantiser), ``if torch.isinf(grads).sum() > 0: skip``. :meth:`HealthyValues.count` answers an integer read.
+
 Random draws have no healthy value: a boolean computed from one (``torch.rand([]) < p``, as Hugging Face's
 LayerDrop decides whether a layer runs) goes either way from step to step on the GPU. :meth:`HealthyValues.random`
-says whether a tensor was computed from a draw (a random op's output, or any op's output with such an input), so
-that the answer fake mode gives it can say the run's peak is random there.
+says whether a one-element tensor was drawn by a random factory or computed from such a tensor, so that the answer
+fake mode gives it can say the run's peak is random there (larger draws, a diffusion model's noise, are not followed).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -43,10 +48,15 @@ _SAME = frozenset({"all", "any", "_to_copy", "clone", "alias", "view", "reshape"
                    "detach", "lift_fresh"})
 
 
-# ATen's random ops (aten/src/ATen/native/native_functions.yaml: the factories and the in-place samplers)
-_RANDOM = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "uniform",
-                     "uniform_", "normal", "normal_", "bernoulli", "bernoulli_", "multinomial", "exponential_",
-                     "geometric_", "log_normal_", "cauchy_", "random_"})
+# ATen's random factories (aten/src/ATen/native/native_functions.yaml), not the in-place samplers that initialise
+# weights (normal_, uniform_: every activation is computed from them)
+_RANDOM = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal",
+                     "bernoulli", "multinomial"})
+
+
+_COUNT = frozenset({"sum", "count_nonzero"})
+_COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+            "ge": operator.ge}
 
 
 def _non_finite(v: Any) -> bool:
@@ -58,7 +68,12 @@ class HealthyValues:
 
     def __init__(self) -> None:
         self._value: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._count: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._random: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def count(self, t: Any) -> int | None:
+        """Each element of a count of a followed boolean (see the module docstring), else None."""
+        return self._count.get(t) if isinstance(t, torch.Tensor) else None
 
     def value(self, t: Any) -> bool | None:
         return self._value.get(t) if isinstance(t, torch.Tensor) else None
@@ -71,8 +86,12 @@ class HealthyValues:
         if not isinstance(out, torch.Tensor):
             return
         base = getattr(func, "__name__", str(func)).split(".")[0]
-        if base in _RANDOM or (self._random and any(self.random(a) for a in args)):
-            self._random[out] = True
+        if out.numel() == 1 and (base in _RANDOM or (self._random and any(self.random(a) for a in args))):
+            self._random[out] = True        # one number drawn, or computed from one (noise tensors are not followed)
+        if base in _COUNT and args and self.value(args[0]) is not None and not out.is_floating_point():
+            reduced = args[0].numel() // max(out.numel(), 1)
+            self._count[out] = reduced if self.value(args[0]) else 0
+            return
         if out.dtype != torch.bool:
             return
         v = self._rule(base, args)
@@ -81,6 +100,10 @@ class HealthyValues:
 
     def _rule(self, base: str, args: tuple) -> bool | None:
         x = args[0] if args else None
+        n = self.count(x)
+        if n is not None and base in _COMPARE and len(args) > 1 and isinstance(args[1], (int, float)) \
+                and not isinstance(args[1], bool):
+            return _COMPARE[base](n, args[1])
         if base == "isfinite":
             return True
         if base in _NEVER:
