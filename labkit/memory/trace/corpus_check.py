@@ -270,13 +270,13 @@ def validate(records: list[PlainRecord] | None = None) -> list[Validation]:
 
 
 def iter_validate(records: list[PlainRecord], *, jobs: int = 1) -> Iterator[Validation]:
-    """Fake mode's prediction of each recorded case (:func:`validate_one`), yielded in the records' order. ``jobs`` > 1 predicts in that many processes of
-    their own, forked from this one where the platform forks and this process has not initialised CUDA (nothing to
-    import again), else spawned: a forked child of a process that has cannot use CUDA at all. (On the H200,
-    ``bench_tracer.py --validate``, whose header probes the GPU first, got every case refused from forked workers, while
-    the same call from a process that had not touched CUDA predicted them; the refusal's text was not recorded.) A
-    case's figures do not depend on the process that predicts it (each prediction starts from the allocator state its
-    recording started in)."""
+    """Fake mode's prediction of each recorded case (:func:`validate_one`), yielded in the records' order. ``jobs`` > 1
+    predicts in that many processes of their own, forked from this one where the platform forks and this process has
+    not initialised CUDA (nothing to import again), else spawned: a forked child of a process that has cannot use
+    CUDA at all. (On the H200, ``bench_tracer.py --validate``, whose header probes the GPU first, got every case
+    refused from forked workers, while the same call from a process that had not touched CUDA predicted them; the
+    refusal's text was not recorded.) A case's figures do not depend on the process that predicts it (each
+    prediction starts from the allocator state its recording started in)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() and not _cuda_initialized() else "spawn"
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if jobs <= 1 or len(records) < 2 or (method == "spawn" and main is not None and not os.path.exists(main)):

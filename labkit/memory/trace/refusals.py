@@ -48,9 +48,9 @@ _LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 def programs_own(exc: BaseException, tracker: StorageTracker) -> bool:
     """Whether ``exc`` is the program's own failure: one of Python's errors (:data:`_PROGRAM_ERRORS`) raised in the
-    program's code or in torch.nn's Python modules it called (not under a dispatcher, a fake tensor or labkit), before fake mode answered any value it cannot know (a boolean or float read,
-    MoE routing: an answer could steer the program into the error). Such a step fails on every device, so
-    ``--device cpu`` would only fail again."""
+    program's code or in torch.nn's Python modules it called (not under a dispatcher, a fake tensor or labkit), before
+    fake mode answered any value it cannot know (a boolean or float read, MoE routing: an answer could steer the
+    program into the error). Such a step fails on every device, so ``--device cpu`` would only fail again."""
     if not isinstance(exc, _PROGRAM_ERRORS) or exc.__traceback__ is None:
         return False
     for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):     # innermost first

@@ -43,7 +43,8 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"; one computed from a random
-  draw, as LayerDrop's, is reported as random from step to step), a float one 0.0, each answer reported. MoE dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
+  draw, as LayerDrop's, is reported as random from step to step), a float one 0.0, each answer reported. MoE
+  dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
   integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
   each expert's share), reported; other data-dependent shapes (``nonzero``) and integer reads are
