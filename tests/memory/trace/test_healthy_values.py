@@ -10,8 +10,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from labkit.memory.trace.fake.healthy_values import HealthyValues
 
 
-def _follow(fn):
-    """fn(x) on a fake float tensor, every op observed; the value HealthyValues gives the result."""
+def _observed(fn, answer):
+    """fn(x) on a fake float tensor, every op observed; ``answer(hv, result)`` of the HealthyValues that saw them."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     hv = HealthyValues()
@@ -26,25 +26,17 @@ def _follow(fn):
         x = torch.randn(4, 3)
         with Observe():
             out = fn(x)
-    return hv.value(out)
+        return answer(hv, out)
+
+
+def _follow(fn):
+    """The value HealthyValues gives fn(x)."""
+    return _observed(fn, HealthyValues.value)
 
 
 def _from_draw(fn):
-    """fn(x) on a fake float tensor, every op observed: whether HealthyValues calls the result random."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    hv = HealthyValues()
-
-    class Observe(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            hv.observe(func, args, kwargs or {}, out)
-            return out
-
-    with FakeTensorMode():
-        x = torch.randn(4, 3)
-        with Observe():
-            return hv.random(fn(x))
+    """Whether HealthyValues calls fn(x) random."""
+    return _observed(fn, HealthyValues.random)
 
 
 def test_a_test_of_a_random_draw_is_known_as_random():
