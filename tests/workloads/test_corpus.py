@@ -294,8 +294,8 @@ def test_the_fifth_batch_is_new_kinds_predicted_before_recording():
     decides the split (about a third held out); the CI corpus runs each kind at least once."""
     from labkit.workloads.corpus import NEW_KINDS_FILE, _batch8, _new_kinds, _rnn_kinds, compat_cases
 
-    new, later = _new_kinds(), _rnn_kinds() + _batch8()  # later: cases added after it (a 3-layer tagger, Wav2Vec2
-    #                                                    without LayerDrop)
+    new = _new_kinds()
+    later = _rnn_kinds() + _batch8()    # cases added after the batch (a 3-layer tagger, Wav2Vec2 without LayerDrop)
     assert len(new) == 50 and {c.precision for c in new} == {"fp32", "amp-bf16"}
     kinds = {c.arch for c in new}
     assert len(kinds) == 25 and not kinds & {c.arch for c in CASES if c not in new + later} - {"llama"}

@@ -322,6 +322,7 @@ def validation_jobs(cases: int) -> int:
 def validate_one(rec: PlainRecord) -> Validation:
     """Fake mode's prediction of one recorded case (the program its recording's transformers ran, from the allocator
     state it started in) beside the recording; a warm-process miss also gets the range of segment-address orders."""
+    from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW   # torch: not at import (`labkit --help`)
     from labkit.memory.trace.step import FakeCuda, FakeModeUnsupported
 
     t = time.perf_counter()
@@ -338,7 +339,7 @@ def validate_one(rec: PlainRecord) -> Validation:
     try:
         rep = run()
         v.predicted_peak, v.predicted_reserved = rep.peak_bytes, rep.reserved_bytes
-        if rec.step_peaks and any("random draw" in a for a in rep.emulation.get("assumptions", ())):
+        if rec.step_peaks and any(a.startswith(RANDOM_DRAW) for a in rep.emulation.get("assumptions", ())):
             notes.append(f"random from step to step (a test of a random draw, such as LayerDrop's): the recorded "
                          f"steps peaked at {min(rec.step_peaks) / GiB:.2f}-{max(rec.step_peaks) / GiB:.2f} GiB, "
                          f"fake mode traced the step that skips nothing")

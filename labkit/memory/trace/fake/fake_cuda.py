@@ -76,7 +76,7 @@ from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
-from labkit.memory.trace.fake.healthy_values import HealthyValues
+from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW, HealthyValues
 from labkit.memory.trace.fake.moe import RoutingOracle
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200, TORCH_GATES
@@ -679,7 +679,7 @@ class CudaEmulator:
             self.assume(f"a NaN/infinity check ({where}) read as {healthy}: the run's values are finite")
             return healthy
         if x.dtype == torch.bool and self.healthy.random(x):
-            self.assume(f"a test of a random draw ({where}) read as False, as if the draw never passed it: on the GPU "
+            self.assume(f"{RANDOM_DRAW} ({where}) read as False, as if the draw never passed it: on the GPU "
                         f"it goes either way from step to step (Hugging Face's LayerDrop skips a layer so), and so "
                         f"does the peak")
             return False

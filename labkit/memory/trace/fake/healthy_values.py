@@ -54,6 +54,10 @@ _RANDOM = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "ran
                      "bernoulli", "multinomial"})
 
 
+# how fake mode's report names its answer to a boolean read of a random draw (labkit.memory.trace.corpus_check finds
+# such cases by it)
+RANDOM_DRAW = "a test of a random draw"
+
 _COUNT = frozenset({"sum", "count_nonzero"})
 _COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
             "ge": operator.ge}
