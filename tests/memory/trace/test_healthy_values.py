@@ -124,3 +124,69 @@ def test_a_script_guarded_against_overflow_runs_its_steps(tmp_path):
     assert len(rep.steps) == 3                                        # no step skipped
     assert any("NaN/infinity check" in n and "read as True" in n for n in rep.notes)
     assert rep.peak_bytes >= 3 * 512 * 512 * 4                         # weights, gradients and Adam's two states
+
+
+CHECKED = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributions import Categorical, Normal, kl_divergence
+
+    enc = nn.Linear(64, 32).cuda()
+    opt = torch.optim.Adam(enc.parameters())
+    ran = 0
+    for step in range(2):
+        x = torch.randn(2048, 64, device="cuda")                      # too large to carry values (script mode)
+        y = torch.randint(0, 16, (2048,), device="cuda") + x[:, 0].long() * 0     # computed from x: no values
+        assert (y >= 0).all() and (y < 16).all(), "labels out of range"
+        assert not (y < 0).any()
+        if not (x.abs() < 1e4).all():
+            print("diverged")
+            raise RuntimeError("inputs out of range")
+        if (y > 15).any():
+            raise ValueError("label above 15")
+        mu, logvar = enc(x).chunk(2, 1)
+        q = Normal(mu, (0.5 * logvar).exp())                          # validate_args: on by default
+        kl = kl_divergence(q, Normal(torch.zeros_like(mu), torch.ones_like(mu))).sum(1).mean()
+        pi = Categorical(logits=q.rsample())
+        loss = kl - pi.log_prob(y).mean()
+        torch._assert(loss.isfinite(), "loss")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ran += 1
+    print("ran", ran)
+''')
+
+
+def test_checks_that_raise_pass_as_in_a_working_run(tmp_path):
+    """An assert holds and an ``if`` that only raises is not taken: torch.distributions' argument validation, the
+    script's own label checks."""
+    from labkit.memory.script.run import run_script
+
+    p = tmp_path / "checked.py"
+    p.write_text(CHECKED)
+    rep = run_script(str(p), banner=False)
+    assert len(rep.steps) == 2
+    notes = "\n".join(rep.notes)
+    assert "the check that raises at torch/distributions/distribution.py" in notes and "read as True" in notes
+    assert "the assert at checked.py:13" in notes                        # (y >= 0).all() and (y < 16).all(): True
+    assert "the assert at checked.py:14" in notes and "the check that raises at checked.py:15" in notes
+    assert "the check that raises at checked.py:18 (code outside any module) read as False" in notes
+
+
+def test_a_check_whose_failing_operand_is_open_is_not_decided(tmp_path):
+    """``if a and b: raise``: which of the two fails is open, so the statement decides nothing (None); the same
+    read in an ``or`` that must not hold, or an ``and`` that must, is decided."""
+    import ast
+
+    from labkit.memory.trace.fake.healthy_values import _reads_need
+
+    def need(src, want):
+        return _reads_need(ast.parse(src).body[0].value, want)
+
+    assert need("a.all() and b.all()", False) is None
+    assert need("a.any() or b.any()", False) == {False}
+    assert need("a.all() and not b.any()", True) == {True, False}      # two reads needing different answers
+    assert need("not (a.all() and b.all())", False) == {True}
+    assert need("not not x", True) == {True}

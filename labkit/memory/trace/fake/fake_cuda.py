@@ -76,7 +76,7 @@ from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
-from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW, HealthyValues
+from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW, HealthyValues, guard_answer
 from labkit.memory.trace.fake.moe import RoutingOracle
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200, TORCH_GATES
@@ -684,6 +684,10 @@ class CudaEmulator:
                         f"does the peak")
             return False
         if x.dtype == torch.bool:
+            guard = guard_answer()
+            if guard is not None:
+                self.assume(f"{guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")
+                return guard[0]
             self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
             return False
         if x.is_floating_point():

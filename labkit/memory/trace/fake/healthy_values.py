@@ -29,12 +29,23 @@ Random draws have no healthy value: a boolean computed from one (``torch.rand([]
 LayerDrop decides whether a layer runs) goes either way from step to step on the GPU. :meth:`HealthyValues.random`
 says whether a one-element tensor was drawn by a random factory or computed from such a tensor, so that the answer
 fake mode gives it can say the run's peak is random there (larger draws, a diffusion model's noise, are not followed).
+
+Checks a working run passes. Any other boolean is answered from the statement that reads it (:func:`guard_answer`):
+the test of an ``assert`` holds, and the test of an ``if`` whose one branch only raises takes the other branch. A run
+whose memory is asked about is one that runs: on the GPU a check that fails stops it there. So
+``torch.distributions`` validating its arguments (``if not torch._is_all_true(valid): raise ValueError``, on by
+default), ``assert (labels >= 0).all()`` and ``torch._assert`` pass, as they do for the values of a working program.
 """
 
 from __future__ import annotations
 
+import ast
+import linecache
 import math
 import operator
+import os
+import sys
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -44,7 +55,7 @@ _NEVER = frozenset({"isnan", "isinf", "isposinf", "isneginf"})
 _AND = frozenset({"mul", "bitwise_and", "logical_and"})
 _OR = frozenset({"bitwise_or", "logical_or"})
 _NOT = frozenset({"bitwise_not", "logical_not"})
-_SAME = frozenset({"all", "any", "_to_copy", "clone", "alias", "view", "reshape", "squeeze", "unsqueeze", "expand",
+_SAME = frozenset({"all", "any", "_is_all_true", "_is_any_true", "_to_copy", "clone", "alias", "view", "reshape", "squeeze", "unsqueeze", "expand",
                    "detach", "lift_fresh"})
 
 
@@ -132,3 +143,88 @@ class HealthyValues:
         if base in _SAME:
             return known[0]
         return None
+
+
+# Where a boolean read passes on its way from the statement that reads it to fake mode: labkit, and torch's dispatch
+# machinery (``__torch_function__``/``__torch_dispatch__`` handling, fake tensors, the decompositions they run)
+_TORCH = os.path.dirname(torch.__file__)
+_PASSED = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep,
+           *(os.path.join(_TORCH, p) for p in ("_compile.py", "_dynamo" + os.sep, "_subclasses" + os.sep, "_ops.py",
+                                               "overrides.py", "_prims" + os.sep, "_prims_common" + os.sep,
+                                               "_refs" + os.sep, "_decomp" + os.sep,
+                                               os.path.join("utils", "_python_dispatch.py"),
+                                               os.path.join("utils", "_stats.py"),
+                                               os.path.join("utils", "_device.py"))))
+
+
+def guard_answer() -> tuple[bool, str] | None:
+    """The answer a boolean read gets in a run that works, from the statement that reads it, with what that
+    statement is and where (``"the assert at train.py:12"``); None where the statement does not decide it.
+
+    The statement is found on the Python stack (the first frame outside labkit and torch's dispatch machinery) and
+    parsed. Its test decides the answer when it is an ``assert`` (the test holds) or an ``if`` one of whose branches
+    holds nothing but calls and a ``raise`` (the test takes the other branch), and the read's place in the test is
+    known: the test itself, under any number of ``not``, or every operand of an ``and`` that must hold (of an ``or``
+    that must not) needing the same answer. ``if a and b: raise`` leaves it open which operand fails: None."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(_PASSED) or f.f_code.co_filename.startswith("<")):
+        f = f.f_back
+    if f is None:
+        return None
+    stmt = _statement_at(f.f_code.co_filename, f.f_lineno)
+    if isinstance(stmt, ast.Assert):
+        want, what = True, "the assert"
+    elif isinstance(stmt, ast.If) and _only_raises(stmt.body):
+        want, what = False, "the check that raises"
+    elif isinstance(stmt, ast.If) and _only_raises(stmt.orelse):
+        want, what = True, "the check that raises"
+    else:
+        return None
+    answers = _reads_need(stmt.test, want)
+    if answers is None or len(answers) != 1:
+        return None
+    return answers.pop(), f"{what} at {_short(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def _only_raises(body: list) -> bool:
+    return bool(body) and isinstance(body[-1], ast.Raise) and all(
+        isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) for s in body[:-1])
+
+
+def _reads_need(e: ast.expr, want: bool) -> set[bool] | None:
+    """The answers the reads in test ``e`` need for ``e`` to come out ``want``; None where it is open."""
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+        return _reads_need(e.operand, not want)
+    if isinstance(e, ast.BoolOp):
+        if isinstance(e.op, ast.And) != want:          # an `and` that fails, an `or` that holds: which operand?
+            return None
+        parts = [_reads_need(v, want) for v in e.values]
+        return None if any(p is None for p in parts) else set().union(*parts)
+    return {want}
+
+
+def _statement_at(filename: str, line: int) -> ast.stmt | None:
+    """The innermost ``assert`` or ``if`` whose test spans ``line`` of ``filename``'s source (linecache's, which
+    holds notebook cells too), else None."""
+    return _statements(filename, "".join(linecache.getlines(filename))).get(line)
+
+
+@lru_cache(maxsize=256)
+def _statements(filename: str, source: str) -> dict[int, ast.stmt]:
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError):
+        return {}
+    spans = [(n.test.end_lineno - n.test.lineno, n) for n in ast.walk(tree) if isinstance(n, (ast.Assert, ast.If))]
+    out: dict[int, ast.stmt] = {}
+    for _, n in sorted(spans, key=lambda s: -s[0]):      # the innermost (shortest) test of a line wins
+        for line in range(n.test.lineno, n.test.end_lineno + 1):
+            out[line] = n
+    return out
+
+
+def _short(filename: str) -> str:
+    """A file's name as a user reads it: torch's from its package, another one's base name."""
+    if filename.startswith(_TORCH + os.sep):
+        return "torch/" + os.path.relpath(filename, _TORCH).replace(os.sep, "/")
+    return os.path.basename(filename)
