@@ -6,6 +6,7 @@
     PYTHONPATH=. python benchmarks/bench_script.py --users [--only NAME]
     PYTHONPATH=. python benchmarks/bench_script.py --users --predict-to data/measurements/script/users__predicted.json
     PYTHONPATH=. python benchmarks/bench_script.py --users2 --predict-to data/measurements/script/users2__predicted.json
+    PYTHONPATH=. python benchmarks/bench_script.py --users3 --predict-to data/measurements/script/users3__predicted.json
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/llama7b_bf16.py
     PYTHONPATH=. python benchmarks/bench_script.py --script data/scripts/ranks/fsdp2_llama7b.py --nproc-per-node 8
 
@@ -19,8 +20,9 @@ the H200 and here). ``--lora``: the peft LoRA scripts of ``lora.json`` (``data/s
 bf16 base, each script differing from the issue-27 loop in one thing; recorded by ``record_scripts.py --lora``).
 ``--users``: the scripts of ``users.json`` (``data/scripts/users/``: engineers' own habits, predicted before they
 were recorded by ``record_scripts.py --users``); with ``--predict-to FILE`` it predicts every script of that folder
-and writes the predictions (no recording needed: what was committed before the H200 ran them). ``--users2``: the same
-for the second batch, ``data/scripts/users2/`` and ``users2.json``.
+and writes the predictions (no recording needed: what was committed before the H200 ran them). ``--users2``, ``--users3``:
+the same for the second and third batches, ``data/scripts/users2/`` (``users2.json``) and ``data/scripts/users3/``
+(``users3.json``).
 ``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
 the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
 of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).
@@ -46,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 from labkit.core.provenance import header  # noqa: E402
 
 SCRIPTS = ROOT / "data" / "scripts"
+# the batches of users' scripts: each a folder of data/scripts/, its flag and its recording (FOLDER.json)
+USER_BATCHES = ("users", "users2", "users3")
 PEAK_TARGET, RESERVED_TARGET, SECONDS_TARGET = 3.0, 10.0, 120.0
 
 
@@ -141,14 +145,14 @@ def main() -> int:
     g.add_argument("--validate", action="store_true")
     g.add_argument("--ranks", action="store_true")
     g.add_argument("--lora", action="store_true")
-    g.add_argument("--users", action="store_true")
-    g.add_argument("--users2", action="store_true")
+    for batch in USER_BATCHES:
+        g.add_argument(f"--{batch}", action="store_true")
     g.add_argument("--script")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--nproc-per-node", type=int, help="--script: as rank 0 of a launch of this many ranks")
-    ap.add_argument("--predict-to", help="--users or --users2: predict data/scripts/users/*.py (users2/*.py) and "
-                                         "write the predictions here")
+    ap.add_argument("--predict-to", help="with a batch of users' scripts (--users, --users2, --users3): predict "
+                                         "each script of its folder and write the predictions here")
     a = ap.parse_args()
     print(json.dumps(header(), indent=1))
     if a.script:
@@ -165,12 +169,13 @@ def main() -> int:
               f"{wall:.1f} s wall (target < {SECONDS_TARGET:.0f} s: {'OK' if ok else 'MISSED'}), at most "
               f"{rss / 1e9:.2f} GB resident (the labkit process); {os.cpu_count()} CPUs here")
         return 0 if ok else 1
+    batch = next((b for b in USER_BATCHES if getattr(a, b)), None)
     if a.predict_to:
-        if not (a.users or a.users2):
-            ap.error("--predict-to goes with --users or --users2")
-        return predict_users(Path(a.predict_to), a.only, a.jobs, "users2" if a.users2 else "users")
-    name = ("ranks__fake_pg.json" if a.ranks else "lora.json" if a.lora else "users.json" if a.users
-            else "users2.json" if a.users2 else "scripts.json")
+        if batch is None:
+            ap.error("--predict-to goes with " + ", ".join(f"--{b}" for b in USER_BATCHES))
+        return predict_users(Path(a.predict_to), a.only, a.jobs, batch)
+    name = ("ranks__fake_pg.json" if a.ranks else "lora.json" if a.lora else f"{batch}.json" if batch
+            else "scripts.json")
     doc = json.loads((ROOT / "data" / "measurements" / "script" / name).read_text())
     prov = doc["provenance"]
     print(f"recorded on {prov['gpu_name']}, {prov['date'][:10]} (torch {prov['torch']}, transformers "

@@ -25,6 +25,8 @@ double backward, a spectral-norm GAN, distillation with the deprecated ``torch.c
 ``generate()`` between training steps, ``empty_cache`` and ``reset_peak_memory_stats`` between phases,
 ``nn.Embedding(sparse=True)`` with ``SparseAdam``, ``weight_norm``, ``torch.func`` per-sample gradients, timm, a GRU
 with truncated BPTT from a pinned ``DataLoader``, a checkpointed diffusion U-Net), also predicted before recording.
+``--users3``: the third batch, ``data/scripts/users3/`` (the kinds of issue 27 written as scripts, see
+``USER_BATCHES``), predicted before any recording (``users3__predicted.json``).
 
 ``--segments``: each case's child also records the caching allocator's history
 (``torch.cuda.memory._record_memory_history``) and writes ``DIR/memory_trace__NAME.json`` after the script ends: the
@@ -36,10 +38,11 @@ what the allocator does.
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --lora --no-scripts --no-ranks --jobs 3
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users --no-scripts --no-ranks --jobs 4
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users2 --no-scripts --no-ranks --jobs 3
+    PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --users3 --no-scripts --no-ranks --jobs 3
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --no-ranks --only cnn_dataloader --segments --jobs 1
 
 Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json``, (``--users``)
-``DIR/users.json`` and (``--users2``) ``DIR/users2.json`` (``kind`` ``script_peaks``; one row per case with its
+``DIR/users.json``, (``--users2``) ``DIR/users2.json`` and (``--users3``) ``DIR/users3.json`` (``kind`` ``script_peaks``; one row per case with its
 script, arguments, world size, peaks, per-step peaks, wall time and status) with the provenance header (GPU, driver,
 torch, CUDA, and the versions of transformers, accelerate, lightning, peft, torchvision and timm).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.
@@ -71,10 +74,13 @@ LORA_CASES = [
     ("lora-pretrained-device-map", "lora/pretrained.py", ["--device-map"]),
     ("lora-trainer-no-bf16-flag", "lora/trainer.py", ["--no-bf16-flag"]),
 ]
-# (name, script relative to data/scripts, arguments): users' scripts the lab had not seen (issue 27)
-USER_CASES = [(p.stem, f"users/{p.name}", []) for p in sorted((SCRIPTS / "users").glob("*.py"))]
-# the second batch (data/scripts/users2/): GANs, distillation, contrastive, generate(), sparse embeddings, torch.func
-USER2_CASES = [(p.stem, f"users2/{p.name}", []) for p in sorted((SCRIPTS / "users2").glob("*.py"))]
+# (name, script relative to data/scripts, arguments) by batch: users' scripts the lab had not seen (issue 27); the
+# second batch (users2/): GANs, distillation, contrastive, generate(), sparse embeddings, torch.func; the third
+# (users3/): nn.Transformer with masks and an eval pass, MultiheadAttention's weights, packed bidirectional LSTMs and
+# CTC, a GRU under a GradScaler, 3-D and transposed convolutions, FCN's auxiliary head, EmbeddingBag, adaptive
+# softmax, torch.distributions, FFTs, grid_sample
+USER_BATCHES = {b: [(p.stem, f"{b}/{p.name}", []) for p in sorted((SCRIPTS / b).glob("*.py"))]
+                for b in ("users", "users2", "users3")}
 # (name, script, arguments, world size[, rank])
 RANK_CASES = [
     *[(f"fsdp2-llama-w{w}", "ranks/fsdp2_llama.py", [], w) for w in (2, 4, 8)],
@@ -153,8 +159,8 @@ def main() -> int:
     ap.add_argument("--no-scripts", action="store_true")
     ap.add_argument("--no-ranks", action="store_true")
     ap.add_argument("--lora", action="store_true", help="also the LoRA scripts of data/scripts/lora/")
-    ap.add_argument("--users", action="store_true", help="also the users' scripts of data/scripts/users/")
-    ap.add_argument("--users2", action="store_true", help="also the second batch of data/scripts/users2/")
+    for b in USER_BATCHES:
+        ap.add_argument(f"--{b}", action="store_true", help=f"also the users' scripts of data/scripts/{b}/")
     ap.add_argument("--segments", action="store_true",
                     help="each case also writes OUT/memory_trace__NAME.json: the allocator's history, the segments "
                          "at the peak of reserved bytes and at the end")
@@ -177,10 +183,7 @@ def main() -> int:
         groups.append(("ranks", RANK_CASES))
     if a.lora:
         groups.append(("lora", [(n, s, ar, 0) for n, s, ar in LORA_CASES]))
-    if a.users:
-        groups.append(("users", [(n, s, ar, 0) for n, s, ar in USER_CASES]))
-    if a.users2:
-        groups.append(("users2", [(n, s, ar, 0) for n, s, ar in USER2_CASES]))
+    groups += [(b, [(n, s, ar, 0) for n, s, ar in cases]) for b, cases in USER_BATCHES.items() if getattr(a, b)]
     for kind, cases in groups:
         cases = [c for c in cases if any(part in c[0] for part in a.only.split(","))]
         if a.smoke:
