@@ -269,3 +269,19 @@ def test_second_batch_of_users_scripts_at_tiny_sizes():
     assert rec.outcome == "completed" and len(rec.steps) == 4            # two optimizers, two steps
     assert cat["optimizer_state"] >= 2 * tables + 2 * (cat["parameters"] - tables)   # both moments everywhere
     assert cat["gradients"] < cat["parameters"] - tables + tables // 10  # the dense MLPs' and the sparse rows'
+
+
+def test_every_script_of_the_latest_users_batches_was_predicted_before_its_recording():
+    """The second and third batches of users' scripts each have their predictions committed (made before any
+    recording), one ok row per script of the folder, the split by the corpus's rule."""
+    from labkit.workloads.corpus import split_of
+
+    for batch in ("users2", "users3"):
+        doc = json.loads((REPO / "data" / "measurements" / "script" / f"{batch}__predicted.json").read_text())
+        rows = {r["name"]: r for r in doc["data"]}
+        assert set(rows) == {p.stem for p in (REPO / "data" / "scripts" / batch).glob("*.py")}, batch
+        assert doc["kind"] == "script_predictions" and doc["provenance"]["git_commit"]
+        for name, r in rows.items():
+            assert r["status"] == "ok" and r["outcome"] == "completed", (batch, name, r["status"])
+            assert r["split"] == split_of(name) and r["script"] == f"{batch}/{name}.py"
+            assert r["step_peaks"] and min(r["step_peaks"]) > 0 and 0 < r["peak_bytes"] <= r["reserved_bytes"]
