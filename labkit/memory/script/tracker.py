@@ -38,6 +38,16 @@ _INDEXING = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.def
 _ABSORBING = {torch.ops.aten.bitwise_or.Tensor: True, torch.ops.aten.logical_or.default: True,
               torch.ops.aten.bitwise_or.Scalar: True, torch.ops.aten.bitwise_and.Tensor: False,
               torch.ops.aten.logical_and.default: False, torch.ops.aten.bitwise_and.Scalar: False}
+# ATen's out-of-place floating random factories (native_functions.yaml; not the in-place samplers that initialise
+# weights): a comparison of a small draw with a number is made from its values (:meth:`GpuTracker._remember_values`)
+_FLOAT_DRAWS = frozenset({torch.ops.aten.rand.default, torch.ops.aten.rand.generator, torch.ops.aten.rand_like.default,
+                          torch.ops.aten.randn.default, torch.ops.aten.randn.generator,
+                          torch.ops.aten.randn_like.default})
+# the comparisons of a tensor with a number that read a float draw's values
+_DRAW_TESTS = frozenset({torch.ops.aten.lt.Scalar, torch.ops.aten.le.Scalar, torch.ops.aten.gt.Scalar,
+                         torch.ops.aten.ge.Scalar})
+_UNIQUE_CONSECUTIVE = torch.ops.aten.unique_consecutive.default
+_UNIQUE = frozenset({torch.ops.aten._unique2.default, _UNIQUE_CONSECUTIVE})
 _DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
                              torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default,
                              torch.ops.aten.bincount.default})
@@ -120,6 +130,7 @@ class GpuTracker(StorageTracker):
         self._carried: set[int] = set()          # storage ids of GPU tensors that carry values
         self._poisoned: set[int] = set()         # ... whose values were overwritten with unknown ones
         self._drawn: set[int] = set()            # ... whose values come from random draws (made on the host)
+        self._float_draws: WeakIdKeyDictionary = WeakIdKeyDictionary()   # GPU float draw -> its host values
         with unset_fake_temporarily():           # the host's stand-in for the GPU's random stream
             self._draws = torch.Generator().manual_seed(0).get_state()
 
@@ -140,9 +151,24 @@ class GpuTracker(StorageTracker):
         Python numbers, GPU tensors that carry values), the op run again on those values on the host. A random
         op (ATen's ``nondeterministic_seeded`` tag: ``randint``, ``randperm``, ...) draws on the host: the same
         distribution, not the GPU's numbers (said in the notes). An op that writes into a tensor from unknown
-        values makes its storage's carried values unknown (every view of it included)."""
+        values makes its storage's carried values unknown (every view of it included).
+
+        A floating draw of :data:`_FLOAT_DRAWS` keeps its values (drawn on the host) for one use only: a comparison
+        of it with a number (:data:`_DRAW_TESTS`), whose boolean then carries values. A masked LM's ``torch.rand(
+        ids.shape) < 0.15`` so selects about 15% of its tokens, as on the GPU, not every one. A one-element draw does
+        not (a coin flip such as Hugging Face's LayerDrop: fake mode takes the branch of most memory and says the
+        peak is random there, :mod:`labkit.memory.trace.fake.healthy_values`), nor does any other use of a draw
+        (``randn`` stands in for data: its ``argmax``, say, stays unknown as a model's output is)."""
         mutable = _mutable(func)
         outs = out if isinstance(out, (tuple, list)) else (out,)
+        if func in _FLOAT_DRAWS and isinstance(out, torch.Tensor) and 1 < out.numel() <= REAL_HOST_NUMEL:
+            real = self._run_on_values(func, args, kwargs)
+            if real is not None:
+                self._float_draws[out] = real
+                sid = self.storage_id(out)
+                if sid is not None:
+                    self._drawn.add(sid)
+            return
         small = bool(outs) and all(isinstance(o, torch.Tensor) and not o.is_floating_point() and not o.is_complex()
                                    and o.numel() <= REAL_HOST_NUMEL for o in outs)
         if not small and not mutable:
@@ -196,6 +222,8 @@ class GpuTracker(StorageTracker):
                 return _UNKNOWN if any(x is _UNKNOWN for x in items) else type(a)(items)
             return self._known(a)
 
+        if func in _DRAW_TESTS and args and isinstance(args[0], torch.Tensor) and args[0] in self._float_draws:
+            args = (self._float_draws[args[0]], *args[1:])
         rargs = [known(a) for a in args]
         rkw = {k: known(v) for k, v in kwargs.items()}
         if any(a is _UNKNOWN for a in rargs) or any(v is _UNKNOWN for v in rkw.values()):
@@ -378,6 +406,10 @@ class GpuTracker(StorageTracker):
         tensors that carry their values: run on those values on the host, each output allocated on the GPU at its
         real size and carrying its values; None where a value is unknown (fake mode then refuses the op)."""
         real = self._run_on_values(func, args, kwargs)
+        if func in _UNIQUE:
+            out = self._unique(func, types, args, kwargs, real)
+            if out is not None:
+                return out
         if real is None:
             return self._bincount_by_minlength(types, args, kwargs) if func is _BINCOUNT else None
         drawn = any(self.storage_id(x) in self._drawn
@@ -387,6 +419,57 @@ class GpuTracker(StorageTracker):
         if isinstance(real, (tuple, list)):
             return tuple(self._new_gpu(types, args[0], r, drawn=drawn) for r in real)
         return self._new_gpu(types, args[0], real, drawn=drawn)
+
+    def _unique(self, func: Any, types: Any, args: tuple, kwargs: dict, real: Any) -> Any:
+        """``torch.unique`` (``aten._unique2``) or ``torch.unique_consecutive`` without ``dim`` as the GPU allocates
+        it: CUDA's kernel (aten/src/ATen/native/cuda/UniqueCub.cu, ``UniqueCub`` and ``compute_unique``) allocates
+        the values' output and the counts at the input's length, then ``resize_``s them to the number found, which
+        keeps the storage; here each is a view of that length's storage. Inside the op it also holds a sorted copy of
+        the input (not for ``unique_consecutive``) and, for the inverse indices, an ``arange``, the sorted indices
+        and their running sum (int64; ``unique_consecutive``: one int32 array), all freed before it returns; CUB's
+        own temporary storage in the sort is not counted. A boolean input has at most two values (``UniqueCub<bool>``:
+        no sort, outputs of two). The number found is ``real``'s (the op run on carried values) or, where the
+        values are unknown, every value distinct: the largest (said in the notes). None with a ``dim``."""
+        x = args[0]
+        consecutive = func is _UNIQUE_CONSECUTIVE
+        names = ("return_inverse", "return_counts", "dim") if consecutive else ("sorted", "return_inverse",
+                                                                                "return_counts")
+        opts = dict(zip(names, args[1:]), **kwargs)
+        if opts.get("dim") is not None:
+            return None
+        inverse, counts, n = bool(opts.get("return_inverse")), bool(opts.get("return_counts")), x.numel()
+        two = x.dtype == torch.bool and not consecutive
+        length = min(n, 2) if two else n
+        if real is None:
+            found = length
+            self.emulator.assume(f"torch.{'unique_consecutive' if consecutive else 'unique'} of unknown values "
+                                 f"({self.emulator.modules.where()}) finds every value distinct, {found} of them: "
+                                 "the largest it can be" + ("" if two else " (its output's memory on the GPU is the "
+                                                            "input's length whatever the values)"))
+        else:
+            found = real[0].numel()
+        long = torch.long
+        made = [self._new_gpu(types, x, torch.empty(length, dtype=x.dtype, device="meta")),
+                self._new_gpu(types, x, torch.empty(x.shape if inverse else (0,), dtype=long, device="meta")),
+                self._new_gpu(types, x, torch.empty(length if counts else 0, dtype=long, device="meta"))]
+        for i in (0, 2):
+            if made[i].numel() != found:
+                made[i] = _TRACK(self, torch.ops.aten.slice.Tensor, types, (made[i], 0, 0, found), {})
+        if two:
+            inside = [4]                                           # the count of True values
+        elif consecutive:
+            inside = [4 * n if inverse else 0, 8]                  # int32 inverse locations; the length found
+        else:
+            inside = [n * x.element_size(), *([8 * n] * 3 if inverse else []), 8]
+        self.transient_group(inside)
+        if real is not None:
+            for o, r in zip(made, real):
+                if r.shape == o.shape and r.numel() <= REAL_HOST_NUMEL:
+                    self._host[o] = r
+                    sid = self.storage_id(o)
+                    if sid is not None:
+                        self._carried.add(sid)
+        return tuple(made)
 
     def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:
         """``torch.bincount(x, weights, minlength)`` of unknown values: its length is ``max(x) + 1`` or

@@ -144,7 +144,7 @@ def test_values_read_from_tensors_made_under_inference_mode():
     aten.item and aten.is_nonzero rather than _local_scalar_dense (an evaluation loop's ``total += loss.item()``):
     read as outside it."""
     with fake_gpu() as gpu:
-        x = torch.randn(64, 64, device="cuda")
+        x = torch.randn(64, 64, device="cuda") @ torch.randn(64, 64, device="cuda")     # values unknown (as a model's)
         with torch.inference_mode():
             assert x.sum().item() == 0.0                    # a float read: the placeholder 0.0
             assert (x.argmax(1) == 3).sum().item() == 0     # an integer count: 0, with its line
@@ -198,9 +198,50 @@ def test_boolean_masks_select_as_many_as_their_values_say():
         assert x.grad.shape == (600, 256)
         x2 = torch.randn(600, 256, device="cuda")
         x2[keep] = torch.zeros(400, 256, device="cuda")       # index_put_ with the mask's indices
-        unknown = torch.randn(1000, device="cuda") > 0         # made from unknown (float) values
+        unknown = torch.randn(1000, 8, device="cuda") @ torch.randn(8, device="cuda") > 0   # unknown float values
         assert torch.randn(1000, device="cuda")[unknown].shape == (1000,)
     assert any("a mask of unknown values" in n for n in gpu.report().notes)
+
+
+def test_a_mask_drawn_at_random_selects_its_share():
+    """A comparison of a float draw with a number (a masked LM's ``torch.rand(ids.shape) < 0.15``) is made from the
+    draw's values, drawn on the host: it selects about that share, not every element. A one-element draw (a coin
+    flip) and other uses of a draw (its argmax: randn stands in for data) stay unknown."""
+    with fake_gpu() as gpu:
+        picked = torch.randn(8192, 64, device="cuda")[torch.rand(8192, device="cuda") < 0.15]
+        assert 0.12 * 8192 < picked.shape[0] < 0.18 * 8192
+        assert 0.45 * 4096 < int((torch.randn(4096, device="cuda") > 0).sum()) < 0.55 * 4096
+        assert torch.nonzero(torch.randn(64, 64, device="cuda").argmax(1) == 3).shape == (64, 1)   # unknown: all
+        assert torch.nonzero(torch.rand(1, device="cuda") < 0.5).shape == (1, 1)
+    notes = gpu.report().notes
+    assert any("drawn on the host" in n and "x[mask]" in n for n in notes)
+    assert any("a mask of unknown values" in n for n in notes)
+
+
+def test_unique_of_unknown_values_holds_what_the_gpu_kernel_allocates():
+    """torch.unique of unknown values finds every value distinct (the largest output), and its memory is what
+    UniqueCub.cu allocates whatever the values: the values and counts at the input's length, the inverse indices at
+    its shape; inside the op a sorted copy, an arange, the sorted indices and their running sum. A boolean has two
+    values at most; a ``dim`` is refused."""
+    n = 1 << 20
+    with fake_gpu() as gpu:
+        x = torch.randint(0, 50000, (n,), device="cuda") + torch.zeros(n, dtype=torch.long, device="cuda")
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+        assert values.shape == inverse.shape == counts.shape == (n,)
+        assert torch.cuda.memory_allocated() - base == 3 * 8 * n
+        assert torch.cuda.max_memory_allocated() - base == 3 * 8 * n + 4 * 8 * n + 512   # sorted, arange, 2 int64, length
+        del values, inverse, counts
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.unique(x).shape == (n,) and torch.cuda.max_memory_allocated() - base == 2 * 8 * n + 512
+        assert torch.unique_consecutive(x, return_counts=True)[1].shape == (n,)
+        assert torch.unique(x > 5).shape == (2,)
+        with pytest.raises(Exception, match="unique_dim"):
+            torch.unique(x.view(1024, -1), dim=0)
+    notes = [m for m in gpu.report().notes if "of unknown values" in m]
+    assert any("torch.unique of unknown values" in m and f"{n} of them" in m for m in notes)
+    assert any("torch.unique_consecutive" in m for m in notes) and any("2 of them" in m for m in notes)
 
 
 def test_a_hand_written_moe_routes_as_measure_step_assumes():
@@ -407,7 +448,7 @@ def test_small_integer_gpu_tensors_carry_their_values():
         assert torch.randint(0, 1000, (3,)).tolist() == expected      # host draws: the program's own stream
         row = mask[0]
         assert gpu.tracker.host_values(row).tolist() == known[0].tolist()
-        mask.copy_(torch.randn(4, 16, device="cuda") > 0)               # unknown values written into it
+        mask.copy_(torch.randn(4, 16, device="cuda").exp() > 1)         # unknown values written into it
         assert gpu.tracker.host_values(mask) is None and gpu.tracker.host_values(row) is None
         assert gpu.tracker.host_values(torch.randn(4, device="cuda")) is None   # floats carry no values
     assert any("drawn on the host" in n for n in gpu.report().notes)

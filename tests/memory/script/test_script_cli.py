@@ -63,11 +63,11 @@ def test_script_text_report(run_cli, tiny):
 
 def test_script_refusals(run_cli, tmp_path, tiny, capsys):
     bad = tmp_path / "bad.py"
-    # a data-dependent shape from unknown values (x[x > 0] is sized as selecting every element, said in the notes)
-    bad.write_text("import torch\nx = torch.randn(100, device='cuda')\ny = torch.unique(x)\n")
+    # a data-dependent shape from unknown values (x[x > 0] and torch.unique are sized as the largest, in the notes)
+    bad.write_text("import torch\nx = torch.randn(100, device='cuda')\ny = torch.unique(x.view(10, 10), dim=0)\n")
     r = run_cli("measure", "--script", str(bad))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr   # the banner and one line
-    assert "bad.py:3" in r.stderr and "aten._unique2" in r.stderr and "labkit watch -- python" in r.stderr
+    assert "bad.py:3" in r.stderr and "aten.unique_dim" in r.stderr and "labkit watch -- python" in r.stderr
     # the argument refusals through the CLI's entry point in this process (no interpreter start-up each)
     for argv, says in ((["--script", str(tmp_path / "missing.py")], "missing.py"),
                        (["--script", str(tiny), "--layers", "4"], "--layers do not apply with --script"),
@@ -205,7 +205,7 @@ HF_MASK = textwrap.dedent('''
         lengths = torch.randint(64, 97, (4,), device="cuda")
         batch["attention_mask"] = (torch.arange(128, device="cuda")[None, :] < lengths[:, None]).long()
     if sys.argv[1] == "unknown-mask":                   # made from values no one knows without the GPU
-        batch["attention_mask"] = (torch.randn(4, 128, device="cuda") > -1e9).long()
+        batch["attention_mask"] = (torch.randn(4, 128, device="cuda").exp() > 0).long()
     model(**batch).loss.backward()
 ''')
 
