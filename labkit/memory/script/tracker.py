@@ -406,21 +406,21 @@ class GpuTracker(StorageTracker):
         tensors that carry their values: run on those values on the host, each output allocated on the GPU at its
         real size and carrying its values; None where a value is unknown (fake mode then refuses the op)."""
         real = self._run_on_values(func, args, kwargs)
+        drawn = real is not None and any(self.storage_id(x) in self._drawn
+                                         for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
+        if drawn:
+            self.host_values(args[0], f"the sizes of {func.__name__.split('.')[0]} were taken")
         if func in _UNIQUE:
-            out = self._unique(func, types, args, kwargs, real)
+            out = self._unique(func, types, args, kwargs, real, drawn)
             if out is not None:
                 return out
         if real is None:
             return self._bincount_by_minlength(types, args, kwargs) if func is _BINCOUNT else None
-        drawn = any(self.storage_id(x) in self._drawn
-                    for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
-        if drawn:
-            self.host_values(args[0], f"the sizes of {func.__name__.split('.')[0]} were taken")
         if isinstance(real, (tuple, list)):
             return tuple(self._new_gpu(types, args[0], r, drawn=drawn) for r in real)
         return self._new_gpu(types, args[0], real, drawn=drawn)
 
-    def _unique(self, func: Any, types: Any, args: tuple, kwargs: dict, real: Any) -> Any:
+    def _unique(self, func: Any, types: Any, args: tuple, kwargs: dict, real: Any, drawn: bool) -> Any:
         """``torch.unique`` (``aten._unique2``) or ``torch.unique_consecutive`` without ``dim`` as the GPU allocates
         it: CUDA's kernel (aten/src/ATen/native/cuda/UniqueCub.cu, ``UniqueCub`` and ``compute_unique``) allocates
         the values' output and the counts at the input's length, then ``resize_``s them to the number found, which
@@ -429,7 +429,8 @@ class GpuTracker(StorageTracker):
         and their running sum (int64; ``unique_consecutive``: one int32 array), all freed before it returns; CUB's
         own temporary storage in the sort is not counted. A boolean input has at most two values (``UniqueCub<bool>``:
         no sort, outputs of two). The number found is ``real``'s (the op run on carried values) or, where the
-        values are unknown, every value distinct: the largest (said in the notes). None with a ``dim``."""
+        values are unknown, every value distinct: the largest (said in the notes); ``drawn``: those values come from
+        random draws. None with a ``dim``."""
         x = args[0]
         consecutive = func is _UNIQUE_CONSECUTIVE
         names = ("return_inverse", "return_counts", "dim") if consecutive else ("sorted", "return_inverse",
@@ -469,6 +470,8 @@ class GpuTracker(StorageTracker):
                     sid = self.storage_id(o)
                     if sid is not None:
                         self._carried.add(sid)
+                        if drawn:
+                            self._drawn.add(sid)
         return tuple(made)
 
     def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:

@@ -237,6 +237,8 @@ def test_unique_of_unknown_values_holds_what_the_gpu_kernel_allocates():
         assert torch.unique(x).shape == (n,) and torch.cuda.max_memory_allocated() - base == 2 * 8 * n + 512
         assert torch.unique_consecutive(x, return_counts=True)[1].shape == (n,)
         assert torch.unique(x > 5).shape == (2,)
+        known = torch.unique(torch.tensor([3, 1, 3, 7] * 100).cuda())                  # values carried: counted
+        assert known.tolist() == [1, 3, 7] and known.untyped_storage().nbytes() == 400 * 8   # the input's length
         with pytest.raises(Exception, match="unique_dim"):
             torch.unique(x.view(1024, -1), dim=0)
     notes = [m for m in gpu.report().notes if "of unknown values" in m]
