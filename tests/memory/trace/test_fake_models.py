@@ -130,13 +130,38 @@ class IntRead(torch.nn.Module):
 class Nonzero(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
+        self.lin = torch.nn.Linear(512, 512)
 
     def forward(self, x):
         return self.lin(x[x.sum(-1) > 0]).sum()
 
 
-@pytest.mark.parametrize("cls,op", [(IntRead, "aten._local_scalar_dense"), (Nonzero, "aten.nonzero")])
+class EveryRow(Nonzero):
+    def forward(self, x):
+        return self.lin(x).sum()
+
+
+class Unique(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x[:, :8]).sum() * torch.unique(x).numel()
+
+
+def test_a_mask_of_unknown_values_selects_every_element():
+    """x[mask] on a mask fake tensors cannot know is sized as selecting every row (the largest), said in the
+    report: the selected copy of the rows on top of what a step over every row holds, and the mask."""
+    x = torch.randn(4096, 512)
+    masked = measure_step(Nonzero, x, loss_fn=lambda out, b: out)
+    every = measure_step(EveryRow, x, loss_fn=lambda out, b: out)
+    assert any("a mask of unknown values (module Nonzero) selects every element" in a
+               for a in masked.emulation["assumptions"])
+    assert masked.peak_bytes >= every.peak_bytes + 4096 * 512 * 4      # the selected rows' copy
+
+
+@pytest.mark.parametrize("cls,op", [(IntRead, "aten._local_scalar_dense"), (Unique, "aten._unique2")])
 def test_data_dependent_ops_are_refused_by_name(cls, op):
     with pytest.raises(LabkitError) as e:
         measure_step(cls, torch.randn(4, 8), loss_fn=lambda out, b: out)

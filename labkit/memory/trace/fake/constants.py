@@ -156,4 +156,29 @@ def known_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]
     return func(args[0], new, *args[2:], **kwargs), nbytes
 
 
-__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "known_mask_indexing", "known_value"]
+def unknown_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]:
+    """``func`` (indexing, :data:`MASK_INDEXED`, or ``nonzero``) on a boolean mask of unknown values, sized as if the
+    mask selected every element: the largest the result can be (a fake tensor has no values to count). As in
+    :func:`known_mask_indexing`, ATen turns the mask into the long indices of its true elements (``nonzero``: here
+    one index per element and dimension), which live only inside an indexing op; their bytes are returned with the
+    result. ``(NotImplemented, 0)`` where there is no such mask (a mask with known values is
+    :func:`known_mask_indexing`'s)."""
+    def unknown(i: Any) -> bool:
+        return isinstance(i, FakeTensor) and i.dtype in (torch.bool, torch.uint8) and i.constant is None
+
+    if func is aten.nonzero.default and unknown(args[0]):
+        return args[0].new_empty((args[0].numel(), args[0].dim()), dtype=torch.long), 0
+    if func not in MASK_INDEXED or len(args) < 2 or not any(unknown(i) for i in args[1]):
+        return NotImplemented, 0
+    new: list[Any] = []
+    nbytes = 0
+    for i in args[1]:
+        if unknown(i):
+            new += [i.new_empty((i.numel(),), dtype=torch.long) for _ in range(i.dim())]
+            nbytes += i.numel() * i.dim() * 8
+        else:
+            new.append(i)
+    return func(args[0], new, *args[2:], **kwargs), nbytes
+
+
+__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "known_mask_indexing", "known_value", "unknown_mask_indexing"]

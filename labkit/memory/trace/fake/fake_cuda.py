@@ -42,13 +42,16 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   tensors and out of place on fake ones (:mod:`labkit.memory.trace.fake.grad_accumulation`): fake mode
   sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
-  boolean ``.item()`` (``if mask.any():``) is answered False ("no value fails the check"; one computed from a random
-  draw, as LayerDrop's, is reported as random from step to step), a float one 0.0, each answer reported. MoE
+  boolean ``.item()`` is answered from the statement that reads it where that decides it (an ``assert``'s test
+  holds, an ``if`` that only raises is not taken: :func:`~labkit.memory.trace.fake.healthy_values.guard_answer`),
+  else False (``if mask.any():``, "no value fails the check"; one computed from a random draw, as LayerDrop's, is
+  reported as random from step to step), a float one 0.0, each answer reported. MoE
   dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
   integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
-  each expert's share), reported; other data-dependent shapes (``nonzero``) and integer reads are
-  refused with one line naming the op and the module.
+  each expert's share), reported; a boolean mask of unknown values (``x[mask]``, ``nonzero``) selects every
+  element, the largest result, reported; other data-dependent shapes (``torch.unique``, ``masked_select``) and
+  integer reads are refused with one line naming the op and the module.
 * **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
@@ -71,7 +74,7 @@ from labkit.core.facts import Facts
 from labkit.core.spec import default
 from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
-from labkit.memory.trace.fake.constants import known_mask_indexing, known_value
+from labkit.memory.trace.fake.constants import known_mask_indexing, known_value, unknown_mask_indexing
 from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
@@ -594,6 +597,12 @@ class CudaEmulator:
         indexed, mask_bytes = known_mask_indexing(func, args, kwargs)
         if indexed is not NotImplemented:
             tracker.transient_group([mask_bytes])       # the mask's nonzero, inside the op
+            return indexed
+        indexed, mask_bytes = unknown_mask_indexing(func, args, kwargs)
+        if indexed is not NotImplemented:
+            self.assume(f"a mask of unknown values ({self.modules.where()}) selects every element (torch.nonzero, "
+                        "x[mask]): fake tensors have no values, so what it selects is the largest it can be")
+            tracker.transient_group([mask_bytes])
             return indexed
         if func in SCALAR_READS:
             return as_read_by(func, self._scalar_read(args[0]))
