@@ -161,6 +161,21 @@ def test_a_mask_of_unknown_values_selects_every_element():
     assert masked.peak_bytes >= every.peak_bytes + 4096 * 512 * 4      # the selected rows' copy
 
 
+class MyMoE(Nonzero):
+    """An expert dispatch fake mode's routing rules do not cover: a mask of unknown values picks each expert's
+    rows (every row to every expert would be no answer)."""
+
+    def forward(self, x):
+        gate = x.sum(-1)
+        return sum(self.lin(x[(gate > t) & (gate <= t + 1)]).sum() for t in range(4))
+
+
+def test_an_uncovered_expert_dispatch_stays_refused():
+    with pytest.raises(LabkitError) as e:
+        measure_step(MyMoE, torch.randn(64, 512), loss_fn=lambda out, b: out)
+    assert "aten.nonzero" in str(e.value) and "module MyMoE" in str(e.value) and "routing rules" in str(e.value)
+
+
 @pytest.mark.parametrize("cls,op", [(IntRead, "aten._local_scalar_dense"), (Unique, "aten._unique2")])
 def test_data_dependent_ops_are_refused_by_name(cls, op):
     with pytest.raises(LabkitError) as e:

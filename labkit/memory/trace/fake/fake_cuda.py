@@ -77,7 +77,7 @@ from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_aut
 from labkit.memory.trace.fake.constants import known_mask_indexing, known_value, unknown_mask_indexing
 from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
-from labkit.memory.trace.fake.fake_runtime import ModuleStack, refusal, run_composite
+from labkit.memory.trace.fake.fake_runtime import MOE_NAMES, ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
 from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW, HealthyValues, guard_answer
 from labkit.memory.trace.fake.moe import RoutingOracle
@@ -598,10 +598,13 @@ class CudaEmulator:
         if indexed is not NotImplemented:
             tracker.transient_group([mask_bytes])       # the mask's nonzero, inside the op
             return indexed
-        indexed, mask_bytes = unknown_mask_indexing(func, args, kwargs)
+        where = self.modules.where()
+        # an expert dispatch the routing rules do not cover stays refused (every token to every expert is no answer)
+        indexed, mask_bytes = (NotImplemented, 0) if any(k in where for k in MOE_NAMES) else \
+            unknown_mask_indexing(func, args, kwargs)
         if indexed is not NotImplemented:
-            self.assume(f"a mask of unknown values ({self.modules.where()}) selects every element (torch.nonzero, "
-                        "x[mask]): fake tensors have no values, so what it selects is the largest it can be")
+            self.assume(f"a mask of unknown values ({where}) selects every element (torch.nonzero, x[mask]): fake "
+                        "tensors have no values, so what it selects is the largest it can be")
             tracker.transient_group([mask_bytes])
             return indexed
         if func in SCALAR_READS:

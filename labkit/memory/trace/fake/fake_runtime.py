@@ -377,6 +377,10 @@ def refusal(op: str, where: str, why: str) -> str:
             "measure it with --device cpu (or cuda), or use the analytical estimator")
 
 
+# what names a module of a mixture of experts, whose dispatch's masks are the routing's (labkit.memory.trace.fake.moe)
+MOE_NAMES = ("Expert", "Moe", "MoE")
+
+
 class FakeRefusal(LabkitError):
     """What fake tensors cannot run (:func:`refusal`'s line), with its parts: ``op``, ``module`` (the innermost
     module running, or None outside any) and ``why``; ``measure_step`` turns it into its one-line refusal
@@ -405,7 +409,7 @@ def fake_run(emulator: Any) -> Iterator[None]:
         except DynamicOutputShapeException as e:
             where = emulator.modules.where()
             why = "its output shape depends on tensor values"
-            if "Expert" in where or "Moe" in where or "MoE" in where:
+            if any(k in where for k in MOE_NAMES):
                 why += (" (an expert dispatch that fake mode's routing rules, labkit.memory.trace.fake.moe, do not "
                         "cover; Hugging Face's experts_implementation='grouped_mm' runs every token's top-k rows at "
                         "once, whose memory does not depend on the routing)")
