@@ -190,3 +190,22 @@ def test_a_check_whose_failing_operand_is_open_is_not_decided(tmp_path):
     assert need("a.all() and not b.any()", True) == {True, False}      # two reads needing different answers
     assert need("not (a.all() and b.all())", False) == {True}
     assert need("not not x", True) == {True}
+
+
+def test_value_comparisons_answer_from_their_statement_else_false():
+    """torch.equal/torch.allclose of values fake tensors do not have: an assert of one holds, an unguarded one is
+    False; nn.utils.parametrizations.orthogonal (which asks whether its weight is orthogonal already) runs."""
+    from torch.nn.utils.parametrizations import orthogonal
+
+    from labkit.memory.script.runtime import fake_gpu
+
+    with fake_gpu() as gpu:
+        a = torch.randn(64, 64, device="cuda") @ torch.randn(64, 64, device="cuda")
+        assert torch.allclose(a, a.T @ a)                    # the assert's test holds
+        same = torch.equal(a, a.clone())
+        layer = orthogonal(torch.nn.Linear(64, 64).cuda())
+        assert layer.weight.shape == (64, 64)
+    assert same is False
+    notes = gpu.report().notes
+    assert any(n.startswith("torch.allclose in the assert at test_healthy_values.py:") for n in notes)
+    assert any(n.startswith("torch.equal (code outside any module) read as False") for n in notes)

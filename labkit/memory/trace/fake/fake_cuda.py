@@ -609,6 +609,9 @@ class CudaEmulator:
             return indexed
         if func in SCALAR_READS:
             return as_read_by(func, self._scalar_read(args[0]))
+        if func in VALUE_COMPARISONS and not all(getattr(a, "constant", None) is not None
+                                                 for a in args[:2] if isinstance(a, FakeTensor)):
+            return self._compared(func)
         if torch.is_inference_mode_enabled():
             out = inference_decomposition(func, args, kwargs, tracker)
             if out is not NotImplemented:
@@ -678,6 +681,20 @@ class CudaEmulator:
             return tuple(_layout_like(g, ref) for g, ref in zip(out, args[1:4]))
         return (_layout_like(out[0], args[0]),) + tuple(out[1:])
 
+    def _compared(self, func: Any) -> bool:
+        """``torch.equal``/``torch.allclose`` of values fake tensors do not have (a Python bool, no tensor): answered
+        from the statement that reads it where that decides it (:func:`guard_answer`), else False, reported.
+        Example: ``nn.utils.parametrizations.orthogonal`` checks whether the weight it is given is orthogonal
+        already (``_is_orthogonal``) and makes it so when not, a weight of the same size either way."""
+        name = f"torch.{func.__name__.split('.')[0]}"
+        where = self.modules.where()
+        guard = guard_answer()
+        if guard is not None:
+            self.assume(f"{name} in {guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")
+            return guard[0]
+        self.assume(f"{name} ({where}) read as False: fake tensors have no values to compare")
+        return False
+
     def _scalar_read(self, x: torch.Tensor) -> Any:
         const = getattr(x, "constant", None) if isinstance(x, FakeTensor) else None
         if const is not None:
@@ -719,6 +736,8 @@ class CudaEmulator:
 # dispatch entry; TensorConversions.cpp ``item``, TensorProperties.cpp ``is_nonzero``, both ``_local_scalar_dense``
 # underneath) have not decomposed them when a dispatch mode sees them: the mode sees ``aten.item`` and
 # ``aten.is_nonzero`` (``bool(t)``, ``if t:``) themselves (checked with a logging TorchDispatchMode, torch 2.13).
+# The ops that compare two tensors' values into a Python bool (native_functions.yaml: ``equal``, ``allclose``)
+VALUE_COMPARISONS = frozenset({torch.ops.aten.equal.default, torch.ops.aten.allclose.default})
 SCALAR_READS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
                           torch.ops.aten.is_nonzero.default})
 
