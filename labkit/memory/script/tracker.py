@@ -187,12 +187,16 @@ class GpuTracker(StorageTracker):
         reals = real if isinstance(real, (tuple, list)) else (real,)
         for o, r in zip(outs, reals):
             if isinstance(r, torch.Tensor) and r.shape == o.shape:
-                self._host[o] = r
-                sid = self.storage_id(o)
-                if sid is not None:
-                    self._carried.add(sid)
-                    if drawn:
-                        self._drawn.add(sid)
+                self._carry(o, r, drawn)
+
+    def _carry(self, out: torch.Tensor, values: torch.Tensor, drawn: bool) -> None:
+        """GPU tensor ``out`` carries ``values`` (a host tensor of its shape); ``drawn``: made from random draws."""
+        self._host[out] = values
+        sid = self.storage_id(out)
+        if sid is not None:
+            self._carried.add(sid)
+            if drawn:
+                self._drawn.add(sid)
 
     def _absorbed(self, func: Any, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
         """A boolean OR with a known all-true side is all true, an AND (boolean or integer) with a known all-zero
@@ -466,12 +470,7 @@ class GpuTracker(StorageTracker):
         if real is not None:
             for o, r in zip(made, real):
                 if r.shape == o.shape and r.numel() <= REAL_HOST_NUMEL:
-                    self._host[o] = r
-                    sid = self.storage_id(o)
-                    if sid is not None:
-                        self._carried.add(sid)
-                        if drawn:
-                            self._drawn.add(sid)
+                    self._carry(o, r, drawn)
         return tuple(made)
 
     def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:
@@ -498,12 +497,7 @@ class GpuTracker(StorageTracker):
         finally:
             p.internal -= 1
         if real.device.type != "meta" and real.numel() <= REAL_HOST_NUMEL:
-            self._host[out] = real
-            sid = self.storage_id(out)
-            if sid is not None:
-                self._carried.add(sid)
-                if drawn:
-                    self._drawn.add(sid)
+            self._carry(out, real, drawn)
         if self.on_alloc is not None:
             self.on_alloc()
         return out

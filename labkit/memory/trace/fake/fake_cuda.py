@@ -686,13 +686,18 @@ class CudaEmulator:
         from the statement that reads it where that decides it (:func:`guard_answer`), else False, reported.
         Example: ``nn.utils.parametrizations.orthogonal`` checks whether the weight it is given is orthogonal
         already (``_is_orthogonal``) and makes it so when not, a weight of the same size either way."""
-        name = f"torch.{func.__name__.split('.')[0]}"
-        where = self.modules.where()
+        name, where = f"torch.{func.__name__.split('.')[0]}", self.modules.where()
+        return self._checked(f"{name} in ", where, f"{name} ({where}) read as False: fake tensors have no values to "
+                                                   "compare")
+
+    def _checked(self, what: str, where: str, otherwise: str) -> bool:
+        """A boolean read answered by :func:`guard_answer` (its statement: an assert, an if that only raises), else
+        False, with ``otherwise`` as the assumption."""
         guard = guard_answer()
         if guard is not None:
-            self.assume(f"{name} in {guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")
+            self.assume(f"{what}{guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")
             return guard[0]
-        self.assume(f"{name} ({where}) read as False: fake tensors have no values to compare")
+        self.assume(otherwise)
         return False
 
     def _scalar_read(self, x: torch.Tensor) -> Any:
@@ -713,12 +718,8 @@ class CudaEmulator:
                         f"does the peak")
             return False
         if x.dtype == torch.bool:
-            guard = guard_answer()
-            if guard is not None:
-                self.assume(f"{guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")
-                return guard[0]
-            self.assume(f"a boolean .item() ({where}) read as False: no value fails the check it guards")
-            return False
+            return self._checked("", where, f"a boolean .item() ({where}) read as False: no value fails the check it "
+                                            "guards")
         if x.is_floating_point():
             self.assume(f"a float .item() ({where}) read as 0.0: the value does not change the memory")
             return 0.0
