@@ -737,10 +737,10 @@ class CudaEmulator:
 # dispatch entry; TensorConversions.cpp ``item``, TensorProperties.cpp ``is_nonzero``, both ``_local_scalar_dense``
 # underneath) have not decomposed them when a dispatch mode sees them: the mode sees ``aten.item`` and
 # ``aten.is_nonzero`` (``bool(t)``, ``if t:``) themselves (checked with a logging TorchDispatchMode, torch 2.13).
-# The ops that compare two tensors' values into a Python bool (native_functions.yaml: ``equal``, ``allclose``)
-VALUE_COMPARISONS = frozenset({torch.ops.aten.equal.default, torch.ops.aten.allclose.default})
 SCALAR_READS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
                           torch.ops.aten.is_nonzero.default})
+# The ops that compare two tensors' values into a Python bool (native_functions.yaml: ``equal``, ``allclose``)
+VALUE_COMPARISONS = frozenset({torch.ops.aten.equal.default, torch.ops.aten.allclose.default})
 
 
 def inference_decomposition(func: Any, args: tuple, kwargs: dict, tracker: Any) -> Any:

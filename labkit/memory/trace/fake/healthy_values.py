@@ -55,8 +55,8 @@ _NEVER = frozenset({"isnan", "isinf", "isposinf", "isneginf"})
 _AND = frozenset({"mul", "bitwise_and", "logical_and"})
 _OR = frozenset({"bitwise_or", "logical_or"})
 _NOT = frozenset({"bitwise_not", "logical_not"})
-_SAME = frozenset({"all", "any", "_is_all_true", "_is_any_true", "_to_copy", "clone", "alias", "view", "reshape", "squeeze", "unsqueeze", "expand",
-                   "detach", "lift_fresh"})
+_SAME = frozenset({"all", "any", "_is_all_true", "_is_any_true", "_to_copy", "clone", "alias", "view", "reshape",
+                   "squeeze", "unsqueeze", "expand", "detach", "lift_fresh"})
 
 
 # ATen's random factories (aten/src/ATen/native/native_functions.yaml), not the in-place samplers that initialise
@@ -167,9 +167,9 @@ def guard_answer() -> tuple[bool, str] | None:
     known: the test itself, under any number of ``not``, or every operand of an ``and`` that must hold (of an ``or``
     that must not) needing the same answer. ``if a and b: raise`` leaves it open which operand fails: None."""
     f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_PASSED) or f.f_code.co_filename.startswith("<")):
+    while f is not None and f.f_code.co_filename.startswith(_PASSED):
         f = f.f_back
-    if f is None:
+    if f is None or f.f_code.co_filename.startswith("<"):      # code made at run time (exec, torch.fx): no source
         return None
     stmt = _statement_at(f.f_code.co_filename, f.f_lineno)
     if isinstance(stmt, ast.Assert):
