@@ -11,6 +11,7 @@ user's own code that led to it (:class:`Sites`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import sysconfig
@@ -46,6 +47,7 @@ _FLOAT_DRAWS = frozenset({torch.ops.aten.rand.default, torch.ops.aten.rand.gener
 # the comparisons of a tensor with a number that read a float draw's values
 _DRAW_TESTS = frozenset({torch.ops.aten.lt.Scalar, torch.ops.aten.le.Scalar, torch.ops.aten.gt.Scalar,
                          torch.ops.aten.ge.Scalar})
+_MASKED_SELECT = torch.ops.aten.masked_select.default
 _UNIQUE_CONSECUTIVE = torch.ops.aten.unique_consecutive.default
 _UNIQUE = frozenset({torch.ops.aten._unique2.default, _UNIQUE_CONSECUTIVE})
 _DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
@@ -418,6 +420,8 @@ class GpuTracker(StorageTracker):
             out = self._unique(func, types, args, kwargs, real, drawn)
             if out is not None:
                 return out
+        if real is None and func is _MASKED_SELECT:
+            return self._masked_select_everything(types, args)
         if real is None:
             return self._bincount_by_minlength(types, args, kwargs) if func is _BINCOUNT else None
         if isinstance(real, (tuple, list)):
@@ -472,6 +476,21 @@ class GpuTracker(StorageTracker):
                 if r.shape == o.shape and r.numel() <= REAL_HOST_NUMEL:
                     self._carry(o, r, drawn)
         return tuple(made)
+
+    def _masked_select_everything(self, types: Any, args: tuple) -> Any:
+        """``torch.masked_select(x, mask)`` with a mask of unknown values: every element selected, as ``x[mask]`` is
+        (:meth:`_nonzero`). CUDA's kernel indexes the broadcast ``x`` with the broadcast mask
+        (aten/src/ATen/native/cuda/IndexKernel.cpp ``masked_select_out_cuda_impl``: ``index_out``), so the mask's
+        ``nonzero`` indices (int64, one per element and dimension) live inside the op."""
+        x, mask = args[0], args[1]
+        shape = torch.broadcast_shapes(x.shape, mask.shape)
+        n = math.prod(shape)
+        self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
+                             "(torch.masked_select): the fake GPU has no values, so what it selects is the largest it "
+                             "can be")
+        out = self._new_gpu(types, x, torch.empty(n, dtype=x.dtype, device="meta"))
+        self.transient_group([n * max(len(shape), 1) * 8])
+        return out
 
     def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:
         """``torch.bincount(x, weights, minlength)`` of unknown values: its length is ``max(x) + 1`` or

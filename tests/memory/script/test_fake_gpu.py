@@ -200,6 +200,10 @@ def test_boolean_masks_select_as_many_as_their_values_say():
         x2[keep] = torch.zeros(400, 256, device="cuda")       # index_put_ with the mask's indices
         unknown = torch.randn(1000, 8, device="cuda") @ torch.randn(8, device="cuda") > 0   # unknown float values
         assert torch.randn(1000, device="cuda")[unknown].shape == (1000,)
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.masked_select(torch.randn(4, 1000, device="cuda"), unknown).shape == (4000,)   # broadcast
+        assert torch.cuda.max_memory_allocated() - before == 16384 + 16384 + 4000 * 2 * 8   # x, out, nonzero indices
     assert any("a mask of unknown values" in n for n in gpu.report().notes)
 
 
