@@ -26,6 +26,7 @@ values known, the selection's size, the mask's indices (:func:`known_mask_indexi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -157,17 +158,22 @@ def known_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]
 
 
 def unknown_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]:
-    """``func`` (indexing, :data:`MASK_INDEXED`, or ``nonzero``) on a boolean mask of unknown values, sized as if the
-    mask selected every element: the largest the result can be (a fake tensor has no values to count). As in
-    :func:`known_mask_indexing`, ATen turns the mask into the long indices of its true elements (``nonzero``: here
-    one index per element and dimension), which live only inside an indexing op; their bytes are returned with the
-    result. ``(NotImplemented, 0)`` where there is no such mask (a mask with known values is
+    """``func`` (indexing, :data:`MASK_INDEXED`, ``nonzero`` or ``masked_select``) on a boolean mask of unknown values,
+    sized as if the mask selected every element: the largest the result can be (a fake tensor has no values to
+    count). As in :func:`known_mask_indexing`, ATen turns the mask into the long indices of its true elements
+    (``nonzero``: here one index per element and dimension), which live only inside an indexing op (CUDA's
+    ``masked_select`` indexes the broadcast input with the broadcast mask: aten/src/ATen/native/cuda/IndexKernel.cpp
+    ``masked_select_out_cuda_impl``); their bytes are returned with the result. ``(NotImplemented, 0)`` where there is no such mask (a mask with known values is
     :func:`known_mask_indexing`'s)."""
     def unknown(i: Any) -> bool:
         return isinstance(i, FakeTensor) and i.dtype in (torch.bool, torch.uint8) and i.constant is None
 
     if func is aten.nonzero.default and unknown(args[0]):
         return args[0].new_empty((args[0].numel(), args[0].dim()), dtype=torch.long), 0
+    if func is aten.masked_select.default and unknown(args[1]):     # CUDA: the broadcast x indexed by the mask
+        shape = torch.broadcast_shapes(args[0].shape, args[1].shape)
+        n = math.prod(shape)
+        return args[0].new_empty((n,)), n * max(len(shape), 1) * 8
     if func not in MASK_INDEXED or len(args) < 2 or not any(unknown(i) for i in args[1]):
         return NotImplemented, 0
     new: list[Any] = []

@@ -49,8 +49,8 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
   integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
-  each expert's share), reported; a boolean mask of unknown values (``x[mask]``, ``nonzero``) selects every
-  element, the largest result, reported; other data-dependent shapes (``torch.unique``, ``masked_select``) and
+  each expert's share), reported; a boolean mask of unknown values (``x[mask]``, ``nonzero``, ``masked_select``)
+  selects every element, the largest result, reported; other data-dependent shapes (``torch.unique``) and
   integer reads are refused with one line naming the op and the module.
 * **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
