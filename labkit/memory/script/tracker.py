@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
+from labkit.memory.trace.fake.constants import UniquePlan
 from labkit.memory.trace.fake.fake_cuda import SCALAR_READS, as_read_by
 from labkit.memory.trace.storage import DEVICE_QUERY, StorageTracker, device_of
 
@@ -48,8 +49,7 @@ _FLOAT_DRAWS = frozenset({torch.ops.aten.rand.default, torch.ops.aten.rand.gener
 _DRAW_TESTS = frozenset({torch.ops.aten.lt.Scalar, torch.ops.aten.le.Scalar, torch.ops.aten.gt.Scalar,
                          torch.ops.aten.ge.Scalar})
 _MASKED_SELECT = torch.ops.aten.masked_select.default
-_UNIQUE_CONSECUTIVE = torch.ops.aten.unique_consecutive.default
-_UNIQUE = frozenset({torch.ops.aten._unique2.default, _UNIQUE_CONSECUTIVE})
+_UNIQUE = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_consecutive.default})
 _DATA_DEPENDENT = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
                              torch.ops.aten.unique_consecutive.default, torch.ops.aten.masked_select.default,
                              torch.ops.aten.bincount.default})
@@ -429,48 +429,28 @@ class GpuTracker(StorageTracker):
         return self._new_gpu(types, args[0], real, drawn=drawn)
 
     def _unique(self, func: Any, types: Any, args: tuple, kwargs: dict, real: Any, drawn: bool) -> Any:
-        """``torch.unique`` (``aten._unique2``) or ``torch.unique_consecutive`` without ``dim`` as the GPU allocates
-        it: CUDA's kernel (aten/src/ATen/native/cuda/UniqueCub.cu, ``UniqueCub`` and ``compute_unique``) allocates
-        the values' output and the counts at the input's length, then ``resize_``s them to the number found, which
-        keeps the storage; here each is a view of that length's storage. Inside the op it also holds a sorted copy of
-        the input (not for ``unique_consecutive``) and, for the inverse indices, an ``arange``, the sorted indices
-        and their running sum (int64; ``unique_consecutive``: one int32 array), all freed before it returns; CUB's
-        own temporary storage in the sort is not counted. A boolean input has at most two values (``UniqueCub<bool>``:
-        no sort, outputs of two). The number found is ``real``'s (the op run on carried values) or, where the
-        values are unknown, every value distinct: the largest (said in the notes); ``drawn``: those values come from
-        random draws. None with a ``dim``."""
-        x = args[0]
-        consecutive = func is _UNIQUE_CONSECUTIVE
-        names = ("return_inverse", "return_counts", "dim") if consecutive else ("sorted", "return_inverse",
-                                                                                "return_counts")
-        opts = dict(zip(names, args[1:]), **kwargs)
-        if opts.get("dim") is not None:
+        """``torch.unique`` or ``torch.unique_consecutive`` without ``dim`` as the GPU allocates it
+        (:class:`~labkit.memory.trace.fake.constants.UniquePlan`): the values and counts are views of storage of the
+        input's length. The number found is ``real``'s (the op run on carried values; ``drawn``: those come from
+        random draws) or, where the values are unknown, every value distinct: the largest (said in the notes). None
+        with a ``dim``."""
+        plan = UniquePlan.of(func, args, kwargs)
+        if plan is None:
             return None
-        inverse, counts, n = bool(opts.get("return_inverse")), bool(opts.get("return_counts")), x.numel()
-        two = x.dtype == torch.bool and not consecutive
-        length = min(n, 2) if two else n
+        x = args[0]
         if real is None:
-            found = length
-            self.emulator.assume(f"torch.{'unique_consecutive' if consecutive else 'unique'} of unknown values "
-                                 f"({self.emulator.modules.where()}) finds every value distinct, {found} of them: "
-                                 "the largest it can be" + ("" if two else " (its output's memory on the GPU is the "
-                                                            "input's length whatever the values)"))
+            found = plan.length
+            self.emulator.assume(plan.note(self.emulator.modules.where()))
         else:
             found = real[0].numel()
         long = torch.long
-        made = [self._new_gpu(types, x, torch.empty(length, dtype=x.dtype, device="meta")),
-                self._new_gpu(types, x, torch.empty(x.shape if inverse else (0,), dtype=long, device="meta")),
-                self._new_gpu(types, x, torch.empty(length if counts else 0, dtype=long, device="meta"))]
+        made = [self._new_gpu(types, x, torch.empty(plan.length, dtype=x.dtype, device="meta")),
+                self._new_gpu(types, x, torch.empty(x.shape if plan.inverse else (0,), dtype=long, device="meta")),
+                self._new_gpu(types, x, torch.empty(plan.length if plan.counts else 0, dtype=long, device="meta"))]
         for i in (0, 2):
             if made[i].numel() != found:
                 made[i] = _TRACK(self, torch.ops.aten.slice.Tensor, types, (made[i], 0, 0, found), {})
-        if two:
-            inside = [4]                                           # the count of True values
-        elif consecutive:
-            inside = [4 * n if inverse else 0, 8]                  # int32 inverse locations; the length found
-        else:
-            inside = [n * x.element_size(), *([8 * n] * 3 if inverse else []), 8]
-        self.transient_group(inside)
+        self.transient_group(list(plan.inside))
         if real is not None:
             for o, r in zip(made, real):
                 if r.shape == o.shape and r.numel() <= REAL_HOST_NUMEL:

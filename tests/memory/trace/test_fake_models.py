@@ -152,7 +152,14 @@ class Unique(torch.nn.Module):
         self.lin = torch.nn.Linear(8, 8)
 
     def forward(self, x):
-        return self.lin(x[:, :8]).sum() * torch.unique(x).numel()
+        return self.lin(x[:, :8]).sum() * torch.unique(x, dim=1).numel()
+
+
+class Distinct(Unique):
+    def forward(self, x):
+        ids = (x * 100).long()
+        values, counts = torch.unique(ids, return_counts=True)
+        return self.lin(x[:, :8]).sum() * values.numel() + counts.sum()
 
 
 def test_a_mask_of_unknown_values_selects_every_element():
@@ -182,7 +189,15 @@ def test_an_uncovered_expert_dispatch_stays_refused():
     assert "aten.nonzero" in str(e.value) and "module MyMoE" in str(e.value) and "routing rules" in str(e.value)
 
 
-@pytest.mark.parametrize("cls,op", [(IntRead, "aten._local_scalar_dense"), (Unique, "aten._unique2")])
+def test_unique_of_unknown_values_finds_every_value_distinct():
+    """torch.unique of values fake tensors do not have: every value distinct (the largest), its outputs at the
+    input's length as CUDA's kernel allocates them whatever the values, said in the report."""
+    rep = measure_step(Distinct, torch.randn(4096, 64), loss_fn=lambda out, b: out)
+    assert any("torch.unique of unknown values (module Distinct) finds every value distinct, 262144 of them" in a
+               for a in rep.emulation["assumptions"])
+
+
+@pytest.mark.parametrize("cls,op", [(IntRead, "aten._local_scalar_dense"), (Unique, "aten.unique_dim")])
 def test_data_dependent_ops_are_refused_by_name(cls, op):
     with pytest.raises(LabkitError) as e:
         measure_step(cls, torch.randn(4, 8), loss_fn=lambda out, b: out)

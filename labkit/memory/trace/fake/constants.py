@@ -27,6 +27,7 @@ values known, the selection's size, the mask's indices (:func:`known_mask_indexi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -187,4 +188,64 @@ def unknown_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, in
     return func(args[0], new, *args[2:], **kwargs), nbytes
 
 
-__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "known_mask_indexing", "known_value", "unknown_mask_indexing"]
+_UNIQUE_ARGS = {aten._unique2.default: ("sorted", "return_inverse", "return_counts"),
+                aten.unique_consecutive.default: ("return_inverse", "return_counts", "dim")}
+
+
+@dataclass(frozen=True)
+class UniquePlan:
+    """What CUDA's ``torch.unique`` (``aten._unique2``) or ``unique_consecutive`` without ``dim`` allocates, whatever
+    the values (aten/src/ATen/native/cuda/UniqueCub.cu, ``UniqueCub`` and ``compute_unique``): the values' output
+    and the counts at the input's length (``length``), then ``resize_``d to the number found, which keeps the
+    storage; the inverse indices (int64) at the input's shape when asked for. Inside the op (``inside``, bytes):
+    a sorted copy of the input (not for ``unique_consecutive``) and, for the inverse, an ``arange``, the sorted
+    indices and their running sum (int64; ``unique_consecutive``: one int32 array), and the length found (one
+    int64); CUB's own temporary storage in the sort is not counted. A boolean input (not consecutive) has at most
+    two values and no sort (``UniqueCub<bool>``: outputs of two, one int32 count inside)."""
+
+    consecutive: bool
+    length: int             # the values' and counts' storage, elements; the most values it can find
+    inverse: bool
+    counts: bool
+    inside: tuple[int, ...]
+    boolean: bool = False   # a boolean input's (not consecutive): two values at most, outputs of two
+
+    @staticmethod
+    def of(func: Any, args: tuple, kwargs: dict) -> "UniquePlan | None":
+        """The plan of ``func(*args, **kwargs)``; None for another op or with a ``dim``."""
+        names = _UNIQUE_ARGS.get(func)
+        if names is None:
+            return None
+        opts = dict(zip(names, args[1:]), **kwargs)
+        if opts.get("dim") is not None:
+            return None
+        x, consecutive = args[0], func is aten.unique_consecutive.default
+        inverse, counts, n = bool(opts.get("return_inverse")), bool(opts.get("return_counts")), x.numel()
+        if x.dtype == torch.bool and not consecutive:
+            return UniquePlan(False, min(n, 2), inverse, counts, (4,), boolean=True)
+        if consecutive:
+            return UniquePlan(True, n, inverse, counts, (4 * n if inverse else 0, 8))
+        return UniquePlan(False, n, inverse, counts, (n * x.element_size(), *((8 * n,) * 3 if inverse else ()), 8))
+
+    def note(self, where: str) -> str:
+        """The assumption said where the values are unknown: every value distinct."""
+        name = "unique_consecutive" if self.consecutive else "unique"
+        return (f"torch.{name} of unknown values ({where}) finds every value distinct, {self.length} of them: the "
+                "largest it can be" + ("" if self.boolean else " (its output's memory on the GPU is the input's length "
+                                                                "whatever the values)"))
+
+
+def unknown_unique(func: Any, args: tuple, kwargs: dict) -> tuple[Any, UniquePlan | None]:
+    """``torch.unique``/``unique_consecutive`` (no ``dim``) of a fake tensor of unknown values, its outputs sized as
+    :class:`UniquePlan` says (every value distinct); ``(NotImplemented, None)`` for another op, a ``dim``, or
+    known values."""
+    plan = UniquePlan.of(func, args, kwargs)
+    x = args[0] if args else None
+    if plan is None or not isinstance(x, FakeTensor) or x.constant is not None:
+        return NotImplemented, None
+    return (x.new_empty((plan.length,)), x.new_empty(x.shape if plan.inverse else (0,), dtype=torch.long),
+            x.new_empty((plan.length if plan.counts else 0,), dtype=torch.long)), plan
+
+
+__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "UniquePlan", "known_mask_indexing", "known_value",
+           "unknown_mask_indexing", "unknown_unique"]

@@ -50,8 +50,9 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
   integer reads of them are answered from the assumed routing (``moe_routing``: balanced by default, or
   each expert's share), reported; a boolean mask of unknown values (``x[mask]``, ``nonzero``, ``masked_select``)
-  selects every element, the largest result, reported; other data-dependent shapes (``torch.unique``) and
-  integer reads are refused with one line naming the op and the module.
+  selects every element and ``torch.unique`` finds every value distinct, the largest results, reported; other
+  data-dependent shapes (``unique`` with a ``dim``) and integer reads are refused with one line naming the op and
+  the module.
 * **Allocator**: every storage rounds up to 512 bytes; then ``labkit.memory.trace.reserved`` replays
   the requests through the allocator chapter's caching-allocator simulator (block reuse, segments).
 """
@@ -74,7 +75,8 @@ from labkit.core.facts import Facts
 from labkit.core.spec import default
 from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
-from labkit.memory.trace.fake.constants import known_mask_indexing, known_value, unknown_mask_indexing
+from labkit.memory.trace.fake.constants import (known_mask_indexing, known_value, unknown_mask_indexing,
+                                                 unknown_unique)
 from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import MOE_NAMES, ModuleStack, refusal, run_composite
@@ -607,6 +609,11 @@ class CudaEmulator:
                         "tensors have no values, so what it selects is the largest it can be")
             tracker.transient_group([mask_bytes])
             return indexed
+        uniq, plan = unknown_unique(func, args, kwargs)
+        if uniq is not NotImplemented:
+            self.assume(plan.note(where))
+            tracker.transient_group(list(plan.inside))
+            return uniq
         if func in SCALAR_READS:
             return as_read_by(func, self._scalar_read(args[0]))
         if func in VALUE_COMPARISONS and not all(getattr(a, "constant", None) is not None
