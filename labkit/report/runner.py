@@ -135,11 +135,14 @@ def running_cell(ipynb: Path) -> tuple[int, int] | None:
 
 
 class _Heartbeat:
-    """Prints, every ``every_s`` seconds while a notebook runs, the elapsed time and the cell being run."""
+    """Prints, every ``every_s`` seconds while a notebook runs, the elapsed time and the cell being run. The
+    output notebook's path is made absolute here: papermill changes the process's working directory to the
+    notebook's folder while it executes (``execute_notebook``'s ``cwd``), where a relative path finds nothing."""
 
     def __init__(self, say: Callable[[str], None], name: str, ipynb: Path, every_s: float = 15.0) -> None:
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._loop, args=(say, name, ipynb, every_s), daemon=True)
+        self._t = threading.Thread(target=self._loop, args=(say, name, Path(ipynb).absolute(), every_s),
+                                   daemon=True)
 
     def _loop(self, say, name, ipynb, every_s) -> None:
         t0 = time.monotonic()

@@ -3,6 +3,8 @@
 import json
 from dataclasses import asdict
 
+from pathlib import Path
+
 import nbformat
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -145,6 +147,26 @@ def test_running_cell_is_read_from_papermills_output(tmp_path):
     nbformat.write(nb, str(p))
     assert running_cell(p) == (2, 3)
     assert running_cell(tmp_path / "missing.ipynb") is None
+
+
+def test_the_heartbeat_names_the_running_cell_after_papermill_changes_directory(tmp_path, monkeypatch):
+    """`make report` writes into reports/ (a relative path) and papermill runs each notebook from its own folder:
+    the heartbeat still finds the output notebook (it said "starting" for a whole notebook before)."""
+    import time
+
+    from labkit.report.runner import _Heartbeat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a", metadata={"papermill": {"status": "running"}})]
+    (tmp_path / "reports").mkdir()
+    nbformat.write(nb, str(tmp_path / "reports" / "x.ipynb"))
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path)
+    said = []
+    with _Heartbeat(said.append, "x", Path("reports") / "x.ipynb", every_s=0.05):
+        monkeypatch.chdir(tmp_path / "notebooks")                 # as papermill's execute_notebook(cwd=...) does
+        time.sleep(0.3)
+    assert said and all("x: code cell 1/1" in m for m in said), said
 
 
 # ---- issue 29: `report history DIR` never shrinks the history (synthetic run folders: no notebook runs)
