@@ -285,3 +285,45 @@ def test_every_script_of_the_latest_users_batches_was_predicted_before_its_recor
             assert r["status"] == "ok" and r["outcome"] == "completed", (batch, name, r["status"])
             assert r["split"] == split_of(name) and r["script"] == f"{batch}/{name}.py"
             assert r["step_peaks"] and min(r["step_peaks"]) > 0 and 0 < r["peak_bytes"] <= r["reserved_bytes"]
+
+
+LIGHTNING = textwrap.dedent('''
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class MLP(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 10))
+
+        def training_step(self, batch, idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def validation_step(self, batch, idx):
+            self.log("val", torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters())
+
+    data = TensorDataset(torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=2, accumulate_grad_batches=2,
+                        gradient_clip_val=1.0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, val_check_interval=2, limit_val_batches=1)
+    trainer.fit(MLP(), DataLoader(data, batch_size=16), DataLoader(data, batch_size=16))
+''')
+
+
+def test_a_lightning_trainer_runs_on_the_fake_gpu(tmp_path):
+    """Lightning (a dependency of the lab: notebook 07's full profile runs a Lightning script) on the fake GPU:
+    accelerator="gpu" with bf16-mixed, accumulation of 2 and clipping; its optimizer steps are counted where the
+    optimizer it wraps steps (two, from four batches), and AdamW's states are on the GPU at the end."""
+    from labkit.memory.script.run import run_script
+
+    p = tmp_path / "lit.py"
+    p.write_text(LIGHTNING)
+    rep = run_script(str(p), banner=False)
+    params = sum(-(-n * 4 // 512) * 512 for n in (256 * 1024, 1024, 1024 * 10, 10))   # each rounded to 512 B
+    assert rep.outcome == "completed" and len(rep.steps) == 2, (rep.outcome, rep.steps)
+    assert rep.peak_by_category["optimizer_state"] == 2 * params and rep.peak_bytes >= 4 * params
