@@ -209,3 +209,36 @@ def test_value_comparisons_answer_from_their_statement_else_false():
     notes = gpu.report().notes
     assert any(n.startswith("torch.allclose in the assert at test_healthy_values.py:") for n in notes)
     assert any(n.startswith("torch.equal (code outside any module) read as False") for n in notes)
+
+
+DECODE = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    model = nn.Sequential(nn.Embedding(100, 64), nn.Linear(64, 100)).cuda()
+    for batch in range(2):
+        x = torch.randint(0, 100, (8, 1), device="cuda")
+        done = torch.zeros(8, dtype=torch.bool, device="cuda")
+        passes = 0
+        while not done.all():
+            tok = model(x[:, -1:]).argmax(-1)
+            x = torch.cat([x, tok], 1)
+            done |= (tok == 2).squeeze(1)
+            passes += 1
+        print("passes", passes)
+''')
+
+
+def test_a_while_loop_on_unknown_values_ends(tmp_path):
+    """A decoding loop ``while not done.all():`` whose ``done`` comes from a model's output: fake tensors cannot
+    say when it ends, and reading False would never end it. The first pass runs on known values (all False), the
+    loop goes on once at the first test it cannot answer and ends at the next, each time it is entered."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "decode.py"
+    p.write_text(DECODE)
+    r = subprocess.run([sys.executable, "-m", "labkit", "measure", "--script", str(p)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("passes 2") == 2, (r.stdout, r.stderr)                 # two entries, two passes each
+    assert "the while loop at decode.py:9" in r.stdout and "went on once, then ended" in r.stdout

@@ -81,7 +81,7 @@ from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import MOE_NAMES, ModuleStack, refusal, run_composite
 from labkit.memory.trace.fake.grad_accumulation import engine_accumulation
-from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW, HealthyValues, guard_answer
+from labkit.memory.trace.fake.healthy_values import RANDOM_DRAW, HealthyValues, guard_answer, loop_answer
 from labkit.memory.trace.fake.moe import RoutingOracle
 from labkit.memory.trace.fake.sdpa import SdpaTarget, parse_version, select_backend
 from labkit.memory.trace.fake.targets import H200, TORCH_GATES
@@ -359,6 +359,7 @@ class CudaEmulator:
         self.modules = ModuleStack()
         self.routing = RoutingOracle(MoeRouting.parse(moe_routing), self.modules, self.assume)
         self.healthy = HealthyValues()            # NaN / infinity checks, answered as for finite values
+        self._loop_entries: dict = {}            # tests read per while loop (healthy_values.loop_answer)
 
     # -- autocast ----------------------------------------------------------------------------
     def autocast_factory(self, dtype: torch.dtype) -> Callable[[], ContextManager]:
@@ -704,6 +705,12 @@ class CudaEmulator:
         if guard is not None:
             self.assume(f"{what}{guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")
             return guard[0]
+        loop = loop_answer(self._loop_entries)
+        if loop is not None:
+            self.assume(f"{what}{loop[1]} ({where}) tests values fake tensors do not have: at such a test the loop "
+                        "went on once, then ended; on the GPU it runs as many times as the values say (the memory "
+                        "of more passes is not counted)")
+            return loop[0]
         self.assume(otherwise)
         return False
 

@@ -35,6 +35,7 @@ the test of an ``assert`` holds, and the test of an ``if`` whose one branch only
 whose memory is asked about is one that runs: on the GPU a check that fails stops it there. So
 ``torch.distributions`` validating its arguments (``if not torch._is_all_true(valid): raise ValueError``, on by
 default), ``assert (labels >= 0).all()`` and ``torch._assert`` pass, as they do for the values of a working program.
+A ``while`` loop whose test cannot be answered goes on once, then ends (:func:`loop_answer`).
 """
 
 from __future__ import annotations
@@ -166,10 +167,8 @@ def guard_answer() -> tuple[bool, str] | None:
     holds nothing but calls and a ``raise`` (the test takes the other branch), and the read's place in the test is
     known: the test itself, under any number of ``not``, or every operand of an ``and`` that must hold (of an ``or``
     that must not) needing the same answer. ``if a and b: raise`` leaves it open which operand fails: None."""
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(_PASSED):
-        f = f.f_back
-    if f is None or f.f_code.co_filename.startswith("<"):      # code made at run time (exec, torch.fx): no source
+    f = _reading_frame()
+    if f is None:
         return None
     stmt = _statement_at(f.f_code.co_filename, f.f_lineno)
     if isinstance(stmt, ast.Assert):
@@ -184,6 +183,40 @@ def guard_answer() -> tuple[bool, str] | None:
     if answers is None or len(answers) != 1:
         return None
     return answers.pop(), f"{what} at {_short(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def loop_answer(entries: dict) -> tuple[bool, str] | None:
+    """The answer a boolean read gets when it is the whole test of a ``while`` loop (under any number of ``not``),
+    with what and where; None for any other read. Fake tensors cannot say how many times such a loop runs (a
+    decoding loop ``while not done.all():`` ends when every sequence has met its end token), and answering False
+    every time would run ``while not ...`` for ever. Such tests alternate: the first goes on (one more pass of the
+    body is counted), the next ends the loop, and so on each time the loop is entered (``entries`` counts the
+    tests per loop, kept by the caller)."""
+    f = _reading_frame()
+    if f is None:
+        return None
+    stmt = _statement_at(f.f_code.co_filename, f.f_lineno)
+    if not isinstance(stmt, ast.While):
+        return None
+    test = stmt.test
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if isinstance(test, ast.BoolOp):                  # several reads in one test: which one ends it is open
+        return None
+    key = (f.f_code.co_filename, stmt.lineno)
+    n = entries.get(key, 0)
+    entries[key] = n + 1
+    (answer,) = _reads_need(stmt.test, n % 2 == 0)
+    return answer, f"the while loop at {_short(f.f_code.co_filename)}:{stmt.lineno}"
+
+
+def _reading_frame() -> Any:
+    """The Python frame whose statement made the read in progress: the first outside labkit and torch's dispatch
+    machinery; None where there is none or its code was made at run time (exec, torch.fx: no source to read)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_PASSED):
+        f = f.f_back
+    return None if f is None or f.f_code.co_filename.startswith("<") else f
 
 
 def _only_raises(body: list) -> bool:
@@ -204,8 +237,8 @@ def _reads_need(e: ast.expr, want: bool) -> set[bool] | None:
 
 
 def _statement_at(filename: str, line: int) -> ast.stmt | None:
-    """The innermost ``assert`` or ``if`` whose test spans ``line`` of ``filename``'s source (linecache's, which
-    holds notebook cells too), else None."""
+    """The innermost ``assert``, ``if`` or ``while`` whose test spans ``line`` of ``filename``'s source
+    (linecache's, which holds notebook cells too), else None."""
     return _statements(filename, "".join(linecache.getlines(filename))).get(line)
 
 
@@ -215,7 +248,8 @@ def _statements(filename: str, source: str) -> dict[int, ast.stmt]:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError):
         return {}
-    spans = [(n.test.end_lineno - n.test.lineno, n) for n in ast.walk(tree) if isinstance(n, (ast.Assert, ast.If))]
+    spans = [(n.test.end_lineno - n.test.lineno, n) for n in ast.walk(tree)
+             if isinstance(n, (ast.Assert, ast.If, ast.While))]
     out: dict[int, ast.stmt] = {}
     for _, n in sorted(spans, key=lambda s: -s[0]):      # the innermost (shortest) test of a line wins
         for line in range(n.test.lineno, n.test.end_lineno + 1):
