@@ -20,9 +20,9 @@ the H200 and here). ``--lora``: the peft LoRA scripts of ``lora.json`` (``data/s
 bf16 base, each script differing from the issue-27 loop in one thing; recorded by ``record_scripts.py --lora``).
 ``--users``: the scripts of ``users.json`` (``data/scripts/users/``: engineers' own habits, predicted before they
 were recorded by ``record_scripts.py --users``); with ``--predict-to FILE`` it predicts every script of that folder
-and writes the predictions (no recording needed: what was committed before the H200 ran them). ``--users2``, ``--users3``:
-the same for the second and third batches, ``data/scripts/users2/`` (``users2.json``) and ``data/scripts/users3/``
-(``users3.json``).
+and writes the predictions (no recording needed: what was committed before the H200 ran them). ``--users2``,
+``--users3``: the same for the second and third batches, ``data/scripts/users2/`` (``users2.json``) and
+``data/scripts/users3/`` (``users3.json``).
 ``--script``: one script's wall time and the process's maximum resident memory (``resource.getrusage``), against
 the 2-minute target; with ``--nproc-per-node N`` as rank 0 of a world-N launch (issue 26: an 8-rank FSDP2 launch
 of a 7B model, ``data/scripts/ranks/fsdp2_llama7b.py``, predicted in under 2 minutes on a 2-core machine).

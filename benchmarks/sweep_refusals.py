@@ -35,7 +35,8 @@ def _try(case, predict, unsupported) -> str:
     t = time.perf_counter()
     try:
         rep = predict(case, steps=1)
-        return f"ok   {case.arch:28s} {case.precision:9s} {rep.peak_bytes / 2**20:9.1f} MiB {time.perf_counter() - t:.1f} s"
+        took = time.perf_counter() - t
+        return f"ok   {case.arch:28s} {case.precision:9s} {rep.peak_bytes / 2**20:9.1f} MiB {took:.1f} s"
     except unsupported as exc:
         try:
             predict(case, device="cpu", steps=1)

@@ -42,7 +42,8 @@ what the allocator does.
     PYTHONPATH=. python3 benchmarks/gpu/record_scripts.py --out DIR --no-ranks --only cnn_dataloader --segments --jobs 1
 
 Writes ``DIR/scripts.json``, ``DIR/ranks.json``, (``--lora``) ``DIR/lora.json``, (``--users``)
-``DIR/users.json``, (``--users2``) ``DIR/users2.json`` and (``--users3``) ``DIR/users3.json`` (``kind`` ``script_peaks``; one row per case with its
+``DIR/users.json``, (``--users2``) ``DIR/users2.json`` and (``--users3``) ``DIR/users3.json`` (``kind``
+``script_peaks``; one row per case with its
 script, arguments, world size, peaks, per-step peaks, wall time and status) with the provenance header (GPU, driver,
 torch, CUDA, and the versions of transformers, accelerate, lightning, peft, torchvision and timm).
 ``--smoke``: two cases, on whatever device there is (no peaks on a CPU), to check the script itself.

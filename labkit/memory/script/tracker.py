@@ -11,7 +11,6 @@ user's own code that led to it (:class:`Sites`).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import sysconfig
@@ -25,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 import labkit
 from labkit.memory.script.tensor_placement import Placement, is_cuda_device
-from labkit.memory.trace.fake.constants import UniquePlan
+from labkit.memory.trace.fake.constants import UniquePlan, every_element, masked_select_everything
 from labkit.memory.trace.fake.fake_cuda import SCALAR_READS, as_read_by
 from labkit.memory.trace.storage import DEVICE_QUERY, StorageTracker, device_of
 
@@ -387,9 +386,7 @@ class GpuTracker(StorageTracker):
         routed = self._routed_nonzero(x)
         if routed is not None:
             return self._new_gpu(types, x, routed)
-        self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
-                             "(torch.nonzero, x[mask]): the fake GPU has no values, so what it selects is the "
-                             "largest it can be")
+        self.emulator.assume(every_element(self.emulator.modules.where()))
         return self._new_gpu(types, x, torch.empty(x.numel(), x.dim(), dtype=torch.long, device="meta"))
 
     def _routed_nonzero(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -459,17 +456,11 @@ class GpuTracker(StorageTracker):
 
     def _masked_select_everything(self, types: Any, args: tuple) -> Any:
         """``torch.masked_select(x, mask)`` with a mask of unknown values: every element selected, as ``x[mask]`` is
-        (:meth:`_nonzero`). CUDA's kernel indexes the broadcast ``x`` with the broadcast mask
-        (aten/src/ATen/native/cuda/IndexKernel.cpp ``masked_select_out_cuda_impl``: ``index_out``), so the mask's
-        ``nonzero`` indices (int64, one per element and dimension) live inside the op."""
-        x, mask = args[0], args[1]
-        shape = torch.broadcast_shapes(x.shape, mask.shape)
-        n = math.prod(shape)
-        self.emulator.assume(f"a mask of unknown values ({self.emulator.modules.where()}) selects every element "
-                             "(torch.masked_select): the fake GPU has no values, so what it selects is the largest it "
-                             "can be")
-        out = self._new_gpu(types, x, torch.empty(n, dtype=x.dtype, device="meta"))
-        self.transient_group([n * max(len(shape), 1) * 8])
+        (:meth:`_nonzero`), the mask's indices inside the op (:func:`masked_select_everything`)."""
+        n, nbytes = masked_select_everything(args[0], args[1])
+        self.emulator.assume(every_element(self.emulator.modules.where(), "torch.masked_select"))
+        out = self._new_gpu(types, args[0], torch.empty(n, dtype=args[0].dtype, device="meta"))
+        self.transient_group([nbytes])
         return out
 
     def _bincount_by_minlength(self, types: Any, args: tuple, kwargs: dict) -> Any:

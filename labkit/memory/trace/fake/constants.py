@@ -158,23 +158,38 @@ def known_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]
     return func(args[0], new, *args[2:], **kwargs), nbytes
 
 
+def every_element(where: str, ops: str = "torch.nonzero, x[mask]") -> str:
+    """The assumption said where a mask of unknown values is taken to select every element (fake mode and script
+    mode say it alike)."""
+    return (f"a mask of unknown values ({where}) selects every element ({ops}): fake tensors have no values, so what "
+            "it selects is the largest it can be")
+
+
+def masked_select_everything(x: Any, mask: Any) -> tuple[int, int]:
+    """``torch.masked_select(x, mask)`` selecting every element: the elements of its output, and the bytes of the
+    mask's ``nonzero`` indices (int64, one per element and dimension) inside the op. CUDA's kernel indexes the
+    broadcast input with the broadcast mask (aten/src/ATen/native/cuda/IndexKernel.cpp
+    ``masked_select_out_cuda_impl``: ``index_out``)."""
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    n = math.prod(shape)
+    return n, n * max(len(shape), 1) * 8
+
+
 def unknown_mask_indexing(func: Any, args: tuple, kwargs: dict) -> tuple[Any, int]:
     """``func`` (indexing, :data:`MASK_INDEXED`, ``nonzero`` or ``masked_select``) on a boolean mask of unknown values,
     sized as if the mask selected every element: the largest the result can be (a fake tensor has no values to
     count). As in :func:`known_mask_indexing`, ATen turns the mask into the long indices of its true elements
-    (``nonzero``: here one index per element and dimension), which live only inside an indexing op (CUDA's
-    ``masked_select`` indexes the broadcast input with the broadcast mask: aten/src/ATen/native/cuda/IndexKernel.cpp
-    ``masked_select_out_cuda_impl``); their bytes are returned with the result. ``(NotImplemented, 0)`` where there is no such mask (a mask with known values is
-    :func:`known_mask_indexing`'s)."""
+    (``nonzero``: here one index per element and dimension), which live only inside an indexing op
+    (:func:`masked_select_everything`); their bytes are returned with the result. ``(NotImplemented, 0)`` where there
+    is no such mask (a mask with known values is :func:`known_mask_indexing`'s)."""
     def unknown(i: Any) -> bool:
         return isinstance(i, FakeTensor) and i.dtype in (torch.bool, torch.uint8) and i.constant is None
 
     if func is aten.nonzero.default and unknown(args[0]):
         return args[0].new_empty((args[0].numel(), args[0].dim()), dtype=torch.long), 0
-    if func is aten.masked_select.default and unknown(args[1]):     # CUDA: the broadcast x indexed by the mask
-        shape = torch.broadcast_shapes(args[0].shape, args[1].shape)
-        n = math.prod(shape)
-        return args[0].new_empty((n,)), n * max(len(shape), 1) * 8
+    if func is aten.masked_select.default and unknown(args[1]):
+        n, nbytes = masked_select_everything(args[0], args[1])
+        return args[0].new_empty((n,)), nbytes
     if func not in MASK_INDEXED or len(args) < 2 or not any(unknown(i) for i in args[1]):
         return NotImplemented, 0
     new: list[Any] = []
@@ -247,5 +262,5 @@ def unknown_unique(func: Any, args: tuple, kwargs: dict) -> tuple[Any, UniquePla
             x.new_empty((plan.length if plan.counts else 0,), dtype=torch.long)), plan
 
 
-__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "UniquePlan", "known_mask_indexing", "known_value",
-           "unknown_mask_indexing", "unknown_unique"]
+__all__ = ["FACTORIES", "KNOWN_NUMEL_LIMIT", "UniquePlan", "every_element", "known_mask_indexing", "known_value",
+           "masked_select_everything", "unknown_mask_indexing", "unknown_unique"]

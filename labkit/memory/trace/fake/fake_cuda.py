@@ -43,8 +43,8 @@ differ, fake mode warns once per process (:class:`TorchVersionWarning`).
   sums in place where a plain run would.
 * **Data-dependent choices** (:func:`data_dependent_choices`): what fake tensors cannot decide; a
   boolean ``.item()`` is answered from the statement that reads it where that decides it (an ``assert``'s test
-  holds, an ``if`` that only raises is not taken: :func:`~labkit.memory.trace.fake.healthy_values.guard_answer`),
-  else False (``if mask.any():``, "no value fails the check"; one computed from a random draw, as LayerDrop's, is
+  holds, an ``if`` that only raises is not taken: :func:`~labkit.memory.trace.fake.healthy_values.guard_answer`;
+  a ``while`` loop whose test it cannot answer goes on once, then ends: ``loop_answer``), else False (``if mask.any():``, "no value fails the check"; one computed from a random draw, as LayerDrop's, is
   reported as random from step to step), a float one 0.0, each answer reported. MoE
   dispatch (:mod:`labkit.memory.trace.fake.moe`): the experts hit, each
   expert's rows (``nonzero``/``torch.where`` on the expert mask), ``bincount``/``histc`` counts and the
@@ -75,8 +75,8 @@ from labkit.core.facts import Facts
 from labkit.core.spec import default
 from labkit.core.vocab import MoeRouting
 from labkit.memory.trace.fake.autocast_composite import composite_under_cuda_autocast, decomposes_under_cuda_autocast
-from labkit.memory.trace.fake.constants import (known_mask_indexing, known_value, unknown_mask_indexing,
-                                                 unknown_unique)
+from labkit.memory.trace.fake.constants import (every_element, known_mask_indexing, known_value,
+                                                 unknown_mask_indexing, unknown_unique)
 from labkit.memory.trace.fake.conv_workspace import conv_workspace_bytes
 from labkit.memory.trace.fake.embedding_backward import embedding_backward_temporaries
 from labkit.memory.trace.fake.fake_runtime import MOE_NAMES, ModuleStack, refusal, run_composite
@@ -606,8 +606,8 @@ class CudaEmulator:
         indexed, mask_bytes = (NotImplemented, 0) if any(k in where for k in MOE_NAMES) else \
             unknown_mask_indexing(func, args, kwargs)
         if indexed is not NotImplemented:
-            self.assume(f"a mask of unknown values ({where}) selects every element (torch.nonzero, x[mask]): fake "
-                        "tensors have no values, so what it selects is the largest it can be")
+            self.assume(every_element(where, "torch.masked_select" if func is torch.ops.aten.masked_select.default
+                                          else "torch.nonzero, x[mask]"))
             tracker.transient_group([mask_bytes])
             return indexed
         uniq, plan = unknown_unique(func, args, kwargs)
@@ -699,8 +699,8 @@ class CudaEmulator:
                                                    "compare")
 
     def _checked(self, what: str, where: str, otherwise: str) -> bool:
-        """A boolean read answered by :func:`guard_answer` (its statement: an assert, an if that only raises), else
-        False, with ``otherwise`` as the assumption."""
+        """A boolean read answered from its statement (:func:`guard_answer`: an assert, an if that only raises;
+        :func:`loop_answer`: a while loop's test), else False, with ``otherwise`` as the assumption."""
         guard = guard_answer()
         if guard is not None:
             self.assume(f"{what}{guard[1]} ({where}) read as {guard[0]}: a run that works passes its own checks")

@@ -146,10 +146,11 @@ class HealthyValues:
         return None
 
 
-# Where a boolean read passes on its way from the statement that reads it to fake mode: labkit, and torch's dispatch
-# machinery (``__torch_function__``/``__torch_dispatch__`` handling, fake tensors, the decompositions they run)
+# Where a boolean read passes on its way from the statement that reads it to fake mode: labkit.memory (fake mode and
+# script mode; not labkit's own models and loops, which are programs like a user's), and torch's dispatch machinery
+# (``__torch_function__``/``__torch_dispatch__`` handling, fake tensors, the decompositions they run)
 _TORCH = os.path.dirname(torch.__file__)
-_PASSED = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep,
+_PASSED = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,
            *(os.path.join(_TORCH, p) for p in ("_compile.py", "_dynamo" + os.sep, "_subclasses" + os.sep, "_ops.py",
                                                "overrides.py", "_prims" + os.sep, "_prims_common" + os.sep,
                                                "_refs" + os.sep, "_decomp" + os.sep,
@@ -211,8 +212,8 @@ def loop_answer(entries: dict) -> tuple[bool, str] | None:
 
 
 def _reading_frame() -> Any:
-    """The Python frame whose statement made the read in progress: the first outside labkit and torch's dispatch
-    machinery; None where there is none or its code was made at run time (exec, torch.fx: no source to read)."""
+    """The Python frame whose statement made the read in progress: the first outside fake mode's machinery
+    (:data:`_PASSED`); None where there is none or its code was made at run time (exec, torch.fx: no source to read)."""
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_PASSED):
         f = f.f_back
